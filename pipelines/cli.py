@@ -1,0 +1,37 @@
+"""The ``lmshards`` console script: ``lmshards <command> [flags]``."""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["main"]
+
+COMMANDS = {
+    "materialize": ("pipelines.materialize", "turn a raw corpus into sharded pretraining examples"),
+    "train-tokenizer": ("pipelines.train_tokenizer", "train a tokenizer.json on corpus files"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: lmshards <command> [flags]\n\ncommands:")
+        for name, (_, help_text) in COMMANDS.items():
+            print(f"  {name:<16} {help_text}")
+        print("\nrun 'lmshards <command> --help' for the flags of a command")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command in ("--version", "version"):
+        from pipelines import __version__
+
+        print(f"lmshards {__version__}")
+        return 0
+    if command not in COMMANDS:
+        print(f"lmshards: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = __import__(COMMANDS[command][0], fromlist=["main"])
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""``lmshards materialize``: raw corpus -> packed, sharded pretraining examples.
+
+Pipeline (DESIGN.md section 2)::
+
+    ReadCorpus -> Tokenize -> Pack -> BuildExamples -> WriteShards -> WriteManifest
+         \\-> rejected records --------------------------------> rejected/rejected.jsonl
+
+Everything that can be checked before the pipeline starts is checked here, and fails in
+one line naming the flag: unknown flags, a bad objective or parameter, a missing or
+invalid tokenizer, missing special tokens or sentinels, inputs that match nothing, a
+non-empty output directory. Run as ``lmshards materialize ...`` or
+``python -m pipelines.materialize ...``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+from pipelines import __version__
+from pipelines.options import MaterializeOptions, parse_args
+from schemas.examples import example_schema
+from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
+from transforms.build import BuildExamples
+from transforms.manifest import WriteManifest
+from transforms.objectives.registry import make_objective
+from transforms.pack import Pack
+from transforms.read import ReadCorpus, expand_inputs
+from transforms.tokenize import Tokenize, read_tokenizer_bytes
+from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
+from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path
+
+__all__ = ["Plan", "plan_run", "build_pipeline", "run", "main"]
+
+
+class Plan:
+    """Everything decided before the pipeline starts."""
+
+    def __init__(self, options: MaterializeOptions, objective, resolved: ResolvedTokenizer, files, schema):
+        self.options = options
+        self.objective = objective
+        self.resolved = resolved
+        self.files = files
+        self.schema = schema
+        self.splits = ["train", "validation"] if options.validation_fraction > 0 else ["train"]
+
+
+def check_beam_args(beam_args: list[str]) -> None:
+    """Fail on flags neither we nor Beam know (Beam itself only logs and drops them)."""
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    seen = set()
+    for cls in PipelineOptions.__subclasses__():
+        if str(cls) not in seen:
+            seen.add(str(cls))
+            cls._add_argparse_args(parser)
+    _, unknown = parser.parse_known_args(beam_args)
+    flags = [a for a in unknown if a.startswith("-")]
+    if flags:
+        raise ValueError(f"unknown option {flags[0].split('=', 1)[0]} (not an lmshards or Apache Beam flag)")
+
+
+def _output_is_empty(output: str) -> bool:
+    try:
+        matches = FileSystems.match([join_path(output, "**")])[0].metadata_list
+    except Exception:
+        return True
+    return not matches
+
+
+def prepare_output(options: MaterializeOptions, splits: list[str]) -> None:
+    """Refuse a non-empty output unless --overwrite; create the directory layout."""
+    output = options.output
+    if not _output_is_empty(output):
+        if not options.overwrite:
+            raise ValueError(f"--output {output}: directory is not empty (pass --overwrite to replace it)")
+        manifest = join_path(output, MANIFEST_NAME)
+        if FileSystems.exists(manifest):
+            FileSystems.delete([manifest])  # first, so a half-deleted directory never looks complete
+        FileSystems.delete([output])
+    dirs = [output, join_path(output, TMP_DIR), join_path(output, "rejected")]
+    dirs += [join_path(output, f"{split}/{FORMAT_DIRS[fmt]}") for split in splits for fmt in options.formats]
+    for path in dirs:
+        if not FileSystems.exists(path):
+            FileSystems.mkdirs(path)
+
+
+def plan_run(options: MaterializeOptions) -> Plan:
+    """Validate the configuration and resolve the tokenizer, without writing anything."""
+    check_beam_args(options.beam_args)
+    objective = make_objective(options.objective, options.objective_params)
+    if options.seed < 0:
+        raise ValueError(f"--seed {options.seed}: must be >= 0")
+    try:
+        data = read_tokenizer_bytes(options.tokenizer)
+    except Exception as exc:
+        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc})") from exc
+    tokenizer = tokenizer_from_bytes(data, options.tokenizer)
+    required = set(objective.required_specials)
+    if options.packing != "concat" or options.last_chunk == "pad":
+        required.add("pad")
+    resolved = resolve_special_tokens(
+        tokenizer,
+        required=required,
+        overrides=options.special_tokens,
+        num_sentinels=objective.max_sentinels(),
+        mode_tokens=tuple(getattr(objective, "mode_tokens", ())),
+        add_missing=options.add_special_tokens,
+    )
+    files = expand_inputs(options.inputs)
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    return Plan(options, objective, resolved, files, schema)
+
+
+def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
+    o = plan.options
+    resolved = plan.resolved
+    special = resolved.special
+    return {
+        "splits": plan.splits,
+        "formats": list(o.formats),
+        "objective": {"name": plan.objective.name, "family": plan.objective.family, "params": plan.objective.params()},
+        "config": {
+            "seed": o.seed,
+            "packing": o.packing,
+            "last_chunk": o.last_chunk,
+            "num_buckets": o.num_buckets,
+            "validation_fraction": o.validation_fraction,
+            "formats": list(o.formats),
+            "num_shards": o.num_shards,
+            "shard_size_mb": o.shard_size_mb,
+            "text_mode": o.text_mode,
+            "text_field": o.text_field,
+            "draws": o.draws,
+            "deduplicate": "exact",
+        },
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "sha256": resolved.sha256(),
+            "vocab_size": special.vocab_size,
+            "roles": dict(sorted(resolved.roles.items())),
+            "special_ids": {
+                role: getattr(special, role)
+                for role in ("pad", "eos", "bos", "unk", "mask", "cls", "sep")
+                if getattr(special, role) is not None
+            },
+            "num_sentinels": len(special.sentinels),
+            "mode_tokens": dict(special.mode_tokens),
+            "added_tokens": list(resolved.added),
+        },
+        "schema": plan.schema.to_metadata(),
+        "run": {
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "lmshards_version": __version__,
+            "argv": list(argv) if argv is not None else sys.argv[1:],
+            "output": o.output,
+            "tokenizer_source": o.tokenizer,
+            "input_patterns": list(o.inputs),
+            "input_files": [{"path": p, "bytes": size} for p, size in plan.files],
+            "beam_args": list(o.beam_args),
+        },
+    }
+
+
+def _bytes_per_example(plan: Plan) -> int:
+    length, _ = plan.objective.plan_chunk(__import__("numpy").random.default_rng(0))
+    return max(1, 4 * length * len(plan.schema.token_columns))
+
+
+def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None) -> None:
+    """Add the materialize steps to ``pipeline``."""
+    o = plan.options
+    tokenizer_out = join_path(o.output, "tokenizer.json")
+    read = pipeline | "ReadCorpus" >> ReadCorpus([p for p, _ in plan.files], text_mode=o.text_mode,
+                                                  text_field=o.text_field)
+    tokenized = read.texts | "Tokenize" >> Tokenize(
+        tokenizer_out,
+        features=plan.objective.features,
+        validation_fraction=o.validation_fraction,
+        num_buckets=o.num_buckets,
+        batch_size=o.batch_size,
+    )
+    chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
+        plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
+    )
+    examples = chunks | "BuildExamples" >> BuildExamples(
+        plan.objective, plan.resolved.special, seed=o.seed, draws=o.draws
+    )
+    shards = examples | "WriteShards" >> WriteShards(
+        o.output,
+        plan.schema,
+        formats=o.formats,
+        objective=plan.objective,
+        seed=o.seed,
+        num_shards=o.num_shards,
+        bytes_per_example=_bytes_per_example(plan),
+        shard_bytes=int(o.shard_size_mb * 2**20),
+    )
+    rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
+    rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output)
+    records_read = (
+        (read.texts, read[ReadCorpus.REJECTED])
+        | "AllRecords" >> beam.Flatten()
+        | "CountRecords" >> beam.combiners.Count.Globally()
+    )
+    _ = (shards, pack_stats, records_read, reasons, rejected_files) | "WriteManifest" >> WriteManifest(
+        o.output, _static_manifest(plan, argv)
+    )
+
+
+def run(argv: list[str] | None = None) -> Manifest:
+    """Run a materialize job; return the manifest it wrote.
+
+    Raises:
+        ValueError: a configuration error (before any work is done).
+    """
+    options = parse_args(argv)
+    start = time.monotonic()
+    plan = plan_run(options)
+    prepare_output(options, plan.splits)
+    tokenizer_bytes = plan.resolved.to_json_bytes()
+    with FileSystems.create(join_path(options.output, "tokenizer.json")) as handle:
+        handle.write(tokenizer_bytes)
+    pipeline_options = PipelineOptions(options.beam_args)
+    with beam.Pipeline(options=pipeline_options) as pipeline:
+        build_pipeline(pipeline, plan, argv)
+    with FileSystems.open(join_path(options.output, MANIFEST_NAME)) as handle:
+        manifest = Manifest.loads(handle.read().decode("utf-8"))
+    manifest.run["wall_seconds"] = round(time.monotonic() - start, 3)
+    return manifest
+
+
+def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
+    """Human summary of a finished run."""
+    counts = manifest.counts
+    lines = [
+        f"documents: read {counts['documents_read']:,}  written {counts['documents_written']:,}  "
+        f"duplicates {counts['duplicates']:,}  rejected {counts['rejected']:,}"
+        + (f" ({', '.join(f'{k} {v}' for k, v in counts['rejected_by_reason'].items())})"
+           if counts["rejected"] else ""),
+    ]
+    total_tokens = 0
+    for split, info in manifest.splits.items():
+        total_tokens += info["document_tokens"]
+        lines.append(
+            f"{split}: {info['examples']:,} examples, {info['tokens']:,} tokens in {info['num_shards']} shards"
+            f" (padding {info['padding_tokens']:,}, dropped {info['dropped_tokens']:,})"
+        )
+    rate = total_tokens / wall_seconds if wall_seconds > 0 else 0.0
+    lines.append(f"wall time {wall_seconds:.1f} s, {total_tokens:,} document tokens, {rate:,.0f} tokens/s")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: run and print the summary; configuration errors exit 2 with one line."""
+    try:
+        manifest = run(argv)
+    except ValueError as exc:
+        print(f"lmshards materialize: error: {exc}", file=sys.stderr)
+        return 2
+    for line in summary_lines(manifest, manifest.run["wall_seconds"]):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

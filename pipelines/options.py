@@ -1,0 +1,208 @@
+"""Command-line options of ``lmshards materialize``.
+
+Our flags are parsed with :func:`argparse.ArgumentParser.parse_known_args`; everything it
+does not know goes to Beam's ``PipelineOptions`` unchanged (``--runner``,
+``--direct_num_workers``, Dataflow flags), as in Beam's wordcount example. Objective
+parameters can also come from ``--config FILE`` (JSON or YAML); flags given on the command
+line win over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from transforms.objectives.packing import PACKING_MODES
+from transforms.pack import LAST_CHUNK_MODES
+from transforms.read import TEXT_MODES
+
+__all__ = ["FORMATS", "MaterializeOptions", "build_parser", "parse_args"]
+
+FORMATS = ("arrow", "webdataset")
+#: objective parameter flags: flag dest -> type. Only those the user sets are passed on.
+OBJECTIVE_FLAGS: dict[str, type] = {"seq_len": int}
+DEFAULT_RUNNER = "FnApiRunner"
+
+
+@dataclass
+class MaterializeOptions:
+    """Parsed options of one materialize run (ours, not Beam's)."""
+
+    inputs: list[str]
+    output: str
+    tokenizer: str
+    objective: str
+    objective_params: dict[str, Any]
+    formats: tuple[str, ...]
+    num_shards: int | None
+    shard_size_mb: float
+    seed: int
+    validation_fraction: float
+    packing: str
+    last_chunk: str
+    num_buckets: int
+    text_mode: str
+    text_field: str
+    draws: int
+    special_tokens: dict[str, str]
+    add_special_tokens: bool
+    overwrite: bool
+    batch_size: int
+    beam_args: list[str] = field(default_factory=list)
+    config_file: str | None = None
+
+
+def _positive_int(flag):
+    def parse(value):
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: not an integer") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: must be > 0")
+        return number
+
+    return parse
+
+
+def _fraction(value):
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--validation-fraction {value}: not a number") from None
+    if not 0.0 <= number < 1.0:
+        raise argparse.ArgumentTypeError(f"--validation-fraction {value}: must be in [0, 1)")
+    return number
+
+
+def _formats(value):
+    formats = tuple(f.strip() for f in value.split(",") if f.strip())
+    bad = [f for f in formats if f not in FORMATS]
+    if not formats or bad:
+        raise argparse.ArgumentTypeError(f"--formats {value}: choose from {', '.join(FORMATS)} (comma-separated)")
+    return tuple(sorted(set(formats), key=FORMATS.index))
+
+
+def _role(value):
+    if "=" not in value:
+        raise argparse.ArgumentTypeError(f"--special-token {value}: expected ROLE=TOKEN, e.g. eos=</s>")
+    role, token = value.split("=", 1)
+    return role.strip(), token
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmshards materialize",
+        description="Turn a raw text corpus into packed, sharded pretraining examples. "
+        "Flags not listed here are passed to Apache Beam (--runner, --direct_num_workers, Dataflow flags).",
+    )
+    io = parser.add_argument_group("input and output")
+    io.add_argument("--input", action="append", required=True, metavar="GLOB",
+                    help="input files (.txt/.jsonl/.parquet, optionally .gz/.zst; local or gs://); repeatable")
+    io.add_argument("--output", required=True, metavar="DIR", help="dataset directory to create")
+    io.add_argument("--tokenizer", required=True, metavar="PATH", help="a HF tokenizers tokenizer.json")
+    io.add_argument("--text-mode", choices=TEXT_MODES, default="line",
+                    help="documents of text files: one per line, per blank-line paragraph, or per file")
+    io.add_argument("--text-field", default="text", help="JSONL field (dotted path) or Parquet column of the text")
+    io.add_argument("--formats", type=_formats, default=("arrow",), help="arrow,webdataset (default: arrow)")
+    io.add_argument("--num-shards", type=_positive_int("--num-shards"), default=None,
+                    help="train shards (default: sized by --shard-size-mb)")
+    io.add_argument("--shard-size-mb", type=float, default=256.0, help="target shard size (default 256)")
+    io.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    obj = parser.add_argument_group("objective")
+    obj.add_argument("--objective", default="clm", help="clm (default)")
+    obj.add_argument("--config", dest="config_file", metavar="FILE",
+                     help="JSON or YAML file of objective parameters (flags win)")
+    obj.add_argument("--seq-len", dest="seq_len", type=_positive_int("--seq-len"), default=None,
+                     help="tokens per example (clm default 1024)")
+    obj.add_argument("--draws", type=_positive_int("--draws"), default=1,
+                     help="independent noisings of each chunk (distinct example keys)")
+    pack = parser.add_argument_group("packing and splits")
+    pack.add_argument("--packing", choices=PACKING_MODES, default="concat")
+    pack.add_argument("--last-chunk", choices=LAST_CHUNK_MODES, default="drop",
+                      help="the split's final partial chunk in concat packing")
+    pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=64,
+                      help="packing buckets per split (part of the config: changes the bytes)")
+    pack.add_argument("--seed", type=int, default=0)
+    pack.add_argument("--validation-fraction", type=_fraction, default=0.0,
+                      help="share of documents (by content hash) in the validation split")
+    tok = parser.add_argument_group("tokenizer")
+    tok.add_argument("--special-token", action="append", type=_role, default=[], metavar="ROLE=TOKEN",
+                     help="use TOKEN for ROLE (pad, eos, bos, unk, mask, cls, sep); repeatable")
+    tok.add_argument("--add-special-tokens", action="store_true",
+                     help="add missing special tokens, sentinels and mode tokens to the tokenizer")
+    tok.add_argument("--batch-size", type=_positive_int("--batch-size"), default=512,
+                     help="texts per encode_batch call")
+    return parser
+
+
+def _load_config(path: str) -> dict[str, Any]:
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path) as handle:
+            text = handle.read().decode("utf-8")
+    except Exception as exc:
+        raise ValueError(f"--config {path}: cannot read ({exc})") from exc
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:
+        raise ValueError(f"--config {path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'} ({exc})")
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of parameter names to values")
+    return data
+
+
+def parse_args(argv: list[str] | None) -> MaterializeOptions:
+    """Parse our flags; the rest become ``beam_args`` (FnApiRunner unless a runner is given).
+
+    Raises:
+        SystemExit: argparse errors (one line, naming the flag).
+        ValueError: a bad ``--config`` file.
+    """
+    parser = build_parser()
+    args, beam_args = parser.parse_known_args(argv)
+    params: dict[str, Any] = {}
+    if args.config_file:
+        params.update(_load_config(args.config_file))
+        objective = params.pop("objective", None)
+        if objective and "--objective" not in (argv or []):
+            args.objective = objective
+    for dest in OBJECTIVE_FLAGS:
+        value = getattr(args, dest)
+        if value is not None:
+            params[dest] = value
+    if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
+        beam_args = [f"--runner={DEFAULT_RUNNER}", *beam_args]
+    roles = dict(args.special_token)
+    return MaterializeOptions(
+        inputs=args.input,
+        output=args.output.rstrip("/") if args.output != "/" else args.output,
+        tokenizer=args.tokenizer,
+        objective=args.objective,
+        objective_params=params,
+        formats=args.formats,
+        num_shards=args.num_shards,
+        shard_size_mb=args.shard_size_mb,
+        seed=args.seed,
+        validation_fraction=args.validation_fraction,
+        packing=args.packing,
+        last_chunk=args.last_chunk,
+        num_buckets=args.num_buckets,
+        text_mode=args.text_mode,
+        text_field=args.text_field,
+        draws=args.draws,
+        special_tokens=roles,
+        add_special_tokens=args.add_special_tokens,
+        overwrite=args.overwrite,
+        batch_size=args.batch_size,
+        beam_args=beam_args,
+        config_file=args.config_file,
+    )

@@ -1,0 +1,37 @@
+"""lmshards: raw text -> deterministic, sharded pretraining examples (Apache Beam)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="lmshards",
+    version="0.1.0",
+    description="Turn raw text corpora into sharded pretraining examples with Apache Beam",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["pipelines", "pipelines.*", "transforms", "transforms.*", "schemas",
+                                    "schemas.*", "loaders", "loaders.*"]),
+    install_requires=[
+        "apache-beam>=2.60,<3",
+        "pyarrow>=14",
+        "tokenizers>=0.20",
+        "numpy>=1.24",
+        "zstandard>=0.21",
+        "pyyaml>=6",
+    ],
+    extras_require={
+        "torch": ["torch>=2.1"],
+        "webdataset": ["webdataset>=0.2.86"],
+        "gcp": ["apache-beam[gcp]>=2.60,<3"],
+        "dev": [
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "ruff>=0.5",
+            "datasets>=2.18",
+            "webdataset>=0.2.86",
+            "gcp-storage-emulator>=2024.8.3",
+            "apache-beam[gcp]>=2.60,<3",
+        ],
+    },
+    entry_points={"console_scripts": ["lmshards = pipelines.cli:main"]},
+)

@@ -1,0 +1,151 @@
+"""WriteManifest: the last stage. Collects shard infos and statistics (as side inputs, so
+it runs only after every shard is written), writes the ``datasets`` metadata next to the
+Arrow shards, then ``manifest.json`` (atomically), then removes ``OUT/.tmp``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
+from transforms.objectives.counters import merge_counters
+from transforms.write import TMP_DIR, join_path, write_atomic
+
+__all__ = ["WriteManifest", "hf_dataset_files", "summarize_lengths"]
+
+
+def summarize_lengths(counters: dict[str, int], prefix: str) -> dict[str, Any]:
+    """count/sum/min/max/mean and log2 histogram of a length counter family."""
+    count = counters.get(f"{prefix}_count", 0)
+    total = counters.get(f"{prefix}_sum", 0)
+    hist = {k[len(prefix) + 6 :]: v for k, v in counters.items() if k.startswith(f"{prefix}_hist_")}
+    return {
+        "count": count,
+        "sum": total,
+        "min": counters.get(f"{prefix}_min", 0),
+        "max": counters.get(f"{prefix}_max", 0),
+        "mean": round(total / count, 4) if count else 0.0,
+        "log2_histogram": {f"<{2 ** int(b)}": n for b, n in sorted(hist.items())},
+    }
+
+
+def hf_dataset_files(split: str, shard_paths: list[str], schema_meta: dict) -> dict[str, bytes]:
+    """``state.json`` and ``dataset_info.json`` that let ``datasets.load_from_disk`` open a split."""
+    fingerprint = hashlib.sha256("\n".join(shard_paths).encode()).hexdigest()[:16]
+    state = {
+        "_data_files": [{"filename": p.rsplit("/", 1)[-1]} for p in shard_paths],
+        "_fingerprint": fingerprint,
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": split,
+    }
+    info = {"description": f"lmshards {schema_meta['family']} examples, split {split}", "citation": "",
+            "homepage": "", "license": "", "features": None}
+    return {
+        "state.json": (json.dumps(state, indent=2, sort_keys=True) + "\n").encode(),
+        "dataset_info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
+    }
+
+
+class _WriteManifest(beam.DoFn):
+    def __init__(self, output, static):
+        self._output, self._static = output, static
+
+    def process(self, _, shards, pack_stats, records_read, reasons, rejected_files):
+        static = self._static
+        splits: dict[str, Any] = {}
+        stats: dict[str, Any] = {}
+        for split in static["splits"]:
+            rows = sorted((s for s in shards if s["shard"]["split"] == split), key=lambda s: s["shard"]["index"])
+            objective_stats: dict[str, int] = {}
+            for row in rows:
+                objective_stats = merge_counters(objective_stats, row["stats"])
+            packing = pack_stats.get(split, {})
+            splits[split] = {
+                "documents": packing.get("documents", 0),
+                "duplicates": packing.get("duplicates", 0),
+                "examples": sum(r["shard"]["rows"] for r in rows),
+                "tokens": sum(r["shard"]["tokens"] for r in rows),
+                "padding_tokens": objective_stats.get("padding_tokens", 0),
+                "dropped_tokens": packing.get("dropped_tokens", 0),
+                "document_tokens": packing.get("doc_tokens_sum", 0) + packing.get("documents", 0),
+                "num_shards": len(rows),
+                "shards": [r["shard"] for r in rows],
+            }
+            stats[split] = {
+                "document_lengths": summarize_lengths(packing, "doc_tokens"),
+                "objective": dict(sorted(objective_stats.items())),
+            }
+        rejected_total = sum(reasons.values())
+        written = sum(s["documents"] for s in splits.values())
+        duplicates = sum(s["duplicates"] for s in splits.values())
+        counts = {
+            "documents_read": records_read,
+            "documents_written": written,
+            "duplicates": duplicates,
+            "rejected": rejected_total,
+            "rejected_by_reason": dict(sorted(reasons.items())),
+            "filtered": 0,
+            "reconciled": records_read == written + duplicates + rejected_total,
+            "rejected_files": sorted(rejected_files, key=lambda f: f["path"]),
+        }
+        for split, info in splits.items():
+            if "arrow" in static["formats"] and info["shards"]:
+                paths = [s["files"]["arrow"]["path"] for s in info["shards"]]
+                for name, payload in hf_dataset_files(split, paths, static["schema"]).items():
+                    write_atomic(self._output, f"{split}/{FORMAT_DIRS['arrow']}/{name}", lambda h, p=payload: h.write(p))
+        manifest = Manifest(
+            objective=static["objective"],
+            config=static["config"],
+            tokenizer=static["tokenizer"],
+            schema=static["schema"],
+            counts=counts,
+            splits=splits,
+            stats=stats,
+            run=static["run"],
+        )
+        text = manifest.dumps().encode("utf-8")
+        write_atomic(self._output, MANIFEST_NAME, lambda h: h.write(text))
+        try:
+            FileSystems.delete([join_path(self._output, TMP_DIR)])
+        except Exception:  # nothing left to clean, or a filesystem without directories
+            pass
+        yield manifest.to_json()
+
+
+class WriteManifest(beam.PTransform):
+    """Write ``manifest.json`` once everything else is written.
+
+    Args:
+        output: dataset directory.
+        static: manifest parts known before the run (objective, config, tokenizer,
+            schema, run, splits, formats).
+    """
+
+    def __init__(self, output, static):
+        super().__init__()
+        self._output, self._static = output, static
+
+    def expand(self, inputs):
+        shards, pack_stats, records_read, reasons, rejected_files = inputs
+        pipeline = shards.pipeline
+        return (
+            pipeline
+            | "ManifestTrigger" >> beam.Create([None])
+            | "WriteManifestFile"
+            >> beam.ParDo(
+                _WriteManifest(self._output, self._static),
+                shards=beam.pvalue.AsList(shards),
+                pack_stats=beam.pvalue.AsDict(pack_stats),
+                records_read=beam.pvalue.AsSingleton(records_read),
+                reasons=beam.pvalue.AsDict(reasons),
+                rejected_files=beam.pvalue.AsList(rejected_files),
+            )
+        )

@@ -1,0 +1,456 @@
+"""BART denoising, after fairseq's ``DenoisingDataset`` with the BART-large recipe as defaults.
+
+Reference: facebookresearch/fairseq ``fairseq/data/denoising_dataset.py`` and the BART-large
+command of fairseq issue #1899 (``--mask 0.3 --mask-length span-poisson --poisson-lambda 3.5
+--replace-length 1 --mask-random 0.1 --permute-sentences 1 --rotate 0 --insert 0``); see
+shared/reference/bart_mlm_megatron.md section 1. ``targets`` is the original framed chunk
+``<s> chunk </s>``; ``inputs`` is the same after these steps, in fairseq's order:
+
+1. Sentence permutation (``permute_sentences`` = p): ``ceil(n * p)`` of the ``n`` sentences
+   are re-ordered among themselves. Sentences start at ``sentence_starts`` (and at token 0).
+2. Masking (``mask`` = share of *words*): budget ``ceil(#words * mask)``; span lengths in
+   words ~ Poisson(``poisson_lambda``) (categorical cut where p_k < 1e-7), drawn until they
+   cover the budget, the last one trimmed to fit; zero-length spans are set aside as
+   insertions. Span starts are distinct word starts drawn uniformly; a span covers whole
+   words and never runs through ``</s>``; spans may overlap. ``replace_length``: 1 = a span
+   becomes one ``<mask>`` (text infilling), 0 = it is deleted, -1 = each of its tokens
+   becomes ``<mask>``. ``mask_length`` "word"/"subword" use one-word/one-token spans. A
+   span's mask is a random token with probability ``mask_random``. The zero-length spans
+   then insert that many ``<mask>`` at uniform interior positions.
+3. Token masking (``token_mask``) and token deletion (``token_delete``): the paper's other
+   two noises as their own passes, each over ``ceil(#words * p)`` single words (single tokens
+   when ``mask_length="subword"``), with ``replace_length`` -1 and 0 respectively.
+4. Random insertion (``insert``): ``ceil(len * insert)`` tokens at uniform interior positions.
+5. Document rotation (probability ``rotate``): the interior is rotated by an offset in
+   [1, len - 1]; ``<s>`` and ``</s>`` stay in place.
+
+Words come from ``word_starts`` (the pre-tokenizer's word starts, where fairseq decodes
+GPT-2 pieces); without it every token is a word, like fairseq's ``mask_length=subword``.
+
+Deliberate differences from fairseq:
+
+- Sentence boundaries come from the ``sentence_starts`` feature (a text rule of the
+  pipeline), not from the GPT-2 id of "." (which is a no-op for other BPEs, fairseq #3803).
+- Special tokens inside a chunk (e.g. EOS between packed documents) and tokens already
+  noised by an earlier pass are never masked, and spans stop at them.
+- Random tokens are uniform over non-special ids (fairseq: any id in [1, |V|), specials
+  included). Each inserted token is random with probability ``mask_random`` (fairseq makes
+  exactly ``ceil(n * mask_random)`` random, which turns the usual single zero-length-span
+  insertion into a random token nearly always).
+- Zero-length-span insertions are capped so that ``inputs`` never exceeds ``seq_len``
+  (counted in ``inserts_dropped``); with ``insert > 0`` inputs can reach
+  ``seq_len + ceil(seq_len * insert)`` (fairseq issue #2297). Budgets use ``ceil`` on the
+  product rounded to 9 decimals (``ceil(10 * 0.3)`` is 3, not 4).
+- Randomness comes only from the given ``rng`` (fairseq mixes torch's global RNG with
+  ``hash(seed, epoch, index) % 1e6``), so examples are a pure function of the example key.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.mlm import STATS_KEY, draw_non_special
+
+__all__ = [
+    "MASK_LENGTHS",
+    "Bart",
+    "BartConfig",
+    "bart",
+    "bart_with_stats",
+    "poisson_span_cdf",
+]
+
+MASK_LENGTHS = ("span-poisson", "word", "subword")
+
+
+def _ceil(value: float) -> int:
+    return math.ceil(round(value, 9))
+
+
+@dataclass(frozen=True)
+class BartConfig:
+    """Parameters of BART denoising (fairseq names; BART-large values).
+
+    Attributes:
+        seq_len: length of ``targets`` for a full chunk (``<s>`` and ``</s>`` included).
+        mask: share of words masked by the span/word masking pass.
+        mask_random: probability that a mask (span or inserted token) is a random token.
+        insert: random insertion, as a share of the current length.
+        rotate: probability of document rotation.
+        permute_sentences: share of sentences permuted.
+        replace_length: -1 (mask every token), 0 (delete) or 1 (one mask per span).
+        mask_length: ``span-poisson``, ``word`` or ``subword``.
+        poisson_lambda: mean span length in words for ``span-poisson``.
+        token_mask: share of words whose tokens all become masks (own pass, off by default).
+        token_delete: share of words deleted (own pass, off by default).
+    """
+
+    seq_len: int = 512
+    mask: float = 0.3
+    mask_random: float = 0.1
+    insert: float = 0.0
+    rotate: float = 0.0
+    permute_sentences: float = 1.0
+    replace_length: int = 1
+    mask_length: str = "span-poisson"
+    poisson_lambda: float = 3.5
+    token_mask: float = 0.0
+    token_delete: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq_len, int) or self.seq_len < 3:
+            raise ValueError(f"seq_len must be an int >= 3, got {self.seq_len!r}")
+        for name in ("mask", "mask_random", "insert", "rotate", "permute_sentences", "token_mask", "token_delete"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        if self.replace_length not in (-1, 0, 1):
+            raise ValueError(f"replace_length must be -1, 0 or 1, got {self.replace_length!r}")
+        if self.mask_length not in MASK_LENGTHS:
+            raise ValueError(f"mask_length must be one of {MASK_LENGTHS}, got {self.mask_length!r}")
+        if self.mask_length == "subword" and self.replace_length == -1:
+            raise ValueError("mask_length='subword' needs replace_length 0 or 1 (as fairseq), got -1")
+        if self.mask_length == "span-poisson" and not 0.0 < self.poisson_lambda <= 64.0:
+            raise ValueError(f"poisson_lambda must be in (0, 64], got {self.poisson_lambda!r}")
+
+    @property
+    def raw_length(self) -> int:
+        """Raw chunk length the packer cuts: ``seq_len - 2`` (room for ``<s>`` and ``</s>``)."""
+        return self.seq_len - 2
+
+    @property
+    def max_inputs_length(self) -> int:
+        """Upper bound of ``len(inputs)``: ``seq_len`` plus the random insertions."""
+        return self.seq_len + _ceil(self.seq_len * self.insert)
+
+
+@functools.lru_cache(maxsize=16)
+def poisson_span_cdf(poisson_lambda: float) -> np.ndarray:
+    """CDF of fairseq's span-length categorical: Poisson pmf for k = 0, 1, ... up to and
+    including the first k with p_k < 1e-7 (at most 128 values), renormalised."""
+    pmf = []
+    term = math.exp(-poisson_lambda)
+    for k in range(128):
+        pmf.append(term)
+        if term < 1e-7:
+            break
+        term *= poisson_lambda / (k + 1)
+    cdf = np.cumsum(pmf) / sum(pmf)
+    cdf.setflags(write=False)
+    return cdf
+
+
+@dataclass
+class _Noisy:
+    """The source being noised, with per-token flags kept aligned through every pass."""
+
+    ids: np.ndarray  # int32 token ids, <s> ... </s>
+    word_start: np.ndarray  # bool: a word (or, without word starts, a token) starts here
+    barrier: np.ndarray  # bool: framing, special or already-noised token: never masked, ends spans
+
+    def take(self, keep: np.ndarray) -> None:
+        self.ids, self.word_start, self.barrier = self.ids[keep], self.word_start[keep], self.barrier[keep]
+
+
+def _permute_sentences(
+    tokens: np.ndarray,
+    flags: list[np.ndarray],
+    sentence_starts: np.ndarray | None,
+    p: float,
+    rng: np.random.Generator,
+    counters: dict[str, int],
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Re-order ``ceil(n * p)`` of the ``n`` sentences (fairseq ``permute_sentences``)."""
+    starts = np.flatnonzero(sentence_starts) if sentence_starts is not None else np.zeros(0, np.int64)
+    starts = np.union1d([0], starts) if tokens.size else starts
+    n = starts.size
+    counters["sentences"] = int(n)
+    if n < 2:
+        return tokens, flags
+    k = _ceil(n * p)
+    chosen = rng.permutation(n)[:k]
+    ordering = np.arange(n)
+    ordering[chosen] = chosen[rng.permutation(k)]
+    counters["permuted_sentences"] = int((ordering != np.arange(n)).sum())
+    lengths = np.diff(starts, append=tokens.size)[ordering]
+    offsets = np.cumsum(lengths) - lengths
+    index = np.arange(tokens.size) - np.repeat(offsets, lengths) + np.repeat(starts[ordering], lengths)
+    return tokens[index], [f[index] for f in flags]
+
+
+def _span_lengths(budget: int, config: BartConfig, rng: np.random.Generator) -> np.ndarray:
+    """Span lengths in words covering exactly ``budget`` words (zero-length ones included)."""
+    if config.mask_length != "span-poisson":
+        return np.ones(budget, dtype=np.int64)
+    cdf = poisson_span_cdf(config.poisson_lambda)
+    lengths = np.zeros(0, dtype=np.int64)
+    while lengths.sum() < budget:  # fairseq draws ``budget`` at a time until they suffice
+        lengths = np.concatenate([lengths, np.searchsorted(cdf, rng.random(budget), side="right")])
+    cum = np.cumsum(lengths)
+    last = int(np.searchsorted(cum, budget))  # first span reaching the budget
+    lengths = lengths[: last + 1].copy()
+    lengths[last] = budget - (cum[last - 1] if last else 0)
+    return lengths
+
+
+def _span_ends(word_start: np.ndarray, barrier: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """End (exclusive) of each span of ``lengths`` words from ``starts``, stopped at the next barrier.
+
+    fairseq walks token by token, counting word starts, with a huge count on ``</s>``; here
+    the end is the ``length``-th word boundary after the start, or the first barrier if
+    that comes sooner. The last position (``</s>``) must be a barrier.
+    """
+    boundaries = np.flatnonzero(word_start | barrier)
+    barriers = np.flatnonzero(barrier)
+    word_end = boundaries[np.minimum(np.searchsorted(boundaries, starts) + lengths, boundaries.size - 1)]
+    return np.minimum(word_end, barriers[np.searchsorted(barriers, starts, side="right")])
+
+
+def _mask_spans(
+    src: _Noisy,
+    lengths: np.ndarray,
+    replace_length: int,
+    config: BartConfig,
+    special: SpecialIds,
+    rng: np.random.Generator,
+    counters: dict[str, int],
+) -> None:
+    """Mask, replace or delete ``lengths.size`` word spans (all > 0) at random word starts."""
+    pool = np.flatnonzero(src.word_start & ~src.barrier)
+    m = lengths.size
+    starts = rng.choice(pool, size=m, replace=False) if m else pool[:0]
+    is_random = rng.random(m) < config.mask_random
+    ends = _span_ends(src.word_start, src.barrier, starts, lengths)
+
+    def union(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+        depth = np.zeros(src.ids.size + 1, dtype=np.int64)
+        np.add.at(depth, first, 1)
+        np.add.at(depth, last, -1)
+        return np.cumsum(depth[:-1]) > 0
+
+    covered = union(starts, ends)
+    counters["masked_words"] = counters.get("masked_words", 0) + int((covered & src.word_start).sum())
+    counters["masked_tokens"] = counters.get("masked_tokens", 0) + int(covered.sum())
+    if replace_length == 0:
+        src.take(~covered)
+        return
+    if replace_length == 1:
+        # A start inside another span's tail is deleted with it: overlapping spans merge into one mask.
+        replaced, random_positions = starts, starts[is_random]
+        keep = ~union(starts + 1, ends)
+    else:
+        replaced, keep = covered, np.ones(src.ids.size, dtype=bool)
+        random_positions = np.flatnonzero(union(starts[is_random], ends[is_random]))
+    src.ids[replaced] = special.mask
+    src.ids[random_positions] = draw_non_special(rng, special, random_positions.size)
+    src.barrier[replaced] = True
+    counters["random_tokens"] += int(keep[random_positions].sum())
+    src.take(keep)
+
+
+def _insert(
+    src: _Noisy, n: int, config: BartConfig, special: SpecialIds, rng: np.random.Generator, counters: dict[str, int]
+) -> None:
+    """Insert ``n`` masks (random tokens with probability ``mask_random``) at interior positions."""
+    if n <= 0:
+        return
+    size = src.ids.size + n
+    positions = rng.choice(size - 2, size=n, replace=False) + 1
+    is_random = rng.random(n) < config.mask_random
+    new = np.zeros(size, dtype=bool)
+    new[positions] = True
+    ids = np.empty(size, dtype=np.int32)
+    ids[~new] = src.ids
+    ids[positions] = special.mask
+    ids[positions[is_random]] = draw_non_special(rng, special, int(is_random.sum()))
+    word_start, barrier = np.ones(size, dtype=bool), np.ones(size, dtype=bool)
+    word_start[~new], barrier[~new] = src.word_start, src.barrier
+    src.ids, src.word_start, src.barrier = ids, word_start, barrier
+    counters["inserted"] += n
+    counters["random_tokens"] += int(is_random.sum())
+
+
+def bart_with_stats(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    config: BartConfig,
+    special: SpecialIds,
+    word_starts: np.ndarray | None = None,
+    sentence_starts: np.ndarray | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """:func:`bart` plus exact integer counters of the noise it drew.
+
+    Counters: ``examples``, ``tokens`` and ``source_tokens`` (both len of targets, the
+    framed chunk), ``input_tokens``,
+    ``sentences``, ``permuted_sentences`` (sentences that moved), ``words`` (maskable words),
+    ``mask_budget``, ``masked_spans``, ``zero_length_spans``, ``span_len_hist_<k>`` (applied
+    span lengths in words, after trimming the last one, zero-length spans as k=0),
+    ``masked_words``/``masked_tokens`` (covered by the spans of every masking pass, overlaps
+    counted once),
+    ``mask_tokens`` (mask ids in ``inputs``), ``random_tokens``, ``inserted``,
+    ``inserts_dropped``, ``deleted`` (tokens removed: targets - inputs + inserted), ``rotated``.
+    """
+    if special.bos is None or special.mask is None:
+        raise ValueError(f"bart needs bos and mask ids, got bos={special.bos} mask={special.mask}")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
+    if tokens.size > config.raw_length:
+        raise ValueError(f"chunk of {tokens.size} tokens exceeds the raw length {config.raw_length}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= special.vocab_size):
+        raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
+    flags = {"word_starts": word_starts, "sentence_starts": sentence_starts}
+    for name, value in flags.items():
+        if value is not None and np.shape(value) != tokens.shape:
+            raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {np.shape(value)}")
+    tokens = tokens.astype(np.int32)
+    targets = np.concatenate([[special.bos], tokens, [special.eos]]).astype(np.int32)
+    counters = dict.fromkeys(("examples", "sentences", "permuted_sentences", "words", "mask_budget"), 0)
+    counters.update(dict.fromkeys(("masked_spans", "zero_length_spans", "masked_words", "masked_tokens"), 0))
+    counters.update(dict.fromkeys(("random_tokens", "inserted", "inserts_dropped", "rotated"), 0))
+    counters["examples"] = 1
+
+    whole_words = word_starts is not None and config.mask_length != "subword"
+    starts = np.asarray(word_starts, dtype=bool) if whole_words else np.ones(tokens.size, dtype=bool)
+    special_mask = np.isin(tokens, special.special_array())
+    if config.permute_sentences > 0:
+        sentence_flags = None if sentence_starts is None else np.asarray(sentence_starts, dtype=bool)
+        tokens, (starts, special_mask) = _permute_sentences(
+            tokens, [starts, special_mask], sentence_flags, config.permute_sentences, rng, counters
+        )
+    edge = np.array([True])
+    src = _Noisy(
+        ids=np.concatenate([[special.bos], tokens, [special.eos]]).astype(np.int32),
+        word_start=np.concatenate([~edge, starts, ~edge]),
+        barrier=np.concatenate([edge, special_mask, edge]),
+    )
+    words = int((src.word_start & ~src.barrier).sum())
+    counters["words"] = words
+
+    if config.mask > 0 and words:
+        budget = _ceil(words * config.mask)
+        lengths = _span_lengths(budget, config, rng)
+        counters["mask_budget"] = budget
+        for k, count in zip(*np.unique(lengths, return_counts=True), strict=True):
+            counters[f"span_len_hist_{k}"] = int(count)
+        zero = int((lengths == 0).sum())
+        counters["masked_spans"], counters["zero_length_spans"] = int(lengths.size - zero), zero
+        _mask_spans(src, lengths[lengths > 0], config.replace_length, config, special, rng, counters)
+        allowed = max(0, min(zero, config.seq_len - src.ids.size))
+        counters["inserts_dropped"] = zero - allowed
+        _insert(src, allowed, config, special, rng, counters)
+    for share, replace_length in ((config.token_mask, -1), (config.token_delete, 0)):
+        if share > 0 and words:
+            eligible = int((src.word_start & ~src.barrier).sum())
+            count = min(eligible, _ceil(words * share))
+            _mask_spans(src, np.ones(count, dtype=np.int64), replace_length, config, special, rng, counters)
+    if config.insert > 0:
+        _insert(src, _ceil(src.ids.size * config.insert), config, special, rng, counters)
+    if config.rotate > 0 and rng.random() < config.rotate:
+        size = src.ids.size
+        offset = int(rng.integers(1, max(1, size - 1) + 1))
+        src.ids = np.concatenate([src.ids[:1], src.ids[offset:-1], src.ids[1:offset], src.ids[-1:]])
+        counters["rotated"] = 1
+
+    inputs = src.ids
+    counters["tokens"] = counters["source_tokens"] = int(targets.size)
+    counters["input_tokens"] = int(inputs.size)
+    counters["mask_tokens"] = int((inputs == special.mask).sum())
+    counters["deleted"] = int(targets.size - inputs.size + counters["inserted"])
+    return {"inputs": inputs, "targets": targets}, counters
+
+
+def bart(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    config: BartConfig,
+    special: SpecialIds,
+    word_starts: np.ndarray | None = None,
+    sentence_starts: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Build one BART denoising example from a raw chunk.
+
+    Args:
+        tokens: raw chunk of at most ``config.raw_length`` ids.
+        rng: the example's generator (``example_rng``).
+        config: objective parameters.
+        special: special ids; ``bos``, ``eos`` and ``mask`` are used.
+        word_starts: bool per token, True where a word starts; None: every token is a word.
+        sentence_starts: bool per token, True where a sentence starts; None: one sentence.
+
+    Returns:
+        ``{"inputs": int32[<= config.max_inputs_length], "targets": int32[len(tokens) + 2]}``;
+        both start with ``<s>`` and end with ``</s>``.
+
+    Raises:
+        ValueError: a missing special id, a chunk that does not fit, misaligned features.
+    """
+    return bart_with_stats(tokens, rng, config, special, word_starts, sentence_starts)[0]
+
+
+class Bart:
+    """The BART objective for the pipeline and the loader (:class:`~transforms.objectives.base.Objective`).
+
+    Both columns are variable-length ``list<int32>``: ``inputs`` because noise changes its
+    length, ``targets`` because a final or unpacked (``--packing none``) chunk is shorter
+    than ``seq_len`` and targets are never padded (fairseq scores every target token).
+
+    Args:
+        config: objective parameters.
+    """
+
+    name = "bart"
+    family = "seq2seq"
+    features = frozenset({"word_starts", "sentence_starts"})
+    required_specials = frozenset({"bos", "eos", "mask", "pad"})
+
+    def __init__(self, config: BartConfig | None = None) -> None:
+        self.config = config or BartConfig()
+
+    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
+        """Every chunk has ``config.raw_length`` tokens; no randomness is drawn."""
+        return self.config.raw_length, 0
+
+    def build(
+        self,
+        tokens: np.ndarray,
+        rng: np.random.Generator,
+        plan: int,
+        special: SpecialIds,
+        features: dict[str, np.ndarray],
+    ) -> dict[str, Any]:
+        """One example (see :func:`bart`) plus its counters under :data:`STATS_KEY`."""
+        example, counters = bart_with_stats(
+            tokens, rng, self.config, special, features.get("word_starts"), features.get("sentence_starts")
+        )
+        return {**example, STATS_KEY: counters}
+
+    def stats(self, example: dict[str, Any]) -> dict[str, int]:
+        """Exact counters carried by :meth:`build`; lengths only for an example without them."""
+        if STATS_KEY in example:
+            return dict(example[STATS_KEY])
+        source_tokens = int(np.size(example["targets"]))
+        return {
+            "examples": 1,
+            "tokens": source_tokens,
+            "source_tokens": source_tokens,
+            "input_tokens": int(np.size(example["inputs"])),
+        }
+
+    def schema_kwargs(self) -> dict[str, Any]:
+        """Variable-length ``inputs`` and ``targets``."""
+        return {"inputs_length": None, "targets_length": None}
+
+    def max_sentinels(self) -> int:
+        """BART uses no sentinels."""
+        return 0
+
+    def params(self) -> dict[str, Any]:
+        """The configuration, for the manifest."""
+        return {"objective": self.name, **asdict(self.config)}

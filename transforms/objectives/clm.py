@@ -1,0 +1,90 @@
+"""Causal language modelling (GPT-style): the packed chunk itself.
+
+``input_ids`` holds ``seq_len`` tokens; ``doc_lengths`` the lengths of the document
+segments in it (the EOS after a document counts in that document), from which the loader
+builds per-document attention masks, position resets or FlashAttention ``cu_seqlens``.
+Labels are derived by the loader (shifted ``input_ids``), as in Megatron-LM's GPT dataset
+and HF's ``run_clm`` ``group_texts``. A short chunk (only the last one of a split when
+``--last-chunk pad``, or any in ``best_fit``/``none`` packing) is padded with the pad id;
+the padding is not part of any document, so ``sum(doc_lengths)`` is the unpadded length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from transforms.objectives.common import SpecialIds
+
+__all__ = ["CLM", "CLMConfig", "pad_to"]
+
+
+def pad_to(tokens: np.ndarray, length: int, pad: int) -> np.ndarray:
+    """``tokens`` right-padded with ``pad`` to ``length`` (ValueError if longer)."""
+    if len(tokens) > length:
+        raise ValueError(f"{len(tokens)} tokens do not fit in {length}")
+    out = np.full(length, pad, dtype=np.int32)
+    out[: len(tokens)] = tokens
+    return out
+
+
+@dataclass(frozen=True)
+class CLMConfig:
+    """Settings of the clm objective.
+
+    Attributes:
+        seq_len: tokens per example (>= 2).
+    """
+
+    seq_len: int = 1024
+
+    def __post_init__(self):
+        if not isinstance(self.seq_len, int) or self.seq_len < 2:
+            raise ValueError(f"--seq-len {self.seq_len}: clm needs at least 2 tokens per example")
+
+
+class CLM:
+    """The clm objective (see module docstring)."""
+
+    name = "clm"
+    family = "decoder"
+    features: frozenset[str] = frozenset()
+    required_specials = frozenset({"eos"})
+
+    def __init__(self, config: CLMConfig):
+        self.config = config
+
+    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
+        return self.config.seq_len, 0
+
+    def build(
+        self,
+        tokens: np.ndarray,
+        rng: np.random.Generator,
+        plan: int,
+        special: SpecialIds,
+        features: dict[str, np.ndarray],
+    ) -> dict[str, Any]:
+        doc_lengths = features.get("doc_lengths")
+        if doc_lengths is None:
+            doc_lengths = np.array([len(tokens)], dtype=np.int32)
+        return {
+            "input_ids": pad_to(tokens, self.config.seq_len, special.pad),
+            "doc_lengths": np.asarray(doc_lengths, dtype=np.int32),
+        }
+
+    def stats(self, example: dict[str, Any]) -> dict[str, int]:
+        real = int(np.sum(example["doc_lengths"]))
+        return {"examples": 1, "tokens": real, "padding_tokens": self.config.seq_len - real,
+                "documents_segments": int(len(example["doc_lengths"]))}
+
+    def schema_kwargs(self) -> dict[str, Any]:
+        return {"seq_len": self.config.seq_len}
+
+    def max_sentinels(self) -> int:
+        return 0
+
+    def params(self) -> dict[str, Any]:
+        return {"seq_len": self.config.seq_len}

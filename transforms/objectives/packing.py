@@ -1,0 +1,155 @@
+"""Packing tokenized documents into chunks (pure numpy).
+
+Modes (DESIGN.md section 2.3):
+
+- ``concat``: documents (each followed by EOS) are concatenated in key order and cut
+  into chunks whose lengths the objective plans one at a time (fixed for most
+  objectives, per-chunk for UL2). The tail that does not fill the next chunk is returned
+  as a *remainder* and re-packed with the other buckets' remainders, so at most one
+  partial chunk per split is dropped or padded. Like Megatron-LM's GPT dataset and HF's
+  ``group_texts``, but with per-document lengths recorded for attention masks.
+- ``best_fit``: best-fit-decreasing bin packing (Ding et al. 2024, "Fewer truncations");
+  documents longer than a chunk are split into chunk-sized pieces first; no document is
+  truncated, bins are padded. Since best fit never opens a bin while an open one has
+  room, at most one bin per bucket is at most half full; its pieces are the remainder.
+- ``none``: one document per chunk, long documents split into chunk-sized pieces.
+
+A :class:`Piece` is a run of tokens with its document segment lengths and aligned
+per-token features. The EOS appended to each document belongs to that document.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["PACKING_MODES", "Piece", "concat_pieces", "pack_best_fit", "pack_concat", "pack_none"]
+
+PACKING_MODES = ("concat", "best_fit", "none")
+#: Feature value the EOS separator gets, per feature (absent: False).
+EOS_FEATURE = {"word_starts": True}
+
+
+@dataclass
+class Piece:
+    """Tokens plus the lengths of the document segments they hold (sum = len(tokens))."""
+
+    tokens: np.ndarray
+    doc_lengths: np.ndarray
+    features: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def slice(self, start: int, stop: int) -> Piece:
+        """Tokens ``[start, stop)`` with their segments cut to the window."""
+        bounds = np.concatenate([[0], np.cumsum(self.doc_lengths)])
+        cuts = np.clip(bounds, start, stop) - start
+        lengths = np.diff(cuts)
+        return Piece(
+            tokens=self.tokens[start:stop],
+            doc_lengths=lengths[lengths > 0].astype(np.int32),
+            features={k: v[start:stop] for k, v in self.features.items()},
+        )
+
+
+def document_piece(ids: np.ndarray, eos: int, features: dict[str, np.ndarray] | None = None) -> Piece:
+    """A document's tokens followed by EOS, as one single-segment piece."""
+    tokens = np.empty(len(ids) + 1, dtype=np.int32)
+    tokens[:-1] = ids
+    tokens[-1] = eos
+    feats = {}
+    for name, values in (features or {}).items():
+        feats[name] = np.append(np.asarray(values, dtype=bool), EOS_FEATURE.get(name, False))
+    return Piece(tokens, np.array([len(tokens)], dtype=np.int32), feats)
+
+
+def concat_pieces(pieces: list[Piece]) -> Piece:
+    """Concatenate pieces in order; segment boundaries are kept."""
+    if not pieces:
+        return Piece(np.zeros(0, np.int32), np.zeros(0, np.int32))
+    names = pieces[0].features.keys()
+    return Piece(
+        tokens=np.concatenate([p.tokens for p in pieces]).astype(np.int32, copy=False),
+        doc_lengths=np.concatenate([p.doc_lengths for p in pieces]).astype(np.int32, copy=False),
+        features={n: np.concatenate([p.features[n] for p in pieces]) for n in names},
+    )
+
+
+def pack_concat(stream: Piece, next_length: Callable[[int], int]) -> tuple[list[Piece], Piece]:
+    """Cut ``stream`` into chunks of the planned lengths.
+
+    Args:
+        stream: the concatenated documents.
+        next_length: chunk index -> raw length of that chunk (called once per index, in order,
+            also for the index whose chunk would not fill and becomes the remainder).
+
+    Returns:
+        (full chunks, remainder piece shorter than the next planned length).
+    """
+    chunks: list[Piece] = []
+    start = 0
+    total = len(stream)
+    while True:
+        length = next_length(len(chunks))
+        if length <= 0:
+            raise ValueError(f"planned chunk length must be > 0, got {length}")
+        if start + length > total:
+            break
+        chunks.append(stream.slice(start, start + length))
+        start += length
+    return chunks, stream.slice(start, total)
+
+
+def split_long(piece: Piece, length: int) -> Iterator[Piece]:
+    """Cut a piece into ``length``-token pieces (the last one shorter)."""
+    for start in range(0, len(piece), length):
+        yield piece.slice(start, min(start + length, len(piece)))
+
+
+def pack_none(documents: list[Piece], length: int) -> list[Piece]:
+    """One document per chunk; long documents split into ``length``-token pieces."""
+    return [part for doc in documents for part in split_long(doc, length)]
+
+
+def pack_best_fit(items: list[Piece], length: int) -> tuple[list[Piece], list[Piece]]:
+    """Best-fit-decreasing packing of pieces into bins of ``length`` tokens.
+
+    Items longer than ``length`` are split first. Ties are broken by input order, so the
+    result is a pure function of the (ordered) input.
+
+    Returns:
+        (bins more than half full, the pieces of the at most one bin that is not).
+    """
+    parts = [part for item in items for part in split_long(item, length)]
+    order = sorted(range(len(parts)), key=lambda i: (-len(parts[i]), i))
+    bins: list[list[int]] = []
+    fill: list[int] = []
+    # Sorted (remaining capacity, bin id) of bins that still have room.
+    open_bins: list[tuple[int, int]] = []
+    for index in order:
+        size = len(parts[index])
+        pos = bisect.bisect_left(open_bins, (size, -1))
+        if pos < len(open_bins):
+            remaining, bin_id = open_bins.pop(pos)
+        else:
+            bin_id = len(bins)
+            bins.append([])
+            fill.append(0)
+            remaining = length
+        bins[bin_id].append(index)
+        fill[bin_id] += size
+        remaining -= size
+        if remaining > 0:
+            bisect.insort(open_bins, (remaining, bin_id))
+    full: list[Piece] = []
+    rest: list[Piece] = []
+    for bin_id, members in enumerate(bins):
+        if 2 * fill[bin_id] > length:
+            full.append(concat_pieces([parts[i] for i in members]))
+        else:
+            rest.extend(parts[i] for i in members)
+    return full, rest

@@ -1,0 +1,446 @@
+"""T5 span corruption: random noise spans replaced by sentinels (pure numpy).
+
+Reference: google-research/text-to-text-transfer-transformer ``t5/data/preprocessors.py``
+(``random_spans_helper``, ``random_spans_noise_mask``, ``noise_span_to_unique_sentinel``,
+``nonnoise_span_to_unique_sentinel``) and its port in huggingface/transformers
+``run_t5_mlm_flax.py``. Semantics matched exactly:
+
+- :func:`random_spans_helper` is T5's length helper: the largest raw chunk length ``T``
+  whose encoded inputs (EOS included) fit ``inputs_length``, Python ``round`` (half to
+  even), and the ``noise_density == 0.5`` "minor hack". (3, .15, 512) -> 568 raw, 114 targets.
+- :func:`random_spans_noise_mask`: ``n_noise = clip(round(L*r), 1, L-1)``,
+  ``n_spans = max(round(n_noise/mu), 1)``, noise and non-noise run lengths are uniformly
+  random compositions (every composition equally likely), runs alternate non-noise first
+  and noise last; ``r == 0`` gives no noise; lengths below 2 are computed as 2 and cut
+  back, so a 1-token chunk is never noised.
+- Layout: ``inputs = c0 <X0> c1 <X1> ... </s>``, ``targets = <X0> n0 <X1> n1 ... </s>``
+  where ``<Xk>`` is ``special.sentinels[k]`` (``<extra_id_k>``) in order of appearance.
+
+Deliberate differences:
+
+- Span cap: ``n_spans = min(n_spans, L - n_noise)`` so that every non-noise run is
+  non-empty. T5 has no guard (the shape breaks when spans outnumber non-noise tokens);
+  HF caps with ``round(min(n_noise, n_nonnoise)/mu)``, which also changes well-formed
+  configurations with ``r > 0.5``. Ours is identical to T5 whenever T5 is well formed.
+- The raw length actually used (:func:`fit_raw_length`) is the helper's ``T``, shrunk
+  only in degenerate tiny configurations where the mask's clip/max guards would make the
+  inputs overflow the budget (the helper has no such guards). All realistic settings,
+  and every golden value, are unchanged.
+- Randomness comes from a per-example ``numpy.random.Generator`` (content-addressed
+  seeds, DESIGN.md section 3), not TF stateless seeds, so ids differ from T5's bit for
+  bit while the distribution is the same.
+- A final chunk shorter than ``T`` is noised at its own length (counts from its length,
+  as T5 does for the short tail of ``split_tokens``): inputs and targets come out shorter
+  than the budgets, never longer, and the writer pads them to the schema lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from transforms.objectives.common import SpecialIds
+
+__all__ = [
+    "SPAN_LENGTH_HISTOGRAM_CAP",
+    "SpanCorruption",
+    "SpanCorruptionConfig",
+    "apply_noise_mask",
+    "corrupt_spans",
+    "encoded_lengths",
+    "fit_raw_length",
+    "noise_counts",
+    "random_spans_helper",
+    "random_spans_noise_mask",
+    "raw_length_from_encoded",
+    "span_corruption",
+    "span_counters",
+    "span_length_histogram",
+]
+
+SPAN_LENGTH_HISTOGRAM_CAP = 64
+"""Span lengths >= this value share the last histogram bucket ``span_len_hist_64``."""
+
+
+def _check_density_and_span(noise_density: float, mean_noise_span_length: float) -> None:
+    if not 0.0 <= noise_density < 1.0:
+        raise ValueError(f"noise_density must be in [0, 1), got {noise_density!r}")
+    if not mean_noise_span_length > 0.0:
+        raise ValueError(f"mean_noise_span_length must be > 0, got {mean_noise_span_length!r}")
+
+
+def random_spans_helper(
+    inputs_length: int,
+    noise_density: float,
+    mean_noise_span_length: float,
+    extra_tokens_per_span_inputs: int = 1,
+    extra_tokens_per_span_targets: int = 1,
+) -> tuple[int, int]:
+    """T5's ``random_spans_helper``: raw chunk length and targets length for an inputs budget.
+
+    Args:
+        inputs_length: inputs budget, EOS included.
+        noise_density: fraction of raw tokens that are noise.
+        mean_noise_span_length: mean length of a noise span.
+        extra_tokens_per_span_inputs: tokens each span adds to the inputs (the sentinel).
+        extra_tokens_per_span_targets: tokens each span adds to the targets (the sentinel).
+
+    Returns:
+        ``(raw_tokens_length, targets_length)``, e.g. ``(568, 114)`` for (512, .15, 3).
+
+    Raises:
+        ValueError: a length below 2 or a density/span length out of range.
+    """
+    if inputs_length < 2:
+        raise ValueError(f"inputs_length must be >= 2, got {inputs_length!r}")
+    _check_density_and_span(noise_density, mean_noise_span_length)
+
+    def lengths(tokens_length: int) -> tuple[int, int]:
+        num_noise = int(round(tokens_length * noise_density))
+        num_spans = int(round(num_noise / mean_noise_span_length))
+        return (
+            tokens_length - num_noise + num_spans * extra_tokens_per_span_inputs + 1,
+            num_noise + num_spans * extra_tokens_per_span_targets + 1,
+        )
+
+    tokens_length = inputs_length - 1
+    while lengths(tokens_length + 1)[0] <= inputs_length:
+        tokens_length += 1
+    _, targets_length = lengths(tokens_length)
+    # T5's "minor hack": with r = .5 make targets equal the (round) inputs length.
+    if noise_density == 0.5 and targets_length > inputs_length:
+        tokens_length -= 1
+        targets_length -= 1
+    return tokens_length, targets_length
+
+
+def noise_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    """Noise tokens and noise spans of the mask :func:`random_spans_noise_mask` returns.
+
+    ``n_noise = clip(round(L*r), 1, L-1)``, ``n_spans = max(round(n_noise/mu), 1)`` capped
+    at ``n_noise`` and at the non-noise count ``L - n_noise`` (so every run is non-empty).
+    Lengths below 2 and ``r == 0`` give ``(0, 0)``, as T5's cut-back mask has no noise.
+
+    Raises:
+        ValueError: negative length or a density/span length out of range.
+    """
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length!r}")
+    _check_density_and_span(noise_density, mean_noise_span_length)
+    if noise_density == 0.0 or length < 2:
+        return 0, 0
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
+    return num_noise, min(num_spans, num_noise, length - num_noise)
+
+
+def encoded_lengths(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    """``(inputs, targets)`` lengths, EOS included, of :func:`span_corruption` on ``length`` tokens."""
+    num_noise, num_spans = noise_counts(length, noise_density, mean_noise_span_length)
+    return length - num_noise + num_spans + 1, num_noise + num_spans + 1
+
+
+def fit_raw_length(inputs_length: int, noise_density: float, mean_noise_span_length: float) -> int:
+    """Raw chunk length whose span-corrupted inputs fit ``inputs_length``.
+
+    This is :func:`random_spans_helper`'s length, reduced only where the mask's guards
+    (at least one noise token and one span) would overflow the budget of a tiny config.
+    """
+    raw_length, _ = random_spans_helper(inputs_length, noise_density, mean_noise_span_length)
+    while raw_length > 0 and encoded_lengths(raw_length, noise_density, mean_noise_span_length)[0] > inputs_length:
+        raw_length -= 1
+    return raw_length
+
+
+def raw_length_from_encoded(
+    inputs_length: int, targets_length: int, noise_density: float, mean_noise_span_length: float, max_raw: int
+) -> int:
+    """Invert :func:`encoded_lengths`: the raw length that produced an example.
+
+    ``inputs + targets = L + 2*n_spans + 2`` grows strictly with ``L``, so the raw length
+    is unique; counters can then be recomputed from an example without its sentinel ids.
+
+    Raises:
+        ValueError: no raw length up to ``max_raw`` gives these lengths.
+    """
+    total = inputs_length + targets_length
+    low, high = 0, max_raw
+    while low < high:
+        middle = (low + high) // 2
+        if sum(encoded_lengths(middle, noise_density, mean_noise_span_length)) < total:
+            low = middle + 1
+        else:
+            high = middle
+    if encoded_lengths(low, noise_density, mean_noise_span_length) != (inputs_length, targets_length):
+        raise ValueError(
+            f"no raw length <= {max_raw} gives inputs {inputs_length} and targets {targets_length} "
+            f"at noise_density={noise_density}, mean_noise_span_length={mean_noise_span_length}"
+        )
+    return low
+
+
+def _random_composition(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniformly random composition of ``total`` into ``parts`` positive integers."""
+    if parts == 1:
+        return np.array([total], dtype=np.int64)
+    # Choosing parts-1 distinct cut points among the total-1 gaps is the same
+    # distribution as T5's shuffled 0/1 vector: every composition equally likely.
+    cuts = np.sort(rng.choice(total - 1, size=parts - 1, replace=False, shuffle=False)) + 1
+    return np.diff(cuts, prepend=0, append=total)
+
+
+def random_spans_noise_mask(
+    length: int, noise_density: float, mean_noise_span_length: float, rng: np.random.Generator
+) -> np.ndarray:
+    """T5's noise mask: ``True`` marks noise; non-noise run first, noise run last.
+
+    Args:
+        length: number of tokens.
+        noise_density: fraction of tokens to noise.
+        mean_noise_span_length: mean noise span length.
+        rng: the example's generator (noise lengths are drawn first, then non-noise).
+
+    Returns:
+        bool array of ``length``.
+    """
+    num_noise, num_spans = noise_counts(length, noise_density, mean_noise_span_length)
+    if num_spans == 0:
+        return np.zeros(length, dtype=bool)
+    noise_lengths = _random_composition(num_noise, num_spans, rng)
+    nonnoise_lengths = _random_composition(length - num_noise, num_spans, rng)
+    run_lengths = np.stack([nonnoise_lengths, noise_lengths], axis=1).reshape(-1)
+    return np.repeat(np.tile(np.array([False, True]), num_spans), run_lengths)
+
+
+def apply_noise_mask(
+    tokens: np.ndarray, mask: np.ndarray, sentinels: np.ndarray, eos: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replace each noise run by one sentinel in inputs; gather sentinel + run in targets.
+
+    Args:
+        tokens: 1-D token ids.
+        mask: bool noise mask aligned with ``tokens``.
+        sentinels: sentinel ids, ``sentinels[k]`` for the k-th noise run.
+        eos: id appended to both sequences.
+
+    Returns:
+        ``(inputs, targets, span_lengths)``: int32, int32, int64 (length of each noise run).
+    """
+    previous = np.zeros_like(mask)
+    previous[1:] = mask[:-1]
+    run_starts = mask & ~previous
+    num_spans = int(np.count_nonzero(run_starts))
+    span_sentinels = sentinels[:num_spans]
+    kept = ~mask | run_starts
+    source = tokens.copy()
+    source[run_starts] = span_sentinels
+    inputs = np.append(source[kept], eos).astype(np.int32)
+    noise_run_starts = np.flatnonzero(run_starts[mask])
+    targets = np.append(np.insert(tokens[mask], noise_run_starts, span_sentinels), eos).astype(np.int32)
+    span_lengths = np.diff(noise_run_starts, append=int(np.count_nonzero(mask)))
+    return inputs, targets, span_lengths
+
+
+@dataclass(frozen=True)
+class SpanCorruptionConfig:
+    """Parameters of T5 span corruption.
+
+    Attributes:
+        inputs_length: inputs budget, EOS included (the raw chunk length follows from it).
+        noise_density: fraction of raw tokens that become noise.
+        mean_noise_span_length: mean length of a noise span.
+    """
+
+    inputs_length: int = 512
+    noise_density: float = 0.15
+    mean_noise_span_length: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inputs_length, int) or isinstance(self.inputs_length, bool) or self.inputs_length < 3:
+            raise ValueError(f"inputs_length must be an int >= 3, got {self.inputs_length!r}")
+        if not 0.0 < self.noise_density < 1.0:
+            raise ValueError(f"noise_density must be in (0, 1), got {self.noise_density!r}")
+        if not self.mean_noise_span_length >= 1.0:
+            raise ValueError(f"mean_noise_span_length must be >= 1, got {self.mean_noise_span_length!r}")
+
+    @property
+    def raw_length(self) -> int:
+        """Raw tokens of a full chunk (568 for the T5 defaults)."""
+        return fit_raw_length(self.inputs_length, self.noise_density, self.mean_noise_span_length)
+
+    def full_lengths(self) -> tuple[int, int, int]:
+        """``(inputs, targets, spans)`` of an example made from a full raw chunk."""
+        raw_length = self.raw_length
+        inputs, targets = encoded_lengths(raw_length, self.noise_density, self.mean_noise_span_length)
+        return inputs, targets, noise_counts(raw_length, self.noise_density, self.mean_noise_span_length)[1]
+
+    @property
+    def targets_length(self) -> int:
+        """Targets budget: T5's helper value (114 for the defaults), never below a full chunk's targets.
+
+        The two agree except where T5's r = .5 hack leaves a slot unused, e.g.
+        (mu=8, r=.5, inputs 2048) budgets 2048 targets for 2047-token full examples.
+        """
+        helper_targets = random_spans_helper(self.inputs_length, self.noise_density, self.mean_noise_span_length)[1]
+        return max(helper_targets, self.full_lengths()[1])
+
+
+def _sentinel_array(special: SpecialIds, needed: int, context: str) -> np.ndarray:
+    if needed > len(special.sentinels):
+        raise ValueError(
+            f"{context} needs {needed} sentinel ids (<extra_id_0>..<extra_id_{needed - 1}>) but the "
+            f"tokenizer provides {len(special.sentinels)}; add sentinel tokens or lower the span count"
+        )
+    return np.asarray(special.sentinels[:needed], dtype=np.int64)
+
+
+def corrupt_spans(
+    tokens: np.ndarray, rng: np.random.Generator, noise_density: float, mean_noise_span_length: float,
+    special: SpecialIds,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Draw T5's noise mask for ``tokens`` and apply it (shared by span corruption and UL2).
+
+    Returns:
+        ``(inputs, targets, span_lengths)`` as :func:`apply_noise_mask`.
+
+    Raises:
+        ValueError: tokens not 1-D, or fewer sentinels than noise spans.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
+    mask = random_spans_noise_mask(tokens.shape[0], noise_density, mean_noise_span_length, rng)
+    num_spans = noise_counts(tokens.shape[0], noise_density, mean_noise_span_length)[1]
+    context = f"span corruption of {tokens.shape[0]} tokens (r={noise_density}, mu={mean_noise_span_length})"
+    sentinels = _sentinel_array(special, num_spans, context)
+    return apply_noise_mask(tokens.astype(np.int64, copy=False), mask, sentinels, special.eos)
+
+
+def span_corruption(
+    tokens: np.ndarray, rng: np.random.Generator, config: SpanCorruptionConfig, special: SpecialIds
+) -> dict[str, np.ndarray]:
+    """Span-corrupt one chunk.
+
+    Args:
+        tokens: 1-D raw token ids, ``config.raw_length`` long (shorter for a final chunk).
+        rng: the example's generator.
+        config: noise density and mean span length (``inputs_length`` is not used here).
+        special: ``eos`` and ``sentinels`` are used.
+
+    Returns:
+        ``{"inputs": int32, "targets": int32}``.
+
+    Raises:
+        ValueError: tokens not 1-D, or fewer sentinels than noise spans.
+    """
+    inputs, targets, _ = corrupt_spans(tokens, rng, config.noise_density, config.mean_noise_span_length, special)
+    return {"inputs": inputs, "targets": targets}
+
+
+def span_counters(
+    inputs_length: int, targets_length: int, noise_density: float, mean_noise_span_length: float, max_raw: int
+) -> dict[str, int]:
+    """Raw, noise and span counts of a span-corrupted example, recomputed from its lengths.
+
+    Raises:
+        ValueError: lengths that span corruption cannot produce (e.g. a padded example).
+    """
+    raw = raw_length_from_encoded(inputs_length, targets_length, noise_density, mean_noise_span_length, max_raw)
+    num_noise, num_spans = noise_counts(raw, noise_density, mean_noise_span_length)
+    return {"raw_tokens": raw, "noise_tokens": num_noise, "noise_spans": num_spans}
+
+
+def span_length_histogram(targets: np.ndarray, sentinels: np.ndarray) -> dict[str, int]:
+    """``span_len_hist_<k>`` counters from targets (bucket ``SPAN_LENGTH_HISTOGRAM_CAP`` is ">= cap")."""
+    starts = np.flatnonzero(np.isin(targets[:-1], sentinels))
+    lengths = np.diff(starts, append=len(targets) - 1) - 1
+    buckets = np.bincount(np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP))
+    return {f"span_len_hist_{k}": int(count) for k, count in enumerate(buckets) if count}
+
+
+class SpanCorruption:
+    """T5 span corruption as an :class:`~transforms.objectives.base.Objective`.
+
+    The schema's fixed lengths are the budgets ``config.inputs_length`` and
+    ``config.targets_length``. Full chunks fill them exactly (all of T5's table, e.g.
+    512/114); an example that comes out shorter (a final partial chunk, or the rare
+    one-slot gap of T5's r = .5 hack) is returned unpadded and the writer pads it with
+    ``special.pad`` up to the schema lengths. :meth:`stats` expects the unpadded example.
+
+    Args:
+        config: span corruption parameters (T5 defaults when omitted).
+    """
+
+    name = "span_corruption"
+    family = "seq2seq"
+    features: frozenset[str] = frozenset()
+    required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels"})
+
+    def __init__(self, config: SpanCorruptionConfig | None = None) -> None:
+        self.config = config if config is not None else SpanCorruptionConfig()
+        self.raw_length = self.config.raw_length
+        self.inputs_length = self.config.inputs_length
+        self.targets_length = self.config.targets_length
+        self.num_spans = self.config.full_lengths()[2]
+
+    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
+        """Always ``(raw_length, 0)``; consumes no randomness."""
+        return self.raw_length, 0
+
+    def build(
+        self,
+        tokens: np.ndarray,
+        rng: np.random.Generator,
+        plan: int,
+        special: SpecialIds,
+        features: dict[str, np.ndarray],
+    ) -> dict[str, Any]:
+        """Span-corrupt ``tokens`` (at most ``raw_length`` of them).
+
+        Raises:
+            ValueError: too many tokens or too few sentinels.
+        """
+        if len(tokens) > self.raw_length:
+            raise ValueError(f"span_corruption chunk has {len(tokens)} tokens, more than raw_length {self.raw_length}")
+        return span_corruption(tokens, rng, self.config, special)
+
+    def stats(self, example: dict[str, Any], special: SpecialIds | None = None) -> dict[str, int]:
+        """Counters of one example: examples, raw/noise tokens, spans, partial examples.
+
+        Counts are recomputed from the example's lengths (the mask's counts depend only on
+        the chunk length). Passing ``special`` adds the ``span_len_hist_<k>`` histogram,
+        which needs the sentinel ids to find the spans.
+        """
+        counters = span_counters(
+            len(example["inputs"]), len(example["targets"]), self.config.noise_density,
+            self.config.mean_noise_span_length, self.raw_length,
+        )
+        counters["examples"] = 1
+        counters["partial_examples"] = int(counters["raw_tokens"] < self.raw_length)
+        counters["inputs_tokens"] = len(example["inputs"])
+        counters["targets_tokens"] = len(example["targets"])
+        if special is not None:
+            counters.update(span_length_histogram(np.asarray(example["targets"]), np.asarray(special.sentinels)))
+        return counters
+
+    def schema_kwargs(self) -> dict[str, Any]:
+        """Fixed-length ``inputs`` and ``targets`` columns."""
+        return {"inputs_length": self.inputs_length, "targets_length": self.targets_length}
+
+    def max_sentinels(self) -> int:
+        """Noise spans of a full chunk (the most any example uses)."""
+        return self.num_spans
+
+    def params(self) -> dict[str, Any]:
+        """Configuration and derived lengths for the manifest."""
+        return {
+            "reference": "t5.data.preprocessors.span_corruption",
+            "inputs_length": self.inputs_length,
+            "targets_length": self.targets_length,
+            "raw_length": self.raw_length,
+            "noise_density": self.config.noise_density,
+            "mean_noise_span_length": self.config.mean_noise_span_length,
+            "noise_spans": self.num_spans,
+        }

@@ -1,0 +1,188 @@
+"""Pack: tokenized documents -> chunks ready for the objective.
+
+Documents are grouped by ``(split, bucket)``, sorted by key (which also puts exact
+duplicates side by side, where they are dropped and counted) and packed with the pure
+functions of :mod:`transforms.objectives.packing`. Remainders of all buckets of a split
+are grouped once more, sorted by bucket, and re-packed, so at most one partial chunk per
+split is dropped (``--last-chunk drop``) or padded (``pad``).
+
+Chunk keys name where a chunk came from: ``train-b00012-c000034`` (bucket 12, chunk 34)
+or ``train-r-c000002`` (re-packed remainders). The chunk length an objective needs is
+planned from a generator seeded by the chunk key, so UL2 can pick its denoiser (and with
+it the raw length) before the cut.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+
+from transforms.objectives.common import example_rng
+from transforms.objectives.counters import length_counters, merge_counters
+from transforms.objectives.packing import (
+    concat_pieces,
+    document_piece,
+    pack_best_fit,
+    pack_concat,
+    pack_none,
+)
+
+__all__ = ["LAST_CHUNK_MODES", "Pack"]
+
+LAST_CHUNK_MODES = ("drop", "pad")
+PLAN_SALT = 0x504C414E  # "PLAN": keeps plan draws independent of the example's own noise
+
+
+class _Planner:
+    """next_length callback for pack_concat that remembers each chunk's plan."""
+
+    def __init__(self, objective, seed: int, prefix: str):
+        self._objective = objective
+        self._seed = seed
+        self._prefix = prefix
+        self.plans: list[int] = []
+
+    def key(self, index: int) -> str:
+        return f"{self._prefix}-c{index:06d}"
+
+    def __call__(self, index: int) -> int:
+        length, plan = self._objective.plan_chunk(example_rng(self._seed, self.key(index), PLAN_SALT))
+        self.plans.append(plan)
+        return length
+
+
+def _fixed_length(objective) -> int:
+    length, _ = objective.plan_chunk(np.random.default_rng(0))
+    second, _ = objective.plan_chunk(np.random.default_rng(1))
+    if length != second:
+        raise ValueError(f"packing modes best_fit and none need a fixed chunk length; {objective.name} varies it")
+    return length
+
+
+class _PackBucket(beam.DoFn):
+    def __init__(self, objective, mode, seed, eos):
+        self._objective, self._mode, self._seed, self._eos = objective, mode, seed, eos
+
+    def process(self, element):
+        (split, bucket), docs = element
+        docs = sorted(docs, key=lambda d: d[0])
+        pieces, lengths, duplicates, previous = [], [], 0, None
+        for key, ids, features in docs:
+            if key == previous:
+                duplicates += 1
+                continue
+            previous = key
+            pieces.append(document_piece(ids, self._eos, features))
+            lengths.append(len(ids))
+        stats = {"documents": len(pieces), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}
+        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
+        prefix = f"{split}-b{bucket:05d}"
+        if self._mode == "concat":
+            planner = _Planner(self._objective, self._seed, prefix)
+            chunks, rest = pack_concat(concat_pieces(pieces), planner)
+            for index, chunk in enumerate(chunks):
+                yield split, planner.key(index), planner.plans[index], chunk
+            if len(rest):
+                yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, [rest])))
+        elif self._mode == "best_fit":
+            full, rest = pack_best_fit(pieces, _fixed_length(self._objective))
+            for index, chunk in enumerate(full):
+                yield split, f"{prefix}-c{index:06d}", 0, chunk
+            if rest:
+                yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, rest)))
+        else:
+            for index, chunk in enumerate(pack_none(pieces, _fixed_length(self._objective))):
+                yield split, f"{prefix}-c{index:06d}", 0, chunk
+
+
+class _RepackRest(beam.DoFn):
+    def __init__(self, objective, mode, seed, last_chunk):
+        self._objective, self._mode, self._seed, self._last_chunk = objective, mode, seed, last_chunk
+
+    def process(self, element):
+        split, rests = element
+        pieces = [piece for _, bucket_pieces in sorted(rests, key=lambda r: r[0]) for piece in bucket_pieces]
+        prefix = f"{split}-r"
+        dropped = 0
+        if self._mode == "concat":
+            planner = _Planner(self._objective, self._seed, prefix)
+            chunks, final = pack_concat(concat_pieces(pieces), planner)
+            for index, chunk in enumerate(chunks):
+                yield split, planner.key(index), planner.plans[index], chunk
+            if len(final) and self._last_chunk == "pad":
+                index = len(chunks)
+                yield split, planner.key(index), planner.plans[index], final
+            else:
+                dropped = len(final)
+        else:
+            full, rest = pack_best_fit(pieces, _fixed_length(self._objective))
+            if rest:
+                full.append(concat_pieces(rest))
+            for index, chunk in enumerate(full):
+                yield split, f"{prefix}-c{index:06d}", 0, chunk
+        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {"dropped_tokens": dropped}))
+
+
+class Pack(beam.PTransform):
+    """Group documents by bucket, drop duplicates, pack chunks, re-pack remainders.
+
+    Args:
+        objective: the objective (plans chunk lengths).
+        mode: ``concat``, ``best_fit`` or ``none``.
+        seed: global seed.
+        eos: EOS id appended to every document.
+        last_chunk: ``drop`` or ``pad`` the split's final partial chunk (concat).
+
+    Output: ``(split, chunk_key, plan, Piece)``; :attr:`STATS`: ``(split, counters)``.
+    """
+
+    STATS = "stats"
+    REST = "rest"
+
+    def __init__(self, objective, *, mode: str, seed: int, eos: int, last_chunk: str = "drop"):
+        super().__init__()
+        self._objective, self._mode, self._seed, self._eos, self._last_chunk = objective, mode, seed, eos, last_chunk
+
+    def expand(self, documents):
+        packed = (
+            documents
+            | "GroupByBucket" >> beam.GroupByKey()
+            | "PackBuckets"
+            >> beam.ParDo(_PackBucket(self._objective, self._mode, self._seed, self._eos)).with_outputs(
+                self.STATS, self.REST, main="chunks"
+            )
+        )
+        repacked = (
+            packed[self.REST]
+            | "GroupRemainders" >> beam.GroupByKey()
+            | "RepackRemainders"
+            >> beam.ParDo(_RepackRest(self._objective, self._mode, self._seed, self._last_chunk)).with_outputs(
+                self.STATS, main="chunks"
+            )
+        )
+        chunks = (packed.chunks, repacked.chunks) | "AllChunks" >> beam.Flatten()
+        stats = (
+            (packed[self.STATS], repacked[self.STATS])
+            | "AllPackStats" >> beam.Flatten()
+            | "SumPackStats" >> beam.CombinePerKey(CountersCombineFn())
+        )
+        return chunks, stats
+
+
+class CountersCombineFn(beam.CombineFn):
+    """Merge counter dicts (see :mod:`transforms.objectives.counters`)."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, accumulator, counters):
+        return merge_counters(accumulator, counters)
+
+    def merge_accumulators(self, accumulators):
+        out = {}
+        for acc in accumulators:
+            out = merge_counters(out, acc)
+        return out
+
+    def extract_output(self, accumulator):
+        return dict(sorted(accumulator.items()))

@@ -1,0 +1,127 @@
+"""Tokenize: texts -> tokenized documents keyed for packing.
+
+The tokenizer.json is loaded once per DoFn instance in ``setup`` (through
+``FileSystems``, so gs:// works) and batches of texts go through the Rust batch encoder
+(``encode_batch_fast`` when no offsets are needed). Each document gets:
+
+- ``key``: a 16-byte blake2b digest of its text (exact duplicates collide on purpose);
+- its split: ``validation`` when a salted digest of the key, as a number in [0, 1), falls
+  below ``validation_fraction``, else ``train``;
+- its bucket: another salted digest of the key modulo ``num_buckets``;
+- optional per-token features: ``word_starts`` (a token whose pre-tokenizer word differs
+  from the previous token's) and ``sentence_starts`` (see :mod:`transforms.text_rules`).
+
+A text that encodes to no token is rejected with reason ``no_tokens``.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.objectives.common import digest, digest_u64, unit_interval
+from transforms.read import rejection
+from transforms.text_rules import sentence_start_chars, token_flags_from_chars
+from transforms.tokenizer_utils import tokenizer_from_bytes
+
+__all__ = ["BATCH_SIZE", "Tokenize", "assign_split", "bucket_of", "document_key", "read_tokenizer_bytes"]
+
+BATCH_SIZE = 512
+TRAIN, VALIDATION = "train", "validation"
+
+
+def document_key(text: str) -> bytes:
+    """Stable 16-byte content digest of a document."""
+    return digest(text, salt=b"lmshards-doc")
+
+
+def assign_split(key: bytes, validation_fraction: float) -> str:
+    """``validation`` or ``train``, by a salted digest of the document key."""
+    return VALIDATION if unit_interval(key, salt=b"lmshards-split") < validation_fraction else TRAIN
+
+
+def bucket_of(key: bytes, num_buckets: int) -> int:
+    """Packing bucket of a document key."""
+    return digest_u64(key, salt=b"lmshards-bucket") % num_buckets
+
+
+def read_tokenizer_bytes(path: str) -> bytes:
+    """Bytes of a tokenizer.json on any Beam filesystem."""
+    with FileSystems.open(path) as handle:
+        return handle.read()
+
+
+def word_start_flags(word_ids: list) -> np.ndarray:
+    flags = np.ones(len(word_ids), dtype=bool)
+    for i in range(1, len(word_ids)):
+        current = word_ids[i]
+        flags[i] = current is None or current != word_ids[i - 1]
+    return flags
+
+
+class _TokenizeBatch(beam.DoFn):
+    def __init__(self, tokenizer_path, features, validation_fraction, num_buckets):
+        self._tokenizer_path = tokenizer_path
+        self._features = frozenset(features)
+        self._validation_fraction = validation_fraction
+        self._num_buckets = num_buckets
+
+    def setup(self):
+        self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
+        self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
+        self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
+
+    def process(self, texts):
+        if self._features:
+            encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        else:
+            encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        tokens = 0
+        for text, encoding in zip(texts, encodings):
+            ids = np.asarray(encoding.ids, dtype=np.int32)
+            if ids.size == 0:
+                beam.metrics.Metrics.counter("lmshards", "rejected_no_tokens").inc()
+                yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, rejection("<tokenizer>", 0, "no_tokens", text))
+                continue
+            features = {}
+            if "word_starts" in self._features:
+                features["word_starts"] = word_start_flags(encoding.word_ids)
+            if "sentence_starts" in self._features:
+                starts = np.fromiter((o[0] for o in encoding.offsets), dtype=np.int64, count=len(ids))
+                features["sentence_starts"] = token_flags_from_chars(starts, sentence_start_chars(text))
+            key = document_key(text)
+            split = assign_split(key, self._validation_fraction)
+            tokens += ids.size
+            yield (split, bucket_of(key, self._num_buckets)), (key, ids, features)
+        self._documents.inc(len(texts))
+        self._tokens.inc(tokens)
+
+
+class Tokenize(beam.PTransform):
+    """Encode texts in batches; emit ``((split, bucket), (key, ids, features))``.
+
+    Args:
+        tokenizer_path: tokenizer.json on any Beam filesystem.
+        features: per-token features to compute (``word_starts``, ``sentence_starts``).
+        validation_fraction: share of documents (by key hash) in the validation split.
+        num_buckets: packing buckets per split.
+        batch_size: texts per ``encode_batch`` call.
+
+    Texts that encode to nothing go to the :attr:`REJECTED` output.
+    """
+
+    REJECTED = "rejected"
+
+    def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
+                 batch_size=BATCH_SIZE):
+        super().__init__()
+        self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets)
+        self._batch_size = batch_size
+
+    def expand(self, texts):
+        return (
+            texts
+            | "Batch" >> beam.BatchElements(min_batch_size=self._batch_size, max_batch_size=self._batch_size)
+            | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")
+        )

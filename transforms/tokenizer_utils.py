@@ -1,0 +1,187 @@
+"""Loading a HF ``tokenizers`` tokenizer.json and resolving the special tokens the
+objectives need (pad, eos, bos, unk, mask, cls, sep, ``<extra_id_k>`` sentinels, UL2 mode
+tokens).
+
+Roles are resolved from explicit ``role=TOKEN`` overrides first, then from well-known
+names (``</s>``, ``<|endoftext|>``, ``[SEP]``, ...). A role an objective needs but the
+tokenizer lacks is a configuration error, unless the caller asks to add the missing
+tokens, in which case they are added as special tokens and the amended tokenizer is the
+one written next to the dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from tokenizers import AddedToken, Tokenizer
+
+from transforms.objectives.common import SpecialIds
+
+__all__ = [
+    "DEFAULT_NAMES",
+    "ROLE_CANDIDATES",
+    "ResolvedTokenizer",
+    "sentinel_token",
+    "tokenizer_from_bytes",
+    "resolve_special_tokens",
+]
+
+#: Names tried, in order, for each role when no override is given.
+ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "pad": ("<pad>", "[PAD]", "<|pad|>", "<|padding|>"),
+    "eos": ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "[SEP]", "[EOS]"),
+    "bos": ("<s>", "<|startoftext|>", "<bos>", "<|bos|>", "[CLS]", "[BOS]"),
+    "unk": ("<unk>", "[UNK]", "<|unk|>"),
+    "mask": ("<mask>", "[MASK]", "<|mask|>"),
+    "cls": ("[CLS]", "<cls>", "<s>"),
+    "sep": ("[SEP]", "<sep>", "</s>"),
+}
+#: Token added for a role when the caller allows adding missing tokens.
+DEFAULT_NAMES = {"pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>", "mask": "<mask>", "cls": "<s>", "sep": "</s>"}
+
+_SENTINEL_RE = re.compile(r"^<extra_id_(\d+)>$")
+
+
+def sentinel_token(index: int) -> str:
+    """The T5 name of sentinel ``index``: ``<extra_id_{index}>``."""
+    return f"<extra_id_{index}>"
+
+
+def tokenizer_from_bytes(data: bytes, source: str = "tokenizer.json") -> Tokenizer:
+    """Parse tokenizer.json bytes, with an error that names the file."""
+    try:
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as exc:  # tokenizers raises plain Exception subclasses
+        raise ValueError(f"--tokenizer {source}: not a valid HF tokenizers tokenizer.json ({exc})") from exc
+
+
+@dataclass
+class ResolvedTokenizer:
+    """A tokenizer with its special ids resolved.
+
+    Attributes:
+        tokenizer: the (possibly amended) tokenizer.
+        special: the resolved ids.
+        roles: role -> token string, for the manifest.
+        added: tokens this resolution added to the tokenizer.
+    """
+
+    tokenizer: Tokenizer
+    special: SpecialIds
+    roles: dict[str, str]
+    added: list[str]
+
+    def to_json_bytes(self) -> bytes:
+        """The amended tokenizer.json, canonical bytes."""
+        return self.tokenizer.to_str().encode("utf-8")
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.to_json_bytes()).hexdigest()
+
+
+def resolve_special_tokens(
+    tokenizer: Tokenizer,
+    *,
+    required: set[str] | frozenset[str] = frozenset({"eos"}),
+    overrides: dict[str, str] | None = None,
+    num_sentinels: int = 0,
+    mode_tokens: tuple[str, ...] = (),
+    add_missing: bool = False,
+) -> ResolvedTokenizer:
+    """Resolve special-token roles and make sure sentinels and mode tokens exist.
+
+    Args:
+        tokenizer: the loaded tokenizer (amended in place when tokens are added).
+        required: roles the objective cannot work without.
+        overrides: role -> token string given by the user (``--special-token eos=</s>``).
+        num_sentinels: how many ``<extra_id_k>`` the objective may use.
+        mode_tokens: UL2 mode tokens (``[R]``, ...) that must be single ids.
+        add_missing: add missing roles, sentinels and mode tokens instead of failing.
+
+    Raises:
+        ValueError: an override names a token the vocabulary lacks, or a required role,
+            sentinel or mode token is missing and ``add_missing`` is false.
+    """
+    overrides = dict(overrides or {})
+    unknown_roles = set(overrides) - set(ROLE_CANDIDATES)
+    if unknown_roles:
+        raise ValueError(
+            f"--special-token: unknown role(s) {sorted(unknown_roles)}; roles are {sorted(ROLE_CANDIDATES)}"
+        )
+    added: list[str] = []
+    roles: dict[str, str] = {}
+    for role, candidates in ROLE_CANDIDATES.items():
+        if role in overrides:
+            token = overrides[role]
+            if tokenizer.token_to_id(token) is None:
+                if not add_missing:
+                    raise ValueError(
+                        f"--special-token {role}={token}: token not in the tokenizer vocabulary "
+                        "(pass --add-special-tokens to add it)"
+                    )
+                tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)])
+                added.append(token)
+            roles[role] = token
+            continue
+        found = next((c for c in candidates if tokenizer.token_to_id(c) is not None), None)
+        if found is None and role in required:
+            if not add_missing:
+                raise ValueError(
+                    f"the tokenizer has no {role} token (tried {', '.join(candidates)}); pass "
+                    f"--special-token {role}=TOKEN or --add-special-tokens to add {DEFAULT_NAMES[role]}"
+                )
+            found = DEFAULT_NAMES[role]
+            if tokenizer.token_to_id(found) is None:
+                tokenizer.add_special_tokens([AddedToken(found, special=True, normalized=False)])
+                added.append(found)
+        if found is not None:
+            roles[role] = found
+
+    missing_sentinels = [
+        sentinel_token(k) for k in range(num_sentinels) if tokenizer.token_to_id(sentinel_token(k)) is None
+    ]
+    missing_modes = [t for t in mode_tokens if tokenizer.token_to_id(t) is None]
+    if missing_sentinels or missing_modes:
+        if not add_missing:
+            have = sum(1 for k in range(num_sentinels) if tokenizer.token_to_id(sentinel_token(k)) is not None)
+            what = []
+            if missing_sentinels:
+                what.append(f"{num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}> are needed, it has {have}")
+            if missing_modes:
+                what.append(f"mode tokens {missing_modes} are missing")
+            raise ValueError(f"the tokenizer is short of special tokens: {'; '.join(what)} "
+                             "(pass --add-special-tokens to add them)")
+        new = missing_sentinels + missing_modes
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new])
+        added.extend(new)
+
+    ids = {role: tokenizer.token_to_id(tok) for role, tok in roles.items()}
+    if ids.get("pad") is None and "eos" in ids:
+        ids["pad"] = ids["eos"]
+        roles["pad"] = roles["eos"]
+    all_special = {tokenizer.token_to_id(t.content) for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    all_special.discard(None)
+    special = SpecialIds(
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        pad=ids.get("pad", -1) if ids.get("pad") is not None else -1,
+        eos=ids.get("eos", -1) if ids.get("eos") is not None else -1,
+        bos=ids.get("bos"),
+        unk=ids.get("unk"),
+        mask=ids.get("mask"),
+        cls=ids.get("cls"),
+        sep=ids.get("sep"),
+        sentinels=tuple(tokenizer.token_to_id(sentinel_token(k)) for k in range(num_sentinels)),
+        mode_tokens={t: tokenizer.token_to_id(t) for t in mode_tokens},
+        all_special=frozenset(int(i) for i in all_special),
+    )
+    return ResolvedTokenizer(tokenizer=tokenizer, special=special, roles=roles, added=added)
+
+
+def count_sentinels(tokenizer: Tokenizer) -> int:
+    """Number of consecutive ``<extra_id_k>`` tokens starting at 0."""
+    k = 0
+    while tokenizer.token_to_id(sentinel_token(k)) is not None:
+        k += 1
+    return k
