@@ -1,0 +1,269 @@
+"""End-to-end tests of ``lmshards materialize`` on the bundled sample corpus (clm)."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, encode_documents, file_digests, materialize
+
+from loaders import open_dataset
+from schemas.manifest import Manifest
+from transforms.tokenize import assign_split, bucket_of, document_key
+
+SEQ_LEN = 128
+NUM_BUCKETS = 8
+
+
+def _base_args(sample_glob, tokenizer_path, *extra):
+    return ["--input", sample_glob, "--tokenizer", tokenizer_path, "--objective", "clm", "--seq-len", str(SEQ_LEN),
+            "--num-buckets", str(NUM_BUCKETS), "--validation-fraction", "0.1", "--num-shards", "3",
+            "--formats", "arrow,webdataset", *extra]
+
+
+@pytest.fixture(scope="module")
+def clm_dataset(tmp_path_factory, sample_glob, tokenizer_path):
+    out = tmp_path_factory.mktemp("clm") / "out"
+    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
+    return out, manifest
+
+
+def _parse_key(key):
+    split, where, chunk, draw = key.split("-")
+    return split, where, int(chunk[1:]), int(draw[1:])
+
+
+def test_every_token_of_every_document_appears_exactly_once(clm_dataset, sample_texts, tokenizer_path):
+    out, manifest = clm_dataset
+    eos = manifest.tokenizer["special_ids"]["eos"]
+    docs = encode_documents(sample_texts, tokenizer_path)
+    # The expected token stream of every (split, bucket): documents sorted by key, EOS after each.
+    streams = collections.defaultdict(list)
+    seen = set()
+    for text, ids in sorted(zip(sample_texts, docs), key=lambda pair: document_key(pair[0])):
+        key = document_key(text)
+        if key in seen:
+            continue
+        seen.add(key)
+        streams[(assign_split(key, 0.1), bucket_of(key, NUM_BUCKETS))].append(np.append(ids, eos))
+    reader = open_dataset(str(out))
+    for split in ("train", "validation"):
+        examples = sorted(reader.iter_examples(split), key=lambda ex: _parse_key(ex["key"]))
+        chunks = collections.defaultdict(list)
+        for ex in examples:
+            _, where, index, draw = _parse_key(ex["key"])
+            assert draw == 0
+            assert int(ex["doc_lengths"].sum()) == SEQ_LEN
+            chunks[where].append((index, ex["input_ids"]))
+        remainder_stream = []
+        for bucket in range(NUM_BUCKETS):
+            stream = np.concatenate(streams[(split, bucket)]) if streams[(split, bucket)] else np.zeros(0, np.int32)
+            got = [ids for _, ids in sorted(chunks.get(f"b{bucket:05d}", []))]
+            assert [i for i, _ in sorted(chunks.get(f"b{bucket:05d}", []))] == list(range(len(got)))
+            full = len(stream) // SEQ_LEN
+            assert len(got) == full
+            if got:
+                np.testing.assert_array_equal(np.concatenate(got), stream[: full * SEQ_LEN])
+            remainder_stream.append(stream[full * SEQ_LEN :])
+        rest = np.concatenate(remainder_stream)
+        got = [ids for _, ids in sorted(chunks.get("r", []))]
+        assert len(got) == len(rest) // SEQ_LEN
+        if got:
+            np.testing.assert_array_equal(np.concatenate(got), rest[: len(got) * SEQ_LEN])
+        dropped = len(rest) - len(got) * SEQ_LEN
+        assert manifest.splits[split]["dropped_tokens"] == dropped
+        assert 0 <= dropped < SEQ_LEN
+        info = manifest.splits[split]
+        assert info["tokens"] + dropped == info["document_tokens"] == sum(len(s) for k, v in streams.items()
+                                                                            if k[0] == split for s in v)
+
+
+def test_manifest_counts_and_shards(clm_dataset, sample_texts):
+    out, manifest = clm_dataset
+    counts = manifest.counts
+    unique = len(set(sample_texts))
+    assert counts["documents_read"] == len(sample_texts)
+    assert counts["documents_written"] == unique
+    assert counts["duplicates"] == len(sample_texts) - unique
+    assert counts["rejected"] == 0 and counts["reconciled"]
+    assert manifest.splits["train"]["num_shards"] == 3
+    assert manifest.splits["validation"]["num_shards"] == 1
+    assert manifest.splits["validation"]["documents"] > 0
+    for split in ("train", "validation"):
+        shards = manifest.shards(split)
+        assert sum(s.rows for s in shards) == manifest.splits[split]["examples"]
+        for shard in shards:
+            for fmt, f in shard.files.items():
+                path = os.path.join(out, f.path)
+                data = open(path, "rb").read()
+                assert len(data) == f.bytes
+                import hashlib
+
+                assert hashlib.sha256(data).hexdigest() == f.sha256
+    assert manifest.tokenizer["sha256"] == __import__("hashlib").sha256(open(out / "tokenizer.json", "rb").read()).hexdigest()
+    assert not os.path.exists(out / ".tmp")
+    assert manifest.stats["train"]["document_lengths"]["count"] == manifest.splits["train"]["documents"]
+
+
+def test_rows_are_sorted_by_hashed_key_inside_each_shard(clm_dataset):
+    from transforms.objectives.common import digest
+
+    out, manifest = clm_dataset
+    for shard in manifest.shards("train"):
+        from loaders.reader import read_arrow_shard
+
+        keys = [ex["key"] for ex in read_arrow_shard(os.path.join(out, shard.files["arrow"].path))]
+        order = [digest(f"{manifest.config['seed']}:{k}", salt=b"lmshards-order") for k in keys]
+        assert order == sorted(order) and len(keys) == shard.rows
+
+
+def test_datasets_and_webdataset_read_the_shards(clm_dataset):
+    import datasets
+    import webdataset
+
+    out, manifest = clm_dataset
+    ours = {ex["key"]: ex for ex in open_dataset(str(out)).iter_examples("train")}
+    hf = datasets.load_from_disk(str(out / "train" / "arrow"))
+    assert len(hf) == len(ours) == manifest.splits["train"]["examples"]
+    row = hf[5]
+    np.testing.assert_array_equal(np.asarray(row["input_ids"], np.int32), ours[row["key"]]["input_ids"])
+    assert row["doc_lengths"] == ours[row["key"]]["doc_lengths"].tolist()
+    urls = sorted(glob.glob(str(out / "train" / "wds" / "*.tar")))
+    n = 0
+    for sample in webdataset.WebDataset(urls, shardshuffle=False).decode():
+        ex = ours[sample["__key__"]]
+        np.testing.assert_array_equal(sample["input_ids.npy"], ex["input_ids"])
+        np.testing.assert_array_equal(sample["doc_lengths.npy"], ex["doc_lengths"])
+        n += 1
+    assert n == len(ours)
+
+
+def _write_split_corpus(texts, directory, parts):
+    """The same documents in another order, split over ``parts`` files, some compressed."""
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(7)
+    order = rng.permutation(len(texts))
+    for part in range(parts):
+        name = os.path.join(directory, f"part-{part}.jsonl" + (".gz" if part % 2 else ""))
+        opener = gzip.open if part % 2 else open
+        with opener(name, "wt", encoding="utf-8") as handle:
+            for i in order[part::parts]:
+                handle.write(json.dumps({"text": texts[i], "id": int(i)}) + "\n")
+    return os.path.join(directory, "part-*")
+
+
+def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, sample_glob, tokenizer_path,
+                                                         sample_texts):
+    reference_out, reference = clm_dataset
+    reference_digests = file_digests(reference_out)
+    resplit = _write_split_corpus(sample_texts, tmp_path / "resplit", 5)
+    variants = {
+        "multi_processing": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        "bundle_repeat": ["--direct_runner_bundle_repeat=1"],
+        "resplit_inputs": None,
+    }
+    for name, beam_args in variants.items():
+        out = tmp_path / name
+        if beam_args is None:
+            args = _base_args(resplit, tokenizer_path)
+        else:
+            args = _base_args(sample_glob, tokenizer_path, *beam_args)
+        manifest = materialize(out, *args)
+        assert file_digests(out) == reference_digests, name
+        assert manifest.deterministic_view() == reference.deterministic_view(), name
+        on_disk = Manifest.loads(open(out / "manifest.json").read())
+        assert on_disk.deterministic_view() == reference.deterministic_view(), name
+
+
+def test_another_seed_changes_the_order_not_the_content(tmp_path, clm_dataset, sample_glob, tokenizer_path):
+    reference_out, reference = clm_dataset
+    manifest = materialize(tmp_path / "seed1", *_base_args(sample_glob, tokenizer_path, "--seed", "1"))
+    assert manifest.splits["train"]["examples"] == reference.splits["train"]["examples"]
+    a = {ex["key"]: ex["input_ids"].tolist() for ex in open_dataset(str(reference_out)).iter_examples()}
+    b_examples = list(open_dataset(str(tmp_path / "seed1")).iter_examples())
+    assert {ex["key"]: ex["input_ids"].tolist() for ex in b_examples} == a
+    assert [ex["key"] for ex in b_examples] != [k for k in a]
+
+
+@pytest.mark.parametrize("packing", ["best_fit", "none"])
+def test_best_fit_and_none_never_truncate_a_document(tmp_path, sample_glob, tokenizer_path, sample_texts, packing):
+    out = tmp_path / packing
+    manifest = materialize(out, "--input", sample_glob, "--tokenizer", tokenizer_path, "--seq-len", str(SEQ_LEN),
+                           "--packing", packing, "--num-buckets", "4")
+    eos, pad = manifest.tokenizer["special_ids"]["eos"], manifest.tokenizer["special_ids"]["pad"]
+    docs = {document_key(t): np.append(ids, eos) for t, ids in zip(sample_texts, encode_documents(sample_texts,
+                                                                                                   tokenizer_path))}
+    expected = collections.Counter()
+    for ids in docs.values():
+        expected.update(ids.tolist())
+    got = collections.Counter()
+    segments = 0
+    for ex in open_dataset(str(out)).iter_examples():
+        used = int(ex["doc_lengths"].sum())
+        assert used <= SEQ_LEN
+        assert (ex["input_ids"][used:] == pad).all()
+        got.update(ex["input_ids"][:used].tolist())
+        segments += len(ex["doc_lengths"])
+        if packing == "none":
+            assert len(ex["doc_lengths"]) == 1
+    assert got == expected
+    assert manifest.splits["train"]["dropped_tokens"] == 0
+    long_pieces = sum(-(-len(ids) // SEQ_LEN) for ids in docs.values())
+    assert segments == long_pieces
+    assert manifest.splits["train"]["padding_tokens"] == manifest.splits["train"]["examples"] * SEQ_LEN - sum(
+        expected.values())
+
+
+def test_refuses_non_empty_output_and_overwrites_when_asked(tmp_path, sample_glob, tokenizer_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    cmd = [sys.executable, "-m", "pipelines.materialize", "--input", sample_glob, "--tokenizer", tokenizer_path,
+           "--seq-len", "256", "--output", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "not empty" in proc.stderr and "--overwrite" in proc.stderr
+    assert (out / "keep.txt").exists() and not (out / "manifest.json").exists()
+    proc = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
+    assert "documents: read 682" in proc.stdout and "tokens/s" in proc.stdout and "shards" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--input", "/nonexistent/*.jsonl"], "matches no file"),
+        (["--tokenizer", "/nonexistent/tok.json"], "--tokenizer /nonexistent/tok.json: cannot read"),
+        (["--objective", "nope"], "--objective nope: unknown objective"),
+        (["--seq-len-typo", "5"], "unknown option --seq-len-typo"),
+        (["--seq-len", "1"], "--seq-len 1"),
+    ],
+)
+def test_configuration_errors_fail_before_any_work(tmp_path, sample_glob, tokenizer_path, extra, message):
+    from pipelines.materialize import main
+
+    out = tmp_path / "never"
+    args = ["--input", sample_glob, "--tokenizer", tokenizer_path, "--seq-len", "64", "--output", str(out)]
+    for i in range(0, len(extra), 2):
+        flag = extra[i]
+        if flag in args:
+            args[args.index(flag) + 1] = extra[i + 1]
+        else:
+            args += extra[i : i + 2]
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(args) == 2
+    assert message in err.getvalue()
+    assert len(err.getvalue().strip().splitlines()) == 1
+    assert not out.exists()
