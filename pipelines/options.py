@@ -154,7 +154,8 @@ def _load_config(path: str) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except Exception as exc:
-        raise ValueError(f"--config {path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'} ({exc})")
+        kind = "YAML" if path.endswith((".yaml", ".yml")) else "JSON"
+        raise ValueError(f"--config {path}: not valid {kind} ({exc})") from exc
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of parameter names to values")
     return data

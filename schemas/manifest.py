@@ -136,7 +136,9 @@ class Manifest:
             raise ValueError("not an lmshards manifest (missing \"format\": \"lmshards\")")
         version = data.get("format_version")
         if not isinstance(version, int) or version > MANIFEST_VERSION:
-            raise ValueError(f"unsupported manifest format_version {version!r}; this lmshards reads <= {MANIFEST_VERSION}")
+            raise ValueError(
+                f"unsupported manifest format_version {version!r}; this lmshards reads <= {MANIFEST_VERSION}"
+            )
         return cls(
             objective=data["objective"],
             config=data["config"],

@@ -100,7 +100,8 @@ class _WriteManifest(beam.DoFn):
             if "arrow" in static["formats"] and info["shards"]:
                 paths = [s["files"]["arrow"]["path"] for s in info["shards"]]
                 for name, payload in hf_dataset_files(split, paths, static["schema"]).items():
-                    write_atomic(self._output, f"{split}/{FORMAT_DIRS['arrow']}/{name}", lambda h, p=payload: h.write(p))
+                    relative = f"{split}/{FORMAT_DIRS['arrow']}/{name}"
+                    write_atomic(self._output, relative, lambda h, p=payload: h.write(p))
         manifest = Manifest(
             objective=static["objective"],
             config=static["config"],

@@ -119,8 +119,7 @@ def _text_field(obj: dict[str, Any], field_path: str) -> Any:
 
 
 def _iter_lines(stream: io.BufferedIOBase) -> Iterator[tuple[int, bytes]]:
-    for number, line in enumerate(stream, start=1):
-        yield number, line
+    yield from enumerate(stream, start=1)
 
 
 def _text_records(path: str, stream: io.BufferedIOBase, mode: str) -> Iterator[tuple[str, int, Any]]:

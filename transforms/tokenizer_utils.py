@@ -39,7 +39,9 @@ ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
     "sep": ("[SEP]", "<sep>", "</s>"),
 }
 #: Token added for a role when the caller allows adding missing tokens.
-DEFAULT_NAMES = {"pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>", "mask": "<mask>", "cls": "<s>", "sep": "</s>"}
+DEFAULT_NAMES = {
+    "pad": "<pad>", "eos": "</s>", "bos": "<s>", "unk": "<unk>", "mask": "<mask>", "cls": "<s>", "sep": "</s>"
+}
 
 _SENTINEL_RE = re.compile(r"^<extra_id_(\d+)>$")
 

@@ -100,14 +100,15 @@ def test_manifest_counts_and_shards(clm_dataset, sample_texts):
         shards = manifest.shards(split)
         assert sum(s.rows for s in shards) == manifest.splits[split]["examples"]
         for shard in shards:
-            for fmt, f in shard.files.items():
+            for f in shard.files.values():
                 path = os.path.join(out, f.path)
                 data = open(path, "rb").read()
                 assert len(data) == f.bytes
                 import hashlib
 
                 assert hashlib.sha256(data).hexdigest() == f.sha256
-    assert manifest.tokenizer["sha256"] == __import__("hashlib").sha256(open(out / "tokenizer.json", "rb").read()).hexdigest()
+    tokenizer_bytes = open(out / "tokenizer.json", "rb").read()
+    assert manifest.tokenizer["sha256"] == __import__("hashlib").sha256(tokenizer_bytes).hexdigest()
     assert not os.path.exists(out / ".tmp")
     assert manifest.stats["train"]["document_lengths"]["count"] == manifest.splits["train"]["documents"]
 

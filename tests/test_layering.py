@@ -1,0 +1,67 @@
+"""The import rules of DESIGN.md section 1, checked in fresh interpreters.
+
+Each case imports every module of some packages while an import hook makes the
+forbidden top-level packages unimportable, so a leak fails here instead of on a
+Dataflow worker or in a training job.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+PROBE = """
+import importlib, pkgutil, sys
+BLOCKED = set(sys.argv[1].split(","))
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked import of " + name)
+sys.meta_path.insert(0, Block())
+for package in sys.argv[2].split(","):
+    skip = set(filter(None, sys.argv[3].split(","))) if len(sys.argv) > 3 else set()
+    module = importlib.import_module(package)
+    names = [package]
+    if hasattr(module, "__path__"):
+        names += [m.name for m in pkgutil.walk_packages(module.__path__, package + ".")]
+    for name in names:
+        if name not in skip:
+            importlib.import_module(name)
+print("ok")
+"""
+
+
+def _probe(blocked: str, packages: str, skip: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, blocked, packages, skip], capture_output=True, text=True,
+                          cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    "blocked, packages, skip",
+    [
+        # Dataflow workers do not install torch.
+        ("torch", "pipelines,transforms,schemas", ""),
+        # A training job installs torch, not Beam.
+        ("apache_beam", "loaders,schemas,transforms.objectives", ""),
+        # Objectives are pure numpy; schemas need only pyarrow.
+        ("apache_beam,torch,tokenizers,pyarrow,webdataset", "transforms.objectives", ""),
+        ("apache_beam,torch,tokenizers,numpy", "schemas", ""),
+    ],
+)
+def test_import_rules(blocked, packages, skip):
+    result = _probe(blocked, packages, skip)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_the_probe_catches_a_leak():
+    result = _probe("numpy", "transforms.objectives")
+    assert result.returncode != 0 and "blocked import of numpy" in result.stderr
+
+
+def test_loaders_package_imports_without_torch():
+    code = PROBE.split("for package")[0] + "import loaders, loaders.reader\nprint('ok')\n"
+    result = subprocess.run([sys.executable, "-c", code, "torch,apache_beam"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
