@@ -18,14 +18,16 @@ shared/reference/bart_mlm_megatron.md section 1. ``targets`` is the original fra
    span's mask is a random token with probability ``mask_random``. The zero-length spans
    then insert that many ``<mask>`` at uniform interior positions.
 3. Token masking (``token_mask``) and token deletion (``token_delete``): the paper's other
-   two noises as their own passes, each over ``ceil(#words * p)`` single words (single tokens
-   when ``mask_length="subword"``), with ``replace_length`` -1 and 0 respectively.
+   two noises as their own passes (not in fairseq, where one ``mask`` pass does either),
+   each over ``ceil(#words * p)`` single words (single tokens when ``mask_length="subword"``)
+   not yet noised, like fairseq's ``replace_length`` -1 (with ``mask_random``) and 0.
 4. Random insertion (``insert``): ``ceil(len * insert)`` tokens at uniform interior positions.
 5. Document rotation (probability ``rotate``): the interior is rotated by an offset in
    [1, len - 1]; ``<s>`` and ``</s>`` stay in place.
 
 Words come from ``word_starts`` (the pre-tokenizer's word starts, where fairseq decodes
 GPT-2 pieces); without it every token is a word, like fairseq's ``mask_length=subword``.
+As in fairseq, a chunk that begins inside a word leaves that word piece unmaskable.
 
 Deliberate differences from fairseq:
 
@@ -246,7 +248,12 @@ def _mask_spans(
         keep = ~union(starts + 1, ends)
     else:
         replaced, keep = covered, np.ones(src.ids.size, dtype=bool)
-        random_positions = np.flatnonzero(union(starts[is_random], ends[is_random]))
+        # Where spans overlap, fairseq's token-by-token walk lets the span that started
+        # first write last, so its random flag decides the token.
+        random_flag = np.zeros(src.ids.size, dtype=bool)
+        for first in np.argsort(starts)[::-1]:
+            random_flag[starts[first] : ends[first]] = is_random[first]
+        random_positions = np.flatnonzero(random_flag)
     src.ids[replaced] = special.mask
     src.ids[random_positions] = draw_non_special(rng, special, random_positions.size)
     src.barrier[replaced] = True
@@ -276,6 +283,46 @@ def _insert(
     counters["random_tokens"] += int(is_random.sum())
 
 
+_COUNTERS = (
+    "examples",
+    "sentences",
+    "permuted_sentences",
+    "words",
+    "mask_budget",
+    "masked_spans",
+    "zero_length_spans",
+    "masked_words",
+    "masked_tokens",
+    "random_tokens",
+    "inserted",
+    "inserts_dropped",
+    "rotated",
+)
+
+
+def _checked_tokens(
+    tokens: np.ndarray,
+    config: BartConfig,
+    special: SpecialIds,
+    word_starts: np.ndarray | None,
+    sentence_starts: np.ndarray | None,
+) -> np.ndarray:
+    """The chunk as int32 after checking the special ids, its length, ids and features."""
+    if special.bos is None or special.mask is None:
+        raise ValueError(f"bart needs bos and mask ids, got bos={special.bos} mask={special.mask}")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
+    if tokens.size > config.raw_length:
+        raise ValueError(f"chunk of {tokens.size} tokens exceeds the raw length {config.raw_length}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= special.vocab_size):
+        raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
+    for name, value in (("word_starts", word_starts), ("sentence_starts", sentence_starts)):
+        if value is not None and np.shape(value) != tokens.shape:
+            raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {np.shape(value)}")
+    return tokens.astype(np.int32)
+
+
 def bart_with_stats(
     tokens: np.ndarray,
     rng: np.random.Generator,
@@ -287,33 +334,17 @@ def bart_with_stats(
     """:func:`bart` plus exact integer counters of the noise it drew.
 
     Counters: ``examples``, ``tokens`` and ``source_tokens`` (both len of targets, the
-    framed chunk), ``input_tokens``,
-    ``sentences``, ``permuted_sentences`` (sentences that moved), ``words`` (maskable words),
+    framed chunk), ``input_tokens``, ``sentences``, ``permuted_sentences`` (sentences that
+    moved), ``words`` (maskable words: word starts that are not special tokens),
     ``mask_budget``, ``masked_spans``, ``zero_length_spans``, ``span_len_hist_<k>`` (applied
     span lengths in words, after trimming the last one, zero-length spans as k=0),
     ``masked_words``/``masked_tokens`` (covered by the spans of every masking pass, overlaps
-    counted once),
-    ``mask_tokens`` (mask ids in ``inputs``), ``random_tokens``, ``inserted``,
+    counted once), ``mask_tokens`` (mask ids in ``inputs``), ``random_tokens``, ``inserted``,
     ``inserts_dropped``, ``deleted`` (tokens removed: targets - inputs + inserted), ``rotated``.
     """
-    if special.bos is None or special.mask is None:
-        raise ValueError(f"bart needs bos and mask ids, got bos={special.bos} mask={special.mask}")
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
-    if tokens.size > config.raw_length:
-        raise ValueError(f"chunk of {tokens.size} tokens exceeds the raw length {config.raw_length}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= special.vocab_size):
-        raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
-    flags = {"word_starts": word_starts, "sentence_starts": sentence_starts}
-    for name, value in flags.items():
-        if value is not None and np.shape(value) != tokens.shape:
-            raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {np.shape(value)}")
-    tokens = tokens.astype(np.int32)
+    tokens = _checked_tokens(tokens, config, special, word_starts, sentence_starts)
     targets = np.concatenate([[special.bos], tokens, [special.eos]]).astype(np.int32)
-    counters = dict.fromkeys(("examples", "sentences", "permuted_sentences", "words", "mask_budget"), 0)
-    counters.update(dict.fromkeys(("masked_spans", "zero_length_spans", "masked_words", "masked_tokens"), 0))
-    counters.update(dict.fromkeys(("random_tokens", "inserted", "inserts_dropped", "rotated"), 0))
+    counters = dict.fromkeys(_COUNTERS, 0)
     counters["examples"] = 1
 
     whole_words = word_starts is not None and config.mask_length != "subword"

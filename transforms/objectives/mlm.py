@@ -13,8 +13,10 @@ Reference semantics (see shared/reference/bart_mlm_megatron.md section 2 and 3.4
 - Whole-word masking (``whole_word_mask=True``) follows HF ``DataCollatorForWholeWordMask``:
   words (from the tokenizer's pre-tokenizer word starts, so it works for BPE, Unigram and
   WordPiece alike) are visited in a random order and taken whole while the token budget
-  allows; a word that would overflow the budget is skipped and the scan goes on. The
-  80/10/10 corruption is then decided per *token*, as in HF, Google BERT and Megatron.
+  allows; a word that would overflow the budget is skipped and the scan goes on, so the
+  selection can fall short of the budget when only long words remain. The 80/10/10
+  corruption is then decided per *token*, as in HF's legacy collator, Google BERT and
+  Megatron (HF's 2025 offset-based variant disables random replacement under whole words).
 - Framing (``frame=True``): ``[CLS] chunk [SEP]`` like the BERT template; the raw chunk is
   ``seq_len - 2`` tokens. A shorter chunk is right-padded with ``special.pad`` (label -100).
 
@@ -36,6 +38,10 @@ Deliberate differences from the references:
 Randomness is drawn only from the ``rng`` passed in, in a fixed order: the permutation of
 candidates (tokens, or words with whole-word masking), then (whole words only) the
 permutation of the selected tokens, then ``u``, then the random ids.
+
+:meth:`MLM.build` hands exact integer counters to :meth:`MLM.stats` under the example key
+:data:`STATS_KEY` (``"_stats"``); it is not a column, and writers (which take their columns
+from the schema) leave it out. :mod:`transforms.objectives.bart` does the same.
 """
 
 from __future__ import annotations

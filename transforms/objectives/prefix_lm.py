@@ -9,9 +9,11 @@ chunk as ``input_ids`` and records ``prefix_length``; the loader builds the atte
 
 Deliberate differences from T5's encoder-decoder ``prefix_lm``: no EOS is appended (the
 chunk is packed text whose documents already end with EOS), and no separate
-inputs/targets columns. A final chunk shorter than ``seq_len`` is split over its own
-length and returned unpadded (the writer pads ``input_ids`` with ``special.pad``; the
-real length is ``sum(doc_lengths)``). A 1-token chunk gets ``prefix_length = 1``.
+inputs/targets columns. A chunk shorter than ``seq_len`` (a padded final chunk, or
+``best_fit``/``none`` packing) is split over its own length and right-padded with
+``special.pad`` to ``seq_len``, as :mod:`transforms.objectives.clm` does; the padding
+belongs to no document, so ``sum(doc_lengths)`` is the unpadded length. A 1-token chunk
+gets ``prefix_length = 1`` (nothing to predict).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class PrefixLMConfig:
         seq_len: tokens per example (the packed chunk length).
     """
 
-    seq_len: int
+    seq_len: int = 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool) or self.seq_len < 2:
@@ -67,11 +69,11 @@ def prefix_lm(
         tokens: 1-D chunk, ``config.seq_len`` tokens (fewer for a final chunk).
         rng: the example's generator (one draw).
         config: objective parameters.
-        special: unused (the signature is shared by every objective).
+        special: ``pad`` fills the row past the chunk.
         doc_lengths: lengths of the packed documents of the chunk (default: one document).
 
     Returns:
-        ``{"input_ids": int32, "prefix_length": int, "doc_lengths": int32}``.
+        ``{"input_ids": int32 of seq_len, "prefix_length": int, "doc_lengths": int32}``.
 
     Raises:
         ValueError: tokens not 1-D, empty or longer than ``seq_len``, or ``doc_lengths``
@@ -89,8 +91,10 @@ def prefix_lm(
         doc_lengths = np.asarray(doc_lengths, dtype=np.int32)
         if doc_lengths.ndim != 1 or int(doc_lengths.sum()) != length or (doc_lengths <= 0).any():
             raise ValueError(f"doc_lengths {doc_lengths.tolist()} must be positive and add up to {length} tokens")
+    input_ids = np.full(config.seq_len, special.pad, dtype=np.int32)
+    input_ids[:length] = tokens
     return {
-        "input_ids": tokens.astype(np.int32),
+        "input_ids": input_ids,
         "prefix_length": draw_prefix_length(length, rng),
         "doc_lengths": doc_lengths,
     }
@@ -127,7 +131,7 @@ class PrefixLM:
         return prefix_lm(tokens, rng, self.config, special, features.get("doc_lengths"))
 
     def stats(self, example: dict[str, Any]) -> dict[str, int]:
-        """Counters: examples, tokens, prefix and suffix (loss) tokens, partial examples."""
+        """Counters: examples, tokens, prefix and suffix (loss) tokens, padding tokens."""
         length = int(np.sum(example["doc_lengths"]))
         prefix_length = int(example["prefix_length"])
         return {
@@ -135,7 +139,7 @@ class PrefixLM:
             "tokens": length,
             "prefix_tokens": prefix_length,
             "suffix_tokens": length - prefix_length,
-            "partial_examples": int(length < self.config.seq_len),
+            "padding_tokens": self.config.seq_len - length,
         }
 
     def schema_kwargs(self) -> dict[str, Any]:

@@ -32,6 +32,9 @@ Deliberate differences:
 - A final chunk shorter than ``T`` is noised at its own length (counts from its length,
   as T5 does for the short tail of ``split_tokens``): inputs and targets come out shorter
   than the budgets, never longer, and the writer pads them to the schema lengths.
+
+Assumption: chunks hold no sentinel ids (the tokenizer must not turn literal
+``<extra_id_k>`` text into them); otherwise inputs/targets cannot be read back unambiguously.
 """
 
 from __future__ import annotations
@@ -187,8 +190,13 @@ def _random_composition(total: int, parts: int, rng: np.random.Generator) -> np.
         return np.array([total], dtype=np.int64)
     # Choosing parts-1 distinct cut points among the total-1 gaps is the same
     # distribution as T5's shuffled 0/1 vector: every composition equally likely.
-    cuts = np.sort(rng.choice(total - 1, size=parts - 1, replace=False, shuffle=False)) + 1
-    return np.diff(cuts, prepend=0, append=total)
+    cuts = rng.choice(total - 1, size=parts - 1, replace=False, shuffle=False)
+    cuts.sort()
+    parts_lengths = np.empty(parts, dtype=np.int64)
+    parts_lengths[0] = cuts[0] + 1
+    parts_lengths[1:-1] = cuts[1:] - cuts[:-1]
+    parts_lengths[-1] = total - 1 - cuts[-1]
+    return parts_lengths
 
 
 def random_spans_noise_mask(
@@ -216,7 +224,7 @@ def random_spans_noise_mask(
 
 def apply_noise_mask(
     tokens: np.ndarray, mask: np.ndarray, sentinels: np.ndarray, eos: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Replace each noise run by one sentinel in inputs; gather sentinel + run in targets.
 
     Args:
@@ -226,21 +234,27 @@ def apply_noise_mask(
         eos: id appended to both sequences.
 
     Returns:
-        ``(inputs, targets, span_lengths)``: int32, int32, int64 (length of each noise run).
+        ``(inputs, targets)`` as int32.
     """
     previous = np.zeros_like(mask)
     previous[1:] = mask[:-1]
     run_starts = mask & ~previous
     num_spans = int(np.count_nonzero(run_starts))
     span_sentinels = sentinels[:num_spans]
+    # inputs: the non-noise tokens and the first token of each noise run, which becomes its sentinel.
     kept = ~mask | run_starts
-    source = tokens.copy()
-    source[run_starts] = span_sentinels
-    inputs = np.append(source[kept], eos).astype(np.int32)
-    noise_run_starts = np.flatnonzero(run_starts[mask])
-    targets = np.append(np.insert(tokens[mask], noise_run_starts, span_sentinels), eos).astype(np.int32)
-    span_lengths = np.diff(noise_run_starts, append=int(np.count_nonzero(mask)))
-    return inputs, targets, span_lengths
+    inputs = np.empty(int(np.count_nonzero(kept)) + 1, dtype=np.int32)
+    inputs[:-1] = tokens[kept]
+    inputs[:-1][run_starts[kept]] = span_sentinels
+    inputs[-1] = eos
+    # targets: every noise token, shifted right by the sentinels placed before it.
+    noise_tokens = tokens[mask]
+    starts_in_noise = run_starts[mask]
+    targets = np.empty(noise_tokens.shape[0] + num_spans + 1, dtype=np.int32)
+    targets[np.arange(noise_tokens.shape[0]) + np.cumsum(starts_in_noise)] = noise_tokens
+    targets[np.flatnonzero(starts_in_noise) + np.arange(num_spans)] = span_sentinels
+    targets[-1] = eos
+    return inputs, targets
 
 
 @dataclass(frozen=True)
@@ -297,13 +311,16 @@ def _sentinel_array(special: SpecialIds, needed: int, context: str) -> np.ndarra
 
 
 def corrupt_spans(
-    tokens: np.ndarray, rng: np.random.Generator, noise_density: float, mean_noise_span_length: float,
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    noise_density: float,
+    mean_noise_span_length: float,
     special: SpecialIds,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Draw T5's noise mask for ``tokens`` and apply it (shared by span corruption and UL2).
 
     Returns:
-        ``(inputs, targets, span_lengths)`` as :func:`apply_noise_mask`.
+        ``(inputs, targets)`` as :func:`apply_noise_mask`.
 
     Raises:
         ValueError: tokens not 1-D, or fewer sentinels than noise spans.
@@ -311,11 +328,11 @@ def corrupt_spans(
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
         raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
-    mask = random_spans_noise_mask(tokens.shape[0], noise_density, mean_noise_span_length, rng)
     num_spans = noise_counts(tokens.shape[0], noise_density, mean_noise_span_length)[1]
     context = f"span corruption of {tokens.shape[0]} tokens (r={noise_density}, mu={mean_noise_span_length})"
     sentinels = _sentinel_array(special, num_spans, context)
-    return apply_noise_mask(tokens.astype(np.int64, copy=False), mask, sentinels, special.eos)
+    mask = random_spans_noise_mask(tokens.shape[0], noise_density, mean_noise_span_length, rng)
+    return apply_noise_mask(tokens, mask, sentinels, special.eos)
 
 
 def span_corruption(
@@ -335,7 +352,7 @@ def span_corruption(
     Raises:
         ValueError: tokens not 1-D, or fewer sentinels than noise spans.
     """
-    inputs, targets, _ = corrupt_spans(tokens, rng, config.noise_density, config.mean_noise_span_length, special)
+    inputs, targets = corrupt_spans(tokens, rng, config.noise_density, config.mean_noise_span_length, special)
     return {"inputs": inputs, "targets": targets}
 
 
@@ -414,8 +431,11 @@ class SpanCorruption:
         which needs the sentinel ids to find the spans.
         """
         counters = span_counters(
-            len(example["inputs"]), len(example["targets"]), self.config.noise_density,
-            self.config.mean_noise_span_length, self.raw_length,
+            len(example["inputs"]),
+            len(example["targets"]),
+            self.config.noise_density,
+            self.config.mean_noise_span_length,
+            self.raw_length,
         )
         counters["examples"] = 1
         counters["partial_examples"] = int(counters["raw_tokens"] < self.raw_length)

@@ -101,7 +101,9 @@ class Denoiser:
             for field_name in ("mean_noise_span_length", "noise_density"):
                 value = getattr(self, field_name)
                 if value is not None:
-                    raise ValueError(f"denoiser {self.name!r}: {field_name} is not used by kind 'prefix', got {value!r}")
+                    raise ValueError(
+                        f"denoiser {self.name!r}: {field_name} is not used by kind 'prefix', got {value!r}"
+                    )
             return
         mu, r = self.mean_noise_span_length, self.noise_density
         if not _is_number(mu) or mu < 1:
@@ -292,9 +294,7 @@ def apply_denoiser(
         )
     mode = np.array([_mode_id(denoiser, special)], dtype=np.int32)
     if denoiser.kind == "span":
-        inputs, targets, _ = corrupt_spans(
-            tokens, rng, denoiser.noise_density, denoiser.mean_noise_span_length, special
-        )
+        inputs, targets = corrupt_spans(tokens, rng, denoiser.noise_density, denoiser.mean_noise_span_length, special)
         return np.concatenate([mode, inputs]), targets
     length = tokens.shape[0]
     suffix_length = int(rng.integers(1, min(length - 1, lengths.max_suffix) + 1)) if length >= 2 else 0
@@ -389,8 +389,11 @@ class UL2:
             inputs_tokens, targets_tokens = len(example["inputs"]), len(example["targets"])
         if denoiser.kind == "span":
             counts = span_counters(
-                inputs_tokens - 1, targets_tokens, denoiser.noise_density,
-                denoiser.mean_noise_span_length, lengths.raw_length,
+                inputs_tokens - 1,
+                targets_tokens,
+                denoiser.noise_density,
+                denoiser.mean_noise_span_length,
+                lengths.raw_length,
             )
         else:
             noise = targets_tokens - 1

@@ -1,0 +1,95 @@
+"""Tests of the decoder-only prefix-LM objective."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.objectives.common import SpecialIds, example_rng
+from transforms.objectives.prefix_lm import PrefixLM, PrefixLMConfig, draw_prefix_length, prefix_lm
+
+PAD = 0
+SPECIAL = SpecialIds(vocab_size=1000, pad=PAD, eos=1)
+
+
+def test_golden_split():
+    tokens = np.arange(10, 18)
+    # The split is one draw of integers(1, L) (high exclusive): U[1, L-1] = U[1, 7] here.
+    expected = int(example_rng(0, "k").integers(1, 8))
+    assert 1 <= expected <= 7
+    example = prefix_lm(tokens, example_rng(0, "k"), PrefixLMConfig(8), SPECIAL)
+    assert example["prefix_length"] == expected
+    assert example["input_ids"].tolist() == list(range(10, 18))
+    assert example["input_ids"].dtype == np.int32
+    assert example["doc_lengths"].tolist() == [8] and example["doc_lengths"].dtype == np.int32
+
+
+def test_two_tokens_always_split_in_the_middle():
+    for key in ("a", "b", "c"):
+        assert prefix_lm(np.array([5, 6]), example_rng(0, key), PrefixLMConfig(2), SPECIAL)["prefix_length"] == 1
+
+
+def test_short_chunk_is_padded_and_split_over_real_tokens():
+    example = prefix_lm(np.array([5, 6, 7]), example_rng(0, "s"), PrefixLMConfig(6), SPECIAL)
+    assert example["input_ids"].tolist() == [5, 6, 7, PAD, PAD, PAD]
+    assert example["doc_lengths"].tolist() == [3]
+    assert 1 <= example["prefix_length"] <= 2
+    assert prefix_lm(np.array([5]), example_rng(0, "s"), PrefixLMConfig(6), SPECIAL)["prefix_length"] == 1
+
+
+def test_doc_lengths_pass_through_and_are_checked():
+    objective = PrefixLM(PrefixLMConfig(6))
+    example = objective.build(np.arange(6), example_rng(0, "d"), 0, SPECIAL, {"doc_lengths": np.array([2, 4])})
+    assert example["doc_lengths"].tolist() == [2, 4]
+    with pytest.raises(ValueError, match="doc_lengths"):
+        objective.build(np.arange(6), example_rng(0, "d"), 0, SPECIAL, {"doc_lengths": np.array([2, 3])})
+
+
+@pytest.mark.parametrize("seq_len", [1, 0, 8.0, True, "8"])
+def test_config_validation(seq_len):
+    with pytest.raises(ValueError, match="seq_len") as info:
+        PrefixLMConfig(seq_len)
+    assert repr(seq_len) in str(info.value)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="more than seq_len 4"):
+        prefix_lm(np.arange(5), example_rng(0, "e"), PrefixLMConfig(4), SPECIAL)
+    with pytest.raises(ValueError, match="at least 1 token"):
+        draw_prefix_length(0, example_rng(0, "e"))
+    with pytest.raises(ValueError, match="1-D"):
+        prefix_lm(np.zeros((2, 2)), example_rng(0, "e"), PrefixLMConfig(4), SPECIAL)
+
+
+def test_objective_interface():
+    objective = PrefixLM(PrefixLMConfig(16))
+    assert (objective.name, objective.family) == ("prefix_lm", "decoder")
+    assert objective.plan_chunk(example_rng(0, "p")) == (16, 0)
+    assert objective.schema_kwargs() == {"seq_len": 16, "prefix_length": True}
+    assert objective.max_sentinels() == 0
+    assert objective.params()["seq_len"] == 16
+    example = objective.build(np.arange(3, 13), example_rng(0, "x"), 0, SPECIAL, {})
+    counters = objective.stats(example)
+    assert counters["examples"] == 1 and counters["tokens"] == 10 and counters["padding_tokens"] == 6
+    assert counters["prefix_tokens"] + counters["suffix_tokens"] == 10
+    assert all(type(value) is int for value in counters.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(length=st.integers(1, 300), seed=st.integers(0, 2**32))
+def test_split_bounds(length, seed):
+    example = prefix_lm(np.arange(length) + 3, example_rng(seed, "b"), PrefixLMConfig(300), SPECIAL)
+    assert 1 <= example["prefix_length"] <= max(length - 1, 1)
+    assert example["input_ids"][:length].tolist() == list(range(3, length + 3))
+    assert (example["input_ids"][length:] == PAD).all()
+
+
+def test_split_is_uniform():
+    draws = np.array([draw_prefix_length(8, example_rng(1, f"u{i}")) for i in range(14_000)])
+    shares = np.bincount(draws, minlength=8)[1:] / draws.size
+    assert np.abs(shares - 1 / 7).max() < 0.01  # every value of [1, 7] (and nothing else) within 1 point
+    long = np.array([draw_prefix_length(2048, example_rng(2, f"l{i}")) for i in range(10_000)])
+    assert long.min() >= 1 and long.max() <= 2047
+    assert abs(long.mean() - 1024) / 1024 < 0.02
