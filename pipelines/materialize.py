@@ -189,7 +189,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
     )
     examples = chunks | "BuildExamples" >> BuildExamples(
-        plan.objective, plan.resolved.special, seed=o.seed, draws=o.draws
+        plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws
     )
     shards = examples | "WriteShards" >> WriteShards(
         o.output,
@@ -260,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry: run and print the summary; configuration errors exit 2 with one line."""
     try:
         manifest = run(argv)
+    except SystemExit as exc:  # argparse has printed its one-line error
+        return int(exc.code or 0)
     except ValueError as exc:
         print(f"lmshards materialize: error: {exc}", file=sys.stderr)
         return 2

@@ -21,8 +21,34 @@ from transforms.read import TEXT_MODES
 __all__ = ["FORMATS", "MaterializeOptions", "build_parser", "parse_args"]
 
 FORMATS = ("arrow", "webdataset")
-#: objective parameter flags: flag dest -> type. Only those the user sets are passed on.
-OBJECTIVE_FLAGS: dict[str, type] = {"seq_len": int}
+#: Objective parameter flags: (flag, config field, type, objectives that take it, help).
+#: Only flags the user sets are passed on; a flag the chosen objective does not take is an error.
+_LM = ("clm", "prefix_lm", "mlm", "bart")
+OBJECTIVE_FLAGS: list[tuple[str, str, type, tuple[str, ...], str]] = [
+    ("--seq-len", "seq_len", int, _LM, "tokens per example (clm/prefix_lm 1024, mlm/bart 512)"),
+    ("--inputs-length", "inputs_length", int, ("span_corruption", "ul2"), "encoder input tokens (512)"),
+    ("--targets-length", "targets_length", int, ("ul2",), "ul2 targets budget (default: what the mixture needs)"),
+    ("--noise-density", "noise_density", float, ("span_corruption",), "share of noised tokens (0.15)"),
+    ("--mean-noise-span-length", "mean_noise_span_length", float, ("span_corruption",), "mean span length (3)"),
+    ("--mlm-probability", "mlm_probability", float, ("mlm",), "share of tokens selected (0.15)"),
+    ("--mask-ratio", "mask_ratio", float, ("mlm",), "selected tokens replaced by the mask token (0.8)"),
+    ("--random-ratio", "random_ratio", float, ("mlm",), "selected tokens replaced by a random token (0.1)"),
+    ("--keep-ratio", "keep_ratio", float, ("mlm",), "selected tokens left unchanged (0.1)"),
+    ("--whole-word-mask", "whole_word_mask", bool, ("mlm",), "select whole words (pre-tokenizer words)"),
+    ("--frame", "frame", bool, ("mlm",), "frame each example with CLS ... SEP"),
+    ("--bart-mask", "mask", float, ("bart",), "share of words masked by text infilling (0.3)"),
+    ("--bart-mask-random", "mask_random", float, ("bart",), "share of masks that are random tokens (0.1)"),
+    ("--bart-insert", "insert", float, ("bart",), "random insertion rate (0)"),
+    ("--bart-rotate", "rotate", float, ("bart",), "document rotation probability (0)"),
+    ("--bart-permute-sentences", "permute_sentences", float, ("bart",), "share of sentences permuted (1.0)"),
+    ("--bart-replace-length", "replace_length", int, ("bart",), "-1 keep length, 0 delete, 1 one mask (1)"),
+    ("--bart-mask-length", "mask_length", str, ("bart",), "span-poisson, word or subword (span-poisson)"),
+    ("--bart-poisson-lambda", "poisson_lambda", float, ("bart",), "mean span length (3.5)"),
+    ("--bart-token-mask", "token_mask", float, ("bart",), "token masking rate (0)"),
+    ("--bart-token-delete", "token_delete", float, ("bart",), "token deletion rate (0)"),
+    ("--ul2-preset", "mixture", str, ("ul2",), "denoiser mixture: default or paper (custom: --config)"),
+    ("--layout", "layout", str, ("ul2",), "encoder_decoder or decoder"),
+]
 DEFAULT_RUNNER = "FnApiRunner"
 
 
@@ -67,6 +93,16 @@ def _positive_int(flag):
     return parse
 
 
+def _int(flag):
+    def parse(value):
+        try:
+            return int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: not an integer") from None
+
+    return parse
+
+
 def _fraction(value):
     try:
         number = float(value)
@@ -92,8 +128,15 @@ def _role(value):
     return role.strip(), token
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line naming the flag (no usage block), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lmshards materialize",
         description="Turn a raw text corpus into packed, sharded pretraining examples. "
         "Flags not listed here are passed to Apache Beam (--runner, --direct_num_workers, Dataflow flags).",
@@ -112,11 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--shard-size-mb", type=float, default=256.0, help="target shard size (default 256)")
     io.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     obj = parser.add_argument_group("objective")
-    obj.add_argument("--objective", default="clm", help="clm (default)")
+    obj.add_argument("--objective", default="clm",
+                     help="clm (default), prefix_lm, mlm, span_corruption, bart or ul2")
     obj.add_argument("--config", dest="config_file", metavar="FILE",
                      help="JSON or YAML file of objective parameters (flags win)")
-    obj.add_argument("--seq-len", dest="seq_len", type=_positive_int("--seq-len"), default=None,
-                     help="tokens per example (clm default 1024)")
+    for flag, dest, kind, objectives, help_text in OBJECTIVE_FLAGS:
+        help_text = f"{help_text} [{', '.join(objectives)}]"
+        if kind is bool:
+            obj.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif kind is int:
+            obj.add_argument(flag, dest=dest, type=_int(flag), default=None, help=help_text)
+        else:
+            obj.add_argument(flag, dest=dest, type=kind, default=None, help=help_text)
     obj.add_argument("--draws", type=_positive_int("--draws"), default=1,
                      help="independent noisings of each chunk (distinct example keys)")
     pack = parser.add_argument_group("packing and splits")
@@ -176,10 +226,17 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         objective = params.pop("objective", None)
         if objective and "--objective" not in (argv or []):
             args.objective = objective
-    for dest in OBJECTIVE_FLAGS:
+    from transforms.objectives.registry import objective_parameters
+
+    objective_parameters(args.objective)  # unknown objective: fail first, naming it
+    for flag, dest, _, objectives, _ in OBJECTIVE_FLAGS:
         value = getattr(args, dest)
-        if value is not None:
-            params[dest] = value
+        if value is None:
+            continue
+        if args.objective not in objectives:
+            raise ValueError(f"{flag} is not a parameter of objective {args.objective} "
+                             f"(it is for {', '.join(objectives)})")
+        params[dest] = value
     if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
         beam_args = [f"--runner={DEFAULT_RUNNER}", *beam_args]
     roles = dict(args.special_token)

@@ -69,6 +69,8 @@ class _TokenizeBatch(beam.DoFn):
 
     def setup(self):
         self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
+        # Text that spells a special token ("<extra_id_0>", "</s>") is text, not a control id.
+        self._tokenizer.encode_special_tokens = True
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
 

@@ -22,6 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
+from transforms.build import STATS_KEY
 from transforms.objectives.common import digest, digest_u64
 from transforms.objectives.counters import merge_counters
 from transforms.shard_format import HashingWriter, write_arrow, write_tar
@@ -76,8 +77,8 @@ class _WriteShard(beam.DoFn):
             files[fmt] = write_atomic(self._output, relative, lambda h, w=WRITERS[fmt]: w(h, examples, self._schema))
         stats: dict[str, int] = {}
         for example in examples:
-            stats = merge_counters(stats, self._objective.stats(example))
-        tokens = int(stats.get("tokens", 0))
+            stats = merge_counters(stats, example[STATS_KEY])
+        tokens = int(stats.get("chunk_tokens", 0))
         info = ShardInfo(split=split, index=index, rows=len(examples), tokens=tokens, files=files)
         yield {"shard": info.to_json(), "stats": stats}
 

@@ -7,21 +7,25 @@ file are validated the same way (unknown parameters are errors that name them).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
+from transforms.objectives.bart import Bart, BartConfig
 from transforms.objectives.clm import CLM, CLMConfig
+from transforms.objectives.mlm import MLM, MLMConfig
+from transforms.objectives.prefix_lm import PrefixLM, PrefixLMConfig
+from transforms.objectives.span_corruption import SpanCorruption, SpanCorruptionConfig
+from transforms.objectives.ul2 import UL2, UL2Config
 
 __all__ = ["OBJECTIVES", "make_objective", "objective_parameters"]
 
-
-def _clm(params: dict[str, Any]):
-    return CLM(CLMConfig(**params))
-
-
-#: name -> (config dataclass, factory taking validated params)
-OBJECTIVES: dict[str, tuple[type, Callable[[dict[str, Any]], Any]]] = {
-    "clm": (CLMConfig, _clm),
+#: name -> (config dataclass, objective class taking the config)
+OBJECTIVES: dict[str, tuple[type, type]] = {
+    "clm": (CLMConfig, CLM),
+    "prefix_lm": (PrefixLMConfig, PrefixLM),
+    "mlm": (MLMConfig, MLM),
+    "span_corruption": (SpanCorruptionConfig, SpanCorruption),
+    "bart": (BartConfig, Bart),
+    "ul2": (UL2Config, UL2),
 }
 
 
@@ -42,7 +46,9 @@ def make_objective(name: str, params: dict[str, Any]):
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ValueError(f"objective {name}: unknown parameter(s) {unknown}; it takes {allowed}")
+    config_class, objective_class = OBJECTIVES[name]
     try:
-        return OBJECTIVES[name][1](dict(params))
+        config = config_class(**params)
     except TypeError as exc:
         raise ValueError(f"objective {name}: {exc}") from exc
+    return objective_class(config)
