@@ -41,6 +41,7 @@ def ceiling(tokenizer_path: str, texts: list[str], batch_size: int = 512, repeat
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(tokenizer_path)
+    tokenizer.encode_special_tokens = True  # as the pipeline does: "</s>" in a text is text
     best = float("inf")
     tokens = 0
     for _ in range(repeats):

@@ -129,7 +129,7 @@ class Manifest:
         """Parse manifest JSON text.
 
         Raises:
-            ValueError: not an lmshards manifest, or a newer format version.
+            ValueError: not an lmshards manifest, a newer format version, or a missing block.
         """
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("format") != "lmshards":
@@ -139,6 +139,10 @@ class Manifest:
             raise ValueError(
                 f"unsupported manifest format_version {version!r}; this lmshards reads <= {MANIFEST_VERSION}"
             )
+        required = ("objective", "config", "tokenizer", "schema", "counts", "splits")
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(f"lmshards manifest is missing {missing}")
         return cls(
             objective=data["objective"],
             config=data["config"],

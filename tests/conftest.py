@@ -1,19 +1,12 @@
-"""Shared fixtures: the bundled sample corpus and tokenizer, and a materialize helper."""
+"""Shared fixtures: the bundled sample corpus and tokenizer."""
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
-import os
-import pathlib
 
-import numpy as np
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-SAMPLE_GLOB = str(ROOT / "data" / "sample" / "*.jsonl")
-TOKENIZER = str(ROOT / "data" / "tokenizer.json")
+from lmshards_testing import SAMPLE_GLOB, TOKENIZER
 
 
 @pytest.fixture(scope="session")
@@ -33,31 +26,3 @@ def sample_texts() -> list[str]:
         with open(path, encoding="utf-8") as handle:
             texts.extend(json.loads(line)["text"] for line in handle if line.strip())
     return texts
-
-
-def materialize(output, *args: str):
-    """Run the pipeline in-process on ``output`` with ``args``; return the manifest."""
-    from pipelines.materialize import run
-
-    return run(["--output", str(output), *args])
-
-
-def file_digests(root) -> dict[str, str]:
-    """sha256 of every file under ``root`` except manifest.json, by relative path."""
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            if rel == "manifest.json":
-                continue
-            with open(path, "rb") as handle:
-                out[rel] = hashlib.sha256(handle.read()).hexdigest()
-    return out
-
-
-def encode_documents(texts, tokenizer_path) -> list[np.ndarray]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(tokenizer_path)
-    return [np.asarray(e.ids, dtype=np.int32) for e in tok.encode_batch(texts, add_special_tokens=False)]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from lmshards_testing import ROOT
 
 PROBE = """
 import importlib, pkgutil, sys

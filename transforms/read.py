@@ -18,6 +18,7 @@ A record is ``(source, position, text)``; a rejected record is a dict with ``sou
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -97,16 +98,58 @@ def expand_inputs(patterns: list[str]) -> list[tuple[str, int]]:
     return sorted(files.items())
 
 
-def _open_decompressed(path: str) -> io.BufferedIOBase:
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-    _, kind = _split_compression(path)
-    if kind == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if kind == "zstd":
+class _ZstdReader(io.RawIOBase):
+    """Concatenated zstd frames -> bytes; ``EOFError`` when the input ends inside a frame.
+
+    ``zstandard``'s ``stream_reader`` returns a short read on a truncated frame (a cut
+    archive would become a silently cut last record) and cannot iterate lines.
+    """
+
+    def __init__(self, raw: io.BufferedIOBase):
+        super().__init__()
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
-    return raw
+        self._raw = raw
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame: Any = None
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            data = self._raw.read(1 << 16)  # small reads keep each decompressed batch small
+            if not data:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("zstd stream ended before the end of a frame")
+                return 0
+            out = []
+            while data:
+                if self._frame is None or self._frame.eof:
+                    self._frame = self._decompressor.decompressobj()
+                out.append(self._frame.decompress(data))
+                data = self._frame.unused_data if self._frame.eof else b""
+            self._pending = memoryview(b"".join(out))
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
+
+
+@contextlib.contextmanager
+def _open_decompressed(path: str) -> Iterator[io.BufferedIOBase]:
+    # Closing a GzipFile does not close the file object it wraps, so both are managed here.
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        _, kind = _split_compression(path)
+        if kind == "gzip":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
+                yield stream
+        elif kind == "zstd":
+            with io.BufferedReader(_ZstdReader(raw)) as stream:
+                yield stream
+        else:
+            yield raw
 
 
 def _text_field(obj: dict[str, Any], field_path: str) -> Any:
@@ -151,7 +194,12 @@ def _jsonl_records(path: str, stream: io.BufferedIOBase, text_field: str) -> Ite
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            decoded = line.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError:
+            yield path, number, rejection(path, number, "invalid_utf8", line)
+            continue
+        try:
+            obj = json.loads(decoded)
         except (ValueError, RecursionError):
             yield path, number, rejection(path, number, "malformed_json", line)
             continue
@@ -165,6 +213,11 @@ def _jsonl_records(path: str, stream: io.BufferedIOBase, text_field: str) -> Ite
             continue
         if not isinstance(text, str):
             yield path, number, rejection(path, number, "text_not_string", line)
+            continue
+        try:
+            text.encode("utf-8")  # JSON escapes can spell lone surrogates, which no encoder accepts
+        except UnicodeEncodeError:
+            yield path, number, rejection(path, number, "invalid_utf8", line)
             continue
         yield path, number, text
 

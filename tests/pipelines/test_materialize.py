@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, encode_documents, file_digests, materialize
+from lmshards_testing import ROOT, encode_documents, file_digests, materialize
 
 from loaders import open_dataset
 from schemas.manifest import Manifest

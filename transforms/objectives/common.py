@@ -100,5 +100,6 @@ class SpecialIds:
         """int32 array of every id a random replacement may produce."""
         keep = np.ones(self.vocab_size, dtype=bool)
         special = self.special_array()
-        keep[special[special < self.vocab_size]] = False
+        # -1 marks a role the tokenizer lacks; as an index it would drop the last id.
+        keep[special[(special >= 0) & (special < self.vocab_size)]] = False
         return np.flatnonzero(keep).astype(np.int32)

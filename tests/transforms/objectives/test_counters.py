@@ -1,0 +1,73 @@
+"""Tests of transforms/objectives/counters.py: exact merges in any order."""
+
+from __future__ import annotations
+
+from functools import reduce
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.objectives.counters import length_counters, log2_bin, merge_counters
+
+
+def test_log2_bin():
+    assert [log2_bin(n) for n in (0, 1, 2, 3, 4, 7, 8, 1023, 1024)] == [0, 1, 2, 2, 3, 3, 4, 10, 11]
+    assert log2_bin(np.int64(5)) == 3
+
+
+def test_merge_counters_sum_min_max():
+    a = {"docs": 3, "len_min": 4, "len_max": 9, "len_hist_03": 2, "only_a": 1}
+    b = {"docs": 2, "len_min": 2, "len_max": 7, "len_hist_03": 5, "only_b_max": 8}
+    merged = merge_counters(a, b)
+    assert merged == {
+        "docs": 5,
+        "len_min": 2,
+        "len_max": 9,
+        "len_hist_03": 7,
+        "only_a": 1,
+        "only_b_max": 8,
+    }
+    # Inputs are not modified.
+    assert a == {"docs": 3, "len_min": 4, "len_max": 9, "len_hist_03": 2, "only_a": 1}
+    assert merge_counters({}, {}) == {}
+    assert type(merge_counters({}, {"x": np.int64(3)})["x"]) is int
+
+
+def test_length_counters_exact():
+    counters = length_counters("doc", np.array([0, 1, 2, 3, 4, 1000]))
+    assert counters == {
+        "doc_count": 6,
+        "doc_sum": 1010,
+        "doc_min": 0,
+        "doc_max": 1000,
+        "doc_hist_00": 1,
+        "doc_hist_01": 1,
+        "doc_hist_02": 2,
+        "doc_hist_03": 1,
+        "doc_hist_10": 1,
+    }
+    assert all(type(v) is int for v in counters.values())
+    assert length_counters("doc", np.zeros(0, np.int64)) == {}
+    assert length_counters("x", [5]) == {"x_count": 1, "x_sum": 5, "x_min": 5, "x_max": 5, "x_hist_03": 1}
+
+
+_LENGTHS = st.lists(st.integers(0, 5000), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(_LENGTHS, min_size=1, max_size=6), order=st.randoms(use_true_random=False))
+def test_merged_parts_equal_whole_in_any_order(parts, order):
+    whole = length_counters("len", np.array([x for part in parts for x in part], dtype=np.int64))
+    partials = [length_counters("len", np.array(part, dtype=np.int64)) for part in parts]
+    assert reduce(merge_counters, partials, {}) == whole
+    shuffled = list(partials)
+    order.shuffle(shuffled)
+    assert reduce(merge_counters, shuffled, {}) == whole
+    # Tree-shaped combination (as a combiner would) gives the same result.
+    while len(shuffled) > 1:
+        shuffled = [
+            merge_counters(*shuffled[i : i + 2]) if i + 1 < len(shuffled) else shuffled[i]
+            for i in range(0, len(shuffled), 2)
+        ]
+    assert shuffled[0] == whole

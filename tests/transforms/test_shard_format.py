@@ -1,0 +1,227 @@
+"""Tests of transforms/shard_format.py: Arrow IPC stream and WebDataset tar encoders."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas.examples import example_schema
+from transforms import shard_format
+from transforms.shard_format import HashingWriter, example_members, examples_to_batch, npy_bytes, write_arrow, write_tar
+
+DECODER = example_schema("decoder", seq_len=4, prefix_length=True)
+SEQ2SEQ = example_schema("seq2seq", denoiser=True)
+
+
+def _decoder_examples() -> list[dict]:
+    return [
+        {"key": "k0", "input_ids": np.array([5, 6, 7, 8]), "doc_lengths": np.array([4]), "prefix_length": 1},
+        {"key": "k1", "input_ids": [9, 10, 11, 12], "doc_lengths": [1, 3], "prefix_length": np.int64(3)},
+        {"key": "k2", "input_ids": np.array([13, 1, 14, 1], np.int64), "doc_lengths": [2, 1, 1], "prefix_length": 2},
+    ]
+
+
+def _arrow_bytes(examples, schema) -> bytes:
+    buffer = io.BytesIO()
+    write_arrow(buffer, examples, schema)
+    return buffer.getvalue()
+
+
+def _tar_bytes(examples, schema) -> bytes:
+    buffer = io.BytesIO()
+    write_tar(buffer, examples, schema)
+    return buffer.getvalue()
+
+
+# --- Arrow ----------------------------------------------------------------------------------
+
+
+def test_arrow_round_trip_exact_values():
+    data = _arrow_bytes(_decoder_examples(), DECODER)
+    table = pa.ipc.open_stream(data).read_all()
+    assert table.schema == DECODER.schema
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32(), 4)
+    assert table.schema.field("doc_lengths").type == pa.list_(pa.int32())
+    assert table.to_pydict() == {
+        "key": ["k0", "k1", "k2"],
+        "input_ids": [[5, 6, 7, 8], [9, 10, 11, 12], [13, 1, 14, 1]],
+        "doc_lengths": [[4], [1, 3], [2, 1, 1]],
+        "prefix_length": [1, 3, 2],
+    }
+    assert all(column.null_count == 0 for column in table.columns)
+
+
+def test_arrow_fixed_size_list_is_a_zero_copy_view(tmp_path):
+    path = tmp_path / "shard.arrow"
+    path.write_bytes(_arrow_bytes(_decoder_examples(), DECODER))
+    with pa.memory_map(str(path)) as source:
+        batch = next(iter(pa.ipc.open_stream(source)))
+        column = batch.column("input_ids")
+        values = column.values
+        view = values.to_numpy(zero_copy_only=True).reshape(len(column), column.type.list_size)
+        assert view.dtype == np.int32
+        assert view.tolist() == [[5, 6, 7, 8], [9, 10, 11, 12], [13, 1, 14, 1]]
+        # The numpy view points into the memory-mapped Arrow buffer (no copy).
+        assert view.ctypes.data == values.buffers()[1].address
+        assert not view.flags.writeable
+
+
+def test_arrow_variable_length_seq2seq():
+    examples = [
+        {"key": "a", "inputs": [1, 2, 3], "targets": [4], "denoiser": "R"},
+        {"key": "b", "inputs": np.array([], np.int32), "targets": np.array([5, 6]), "denoiser": "X"},
+        {"key": "c", "inputs": [7], "targets": [8, 9, 10], "denoiser": "S"},
+    ]
+    batch = examples_to_batch(examples, SEQ2SEQ)
+    assert batch.schema.field("inputs").type == pa.list_(pa.int32())
+    assert batch.column("inputs").offsets.to_pylist() == [0, 3, 3, 4]
+    table = pa.ipc.open_stream(_arrow_bytes(examples, SEQ2SEQ)).read_all()
+    assert table.to_pydict() == {
+        "key": ["a", "b", "c"],
+        "inputs": [[1, 2, 3], [], [7]],
+        "targets": [[4], [5, 6], [8, 9, 10]],
+        "denoiser": ["R", "X", "S"],
+    }
+
+
+def test_arrow_fixed_length_mismatch_raises():
+    examples = _decoder_examples()
+    examples[1]["input_ids"] = [1, 2, 3]
+    with pytest.raises(ValueError, match="column 'input_ids' is fixed at 4 tokens, got a row of 3"):
+        examples_to_batch(examples, DECODER)
+
+
+def test_arrow_fixed_batch_rows(monkeypatch):
+    monkeypatch.setattr(shard_format, "ARROW_BATCH_ROWS", 2)
+    examples = _decoder_examples() * 2
+    reader = pa.ipc.open_stream(_arrow_bytes(examples, DECODER))
+    assert [batch.num_rows for batch in reader] == [2, 2, 2]
+    assert shard_format.ARROW_BATCH_ROWS == 2
+
+
+def test_arrow_default_batch_rows_and_empty_shard():
+    assert shard_format.ARROW_BATCH_ROWS == 1000
+    table = pa.ipc.open_stream(_arrow_bytes([], DECODER)).read_all()
+    assert table.num_rows == 0 and table.schema == DECODER.schema
+
+
+def test_arrow_bytes_deterministic_and_hashed():
+    first = _arrow_bytes(_decoder_examples(), DECODER)
+    assert first == _arrow_bytes(_decoder_examples(), DECODER)
+    sink = io.BytesIO()
+    writer = HashingWriter(sink)
+    write_arrow(writer, _decoder_examples(), DECODER)
+    assert sink.getvalue() == first
+    assert writer.bytes == len(first) == writer.tell()
+    assert writer.sha256.hexdigest() == hashlib.sha256(first).hexdigest()
+
+
+class _WriteOnly:
+    """A non-seekable sink, like an upload stream."""
+
+    def __init__(self):
+        self.chunks: list[bytes] = []
+
+    def write(self, data) -> int:
+        self.chunks.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_writers_accept_non_seekable_handles():
+    arrow_sink, tar_sink = _WriteOnly(), _WriteOnly()
+    write_arrow(HashingWriter(arrow_sink), _decoder_examples(), DECODER)
+    write_tar(HashingWriter(tar_sink), _decoder_examples(), DECODER)
+    assert b"".join(arrow_sink.chunks) == _arrow_bytes(_decoder_examples(), DECODER)
+    assert b"".join(tar_sink.chunks) == _tar_bytes(_decoder_examples(), DECODER)
+
+
+# --- WebDataset tar -------------------------------------------------------------------------
+
+
+def test_npy_bytes_exact():
+    header = b"\x93NUMPY\x01\x00v\x00{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }"
+    assert npy_bytes(np.array([1, 2, 3], np.int32)) == header + b" " * 60 + b"\n" + bytes(
+        [1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]
+    )
+    scalar = npy_bytes(np.asarray(7, np.int32))
+    assert b"'shape': ()," in scalar and scalar.endswith(b"\n\x07\x00\x00\x00")
+    assert np.load(io.BytesIO(scalar)).shape == ()
+    # A transposed (Fortran-ordered) array is written in C order with the same header.
+    matrix = np.arange(6, dtype=np.int32).reshape(2, 3)
+    assert npy_bytes(matrix.T) == npy_bytes(np.ascontiguousarray(matrix.T))
+    assert len(npy_bytes(matrix)) % 64 == 24  # 128-byte header + 24 bytes of data
+
+
+def test_example_members_names_and_payloads():
+    members = example_members(_decoder_examples()[1], DECODER)
+    assert [name for name, _ in members] == ["k1.doc_lengths.npy", "k1.input_ids.npy", "k1.prefix_length.npy"]
+    payload = dict(members)
+    assert np.load(io.BytesIO(payload["k1.input_ids.npy"])).tolist() == [9, 10, 11, 12]
+    assert np.load(io.BytesIO(payload["k1.input_ids.npy"])).dtype == np.int32
+    assert np.load(io.BytesIO(payload["k1.doc_lengths.npy"])).tolist() == [1, 3]
+    prefix = np.load(io.BytesIO(payload["k1.prefix_length.npy"]))
+    assert prefix.shape == () and prefix.dtype == np.int32 and int(prefix) == 3
+
+    seq = example_members({"key": "s", "inputs": [1], "targets": [2, 3], "denoiser": "X"}, SEQ2SEQ)
+    assert [name for name, _ in seq] == ["s.denoiser.txt", "s.inputs.npy", "s.targets.npy"]
+    assert dict(seq)["s.denoiser.txt"] == b"X"
+
+
+@pytest.mark.parametrize("key", ["has.dot", "a/b", "."])
+def test_key_with_dot_or_slash_rejected(key):
+    example = dict(_decoder_examples()[0], key=key)
+    with pytest.raises(ValueError, match="may not contain '.' or '/'"):
+        example_members(example, DECODER)
+    with pytest.raises(ValueError, match="WebDataset __key__"):
+        _tar_bytes([example], DECODER)
+
+
+def test_tar_members_sorted_with_fixed_headers():
+    data = _tar_bytes(_decoder_examples(), DECODER)
+    assert len(data) % tarfile.RECORDSIZE == 0
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        infos = tar.getmembers()
+        assert [i.name for i in infos] == [
+            f"{key}.{field}.npy"
+            for key in ("k0", "k1", "k2")
+            for field in ("doc_lengths", "input_ids", "prefix_length")
+        ]
+        for info in infos:
+            assert info.isfile()
+            assert (info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode) == (0, 0, 0, "", "", 0o644)
+        ids = np.load(io.BytesIO(tar.extractfile("k2.input_ids.npy").read()))
+        assert ids.tolist() == [13, 1, 14, 1]
+    # USTAR magic in the first header.
+    assert data[257:263] == b"ustar\x00"
+
+
+def test_tar_bytes_deterministic():
+    first = _tar_bytes(_decoder_examples(), DECODER)
+    assert first == _tar_bytes(_decoder_examples(), DECODER)
+    # Different content, different bytes; same rows as other array types, same bytes.
+    other = _decoder_examples()
+    other[0]["input_ids"] = np.array([5, 6, 7, 9])
+    assert _tar_bytes(other, DECODER) != first
+    as_lists = [
+        {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in ex.items()} for ex in _decoder_examples()
+    ]
+    assert _tar_bytes(as_lists, DECODER) == first
+
+
+def test_tar_reads_with_webdataset(tmp_path):
+    webdataset = pytest.importorskip("webdataset")
+    path = tmp_path / "shard.tar"
+    path.write_bytes(_tar_bytes(_decoder_examples(), DECODER))
+    samples = list(webdataset.WebDataset(str(path), shardshuffle=False).decode())
+    assert [s["__key__"] for s in samples] == ["k0", "k1", "k2"]
+    assert samples[1]["input_ids.npy"].tolist() == [9, 10, 11, 12]
+    assert samples[2]["doc_lengths.npy"].tolist() == [2, 1, 1]
+    assert int(samples[0]["prefix_length.npy"]) == 1
