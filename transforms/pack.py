@@ -72,6 +72,7 @@ class _PackBucket(beam.DoFn):
                 duplicates += 1
                 continue
             previous = key
+            ids = np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids
             pieces.append(document_piece(ids, self._eos, features))
             lengths.append(len(ids))
         stats = {"documents": len(pieces), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}

@@ -16,9 +16,13 @@ A text that encodes to no token is rejected with reason ``no_tokens``.
 
 from __future__ import annotations
 
+import collections
+from concurrent.futures import ThreadPoolExecutor
+
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
@@ -61,26 +65,49 @@ def word_start_flags(word_ids: list) -> np.ndarray:
 
 
 class _TokenizeBatch(beam.DoFn):
-    def __init__(self, tokenizer_path, features, validation_fraction, num_buckets):
+    """Buffers texts into batches and encodes them on a background thread.
+
+    The Rust encoder releases the GIL, so while batch ``i`` is encoded the Python side
+    keeps reading and parsing input and emits the documents of batch ``i - 1``. At most
+    two batches are in flight; ``finish_bundle`` drains them.
+    """
+
+    def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size):
         self._tokenizer_path = tokenizer_path
         self._features = frozenset(features)
         self._validation_fraction = validation_fraction
         self._num_buckets = num_buckets
+        self._batch_size = batch_size
 
     def setup(self):
         self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
         # Text that spells a special token ("<extra_id_0>", "</s>") is text, not a control id.
         self._tokenizer.encode_special_tokens = True
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-encode")
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
 
-    def process(self, texts):
+    def teardown(self):
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def start_bundle(self):
+        self._buffer = []
+        self._pending = collections.deque()
+
+    def _encode(self, texts):
         if self._features:
-            encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
-        else:
-            encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+            return self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        return self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+
+    def _submit(self):
+        texts, self._buffer = self._buffer, []
+        self._pending.append((texts, self._pool.submit(self._encode, texts)))
+
+    def _emit(self, texts, future):
         tokens = 0
-        for text, encoding in zip(texts, encodings):
+        for text, encoding in zip(texts, future.result()):
             ids = np.asarray(encoding.ids, dtype=np.int32)
             if ids.size == 0:
                 beam.metrics.Metrics.counter("lmshards", "rejected_no_tokens").inc()
@@ -95,13 +122,33 @@ class _TokenizeBatch(beam.DoFn):
             key = document_key(text)
             split = assign_split(key, self._validation_fraction)
             tokens += ids.size
-            yield (split, bucket_of(key, self._num_buckets)), (key, ids, features)
+            # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
+            yield (split, bucket_of(key, self._num_buckets)), (key, ids.tobytes(), features)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
 
+    def process(self, text):
+        self._buffer.append(text)
+        if len(self._buffer) >= self._batch_size:
+            self._submit()
+            while len(self._pending) > 1:
+                yield from self._emit(*self._pending.popleft())
+
+    def finish_bundle(self):
+        if self._buffer:
+            self._submit()
+        while self._pending:
+            for output in self._emit(*self._pending.popleft()):
+                if isinstance(output, beam.pvalue.TaggedOutput):
+                    yield beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+                else:
+                    yield GlobalWindows.windowed_value(output)
+
 
 class Tokenize(beam.PTransform):
-    """Encode texts in batches; emit ``((split, bucket), (key, ids, features))``.
+    """Encode texts in batches; emit ``((split, bucket), (key, ids_bytes, features))``.
+
+    ``ids_bytes`` is the int32 token array as raw bytes (``np.frombuffer(b, np.int32)``).
 
     Args:
         tokenizer_path: tokenizer.json on any Beam filesystem.
@@ -118,12 +165,9 @@ class Tokenize(beam.PTransform):
     def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
                  batch_size=BATCH_SIZE):
         super().__init__()
-        self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets)
-        self._batch_size = batch_size
+        if batch_size < 1:
+            raise ValueError(f"--batch-size {batch_size}: must be >= 1")
+        self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size)
 
     def expand(self, texts):
-        return (
-            texts
-            | "Batch" >> beam.BatchElements(min_batch_size=self._batch_size, max_batch_size=self._batch_size)
-            | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")
-        )
+        return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")
