@@ -22,7 +22,7 @@ setup(
     extras_require={
         "torch": ["torch>=2.1"],
         "webdataset": ["webdataset>=0.2.86"],
-        "gcp": ["apache-beam[gcp]>=2.60,<3"],
+        "gcp": ["apache-beam[gcp]>=2.60,<3", "build"],
         "dev": [
             "pytest>=8",
             "hypothesis>=6.100",
@@ -31,6 +31,7 @@ setup(
             "webdataset>=0.2.86",
             "gcp-storage-emulator>=2024.8.3",
             "apache-beam[gcp]>=2.60,<3",
+            "build",
         ],
     },
     entry_points={"console_scripts": ["lmshards = pipelines.cli:main"]},

@@ -21,7 +21,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, _BeamArgumentParser
 
 from pipelines import __version__
 from pipelines.options import MaterializeOptions, parse_args
@@ -36,7 +36,7 @@ from transforms.tokenize import Tokenize, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path
 
-__all__ = ["Plan", "plan_run", "build_pipeline", "run", "main"]
+__all__ = ["Plan", "plan_run", "build_pipeline", "run", "run_job", "main"]
 
 
 class Plan:
@@ -213,26 +213,41 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     )
 
 
-def run(argv: list[str] | None = None) -> Manifest:
-    """Run a materialize job; return the manifest it wrote.
+def run(argv: list[str] | None = None) -> Manifest | None:
+    """Run a materialize job; return the manifest it wrote (None for a Dataflow ``--dry_run``).
 
     Raises:
         ValueError: a configuration error (before any work is done).
     """
+    return run_job(argv)[0]
+
+
+def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
+    """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     options = parse_args(argv)
     start = time.monotonic()
-    plan = plan_run(options)
-    prepare_output(options, plan.splits)
-    tokenizer_bytes = plan.resolved.to_json_bytes()
-    with FileSystems.create(join_path(options.output, "tokenizer.json")) as handle:
-        handle.write(tokenizer_bytes)
     pipeline_options = PipelineOptions(options.beam_args)
-    with beam.Pipeline(options=pipeline_options) as pipeline:
-        build_pipeline(pipeline, plan, argv)
+    FileSystems.set_options(pipeline_options)
+    plan = plan_run(options)
+    dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
+    if dry_run:
+        # Build and validate the job only: check the output, but change nothing there.
+        if not options.overwrite and not _output_is_empty(options.output):
+            raise ValueError(f"--output {options.output}: directory is not empty (pass --overwrite to replace it)")
+    else:
+        prepare_output(options, plan.splits)
+        with FileSystems.create(join_path(options.output, "tokenizer.json")) as handle:
+            handle.write(plan.resolved.to_json_bytes())
+    pipeline = beam.Pipeline(options=pipeline_options)
+    build_pipeline(pipeline, plan, argv)
+    result = pipeline.run()
+    result.wait_until_finish()
+    if dry_run:
+        return None, result
     with FileSystems.open(join_path(options.output, MANIFEST_NAME)) as handle:
         manifest = Manifest.loads(handle.read().decode("utf-8"))
     manifest.run["wall_seconds"] = round(time.monotonic() - start, 3)
-    return manifest
+    return manifest, result
 
 
 def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
@@ -265,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"lmshards materialize: error: {exc}", file=sys.stderr)
         return 2
+    if manifest is None:
+        print("dry run: the pipeline was built and validated, nothing was submitted")
+        return 0
     for line in summary_lines(manifest, manifest.run["wall_seconds"]):
         print(line)
     return 0
