@@ -17,6 +17,9 @@ A text that encodes to no token is rejected with reason ``no_tokens``.
 from __future__ import annotations
 
 import collections
+import os
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
@@ -64,6 +67,28 @@ def word_start_flags(word_ids: list) -> np.ndarray:
     return flags
 
 
+class _Progress:
+    """Prints documents, tokens and tokens/s of this worker to stderr every ``seconds`` (0: never).
+
+    Wall-clock time only decides when a line is printed, never what is written.
+    """
+
+    def __init__(self, seconds: float):
+        self._seconds = seconds
+        self._start = self._last = time.monotonic()
+        self._documents = self._tokens = 0
+
+    def add(self, documents: int, tokens: int) -> None:
+        self._documents += documents
+        self._tokens += tokens
+        now = time.monotonic()
+        if self._seconds and now - self._last >= self._seconds:
+            self._last = now
+            rate = self._tokens / max(now - self._start, 1e-9)
+            print(f"lmshards: tokenized {self._documents:,} documents, {self._tokens:,} tokens, "
+                  f"{rate:,.0f} tokens/s (pid {os.getpid()})", file=sys.stderr, flush=True)
+
+
 class _TokenizeBatch(beam.DoFn):
     """Buffers texts into batches and encodes them on a background thread.
 
@@ -72,12 +97,13 @@ class _TokenizeBatch(beam.DoFn):
     two batches are in flight; ``finish_bundle`` drains them.
     """
 
-    def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size):
+    def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size, progress_seconds):
         self._tokenizer_path = tokenizer_path
         self._features = frozenset(features)
         self._validation_fraction = validation_fraction
         self._num_buckets = num_buckets
         self._batch_size = batch_size
+        self._progress_seconds = progress_seconds
 
     def setup(self):
         self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
@@ -86,6 +112,7 @@ class _TokenizeBatch(beam.DoFn):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-encode")
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
+        self._progress = _Progress(self._progress_seconds)
 
     def teardown(self):
         pool = getattr(self, "_pool", None)
@@ -126,6 +153,7 @@ class _TokenizeBatch(beam.DoFn):
             yield (split, bucket_of(key, self._num_buckets)), (key, ids.tobytes(), features)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
+        self._progress.add(len(texts), tokens)
 
     def process(self, text):
         self._buffer.append(text)
@@ -156,6 +184,7 @@ class Tokenize(beam.PTransform):
         validation_fraction: share of documents (by key hash) in the validation split.
         num_buckets: packing buckets per split.
         batch_size: texts per ``encode_batch`` call.
+        progress_seconds: interval of progress lines on stderr (0 turns them off).
 
     Texts that encode to nothing go to the :attr:`REJECTED` output.
     """
@@ -163,11 +192,12 @@ class Tokenize(beam.PTransform):
     REJECTED = "rejected"
 
     def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
-                 batch_size=BATCH_SIZE):
+                 batch_size=BATCH_SIZE, progress_seconds=10.0):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"--batch-size {batch_size}: must be >= 1")
-        self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size)
+        self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size,
+                                  progress_seconds)
 
     def expand(self, texts):
         return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")
