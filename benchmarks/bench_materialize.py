@@ -5,12 +5,16 @@ One run, one corpus, one tokenizer:
 1. ceiling: the Rust batch encoder (``encode_batch_fast``, batches of 512, all cores) over
    every document already in memory: the fastest any pipeline could tokenize this corpus;
 2. ``materialize`` wall time (reading, decompressing, hashing, tokenizing, packing, building
-   examples, writing shards and manifest, Beam start-up included) for each configuration,
-   printed as tokens/s and as a ratio to the ceiling.
+   examples, writing Arrow and WebDataset shards and the manifest, Beam start-up included)
+   per objective and runner mode, as tokens/s and as a ratio to the ceiling;
+3. the HF ``datasets.map(batched=True, num_proc=2)`` + ``group_texts`` idiom on the same
+   corpus and tokenizer, as a ratio (``--hf-idiom``);
+4. time per token and peak resident memory (whole process tree) of ``materialize`` runs on
+   corpora of several sizes (``--sizes 20,80,320``), each in its own process.
 
-The machine may be shared and noisy, so only the ratios measured in the same run mean much.
+The machine may be shared and noisy, so only ratios measured in the same run mean much.
 
-    python -m benchmarks.bench_materialize --megabytes 30
+    python -m benchmarks.bench_materialize --megabytes 60 --objectives clm,ul2 --hf-idiom --sizes 20,80,320
     python -m benchmarks.bench_materialize --corpus 'DIR/*.jsonl.gz' --tokenizer tok.json
 """
 
@@ -20,14 +24,20 @@ import argparse
 import glob
 import os
 import shutil
+import sys
 import tempfile
 import time
 
 from benchmarks.corpus import write_corpus
+from benchmarks.memory import run_and_measure
 from pipelines.train_tokenizer import train_tokenizer
 from transforms.read import iter_file_records
 
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
+MODES = {
+    "in_process": [],
+    "multi_processing": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+}
 
 
 def load_texts(pattern: str) -> list[str]:
@@ -35,6 +45,14 @@ def load_texts(pattern: str) -> list[str]:
     for path in sorted(glob.glob(pattern)):
         texts.extend(r[2] for r in iter_file_records(path, text_field="text") if not isinstance(r, dict))
     return texts
+
+
+def corpus_of(megabytes: float) -> str:
+    directory = os.path.join(CACHE, f"docstrings-{megabytes:g}mb")
+    if not os.path.isdir(directory):
+        write_corpus(directory + ".partial", megabytes)
+        os.rename(directory + ".partial", directory)
+    return os.path.join(directory, "*.jsonl.gz")
 
 
 def ceiling(tokenizer_path: str, texts: list[str], batch_size: int = 512, repeats: int = 2) -> tuple[float, int]:
@@ -54,6 +72,12 @@ def ceiling(tokenizer_path: str, texts: list[str], batch_size: int = 512, repeat
     return tokens / best, tokens
 
 
+def objective_args(objective: str, seq_len: int) -> list[str]:
+    if objective in ("span_corruption", "ul2"):
+        return ["--objective", objective, "--inputs-length", "512"]
+    return ["--objective", objective, "--seq-len", str(seq_len)]
+
+
 def run_materialize(args: list[str]) -> tuple[float, int]:
     from pipelines.materialize import run
 
@@ -64,55 +88,89 @@ def run_materialize(args: list[str]) -> tuple[float, int]:
     return wall, tokens
 
 
+def line(label: str, rate: float, ceiling_rate: float, extra: str = "") -> None:
+    print(f"{label:<58} {rate:>12,.0f} tokens/s   {rate / ceiling_rate:5.2f}   {extra}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", help="glob of corpus files (default: build a docstring corpus)")
-    parser.add_argument("--megabytes", type=float, default=30, help="size of the built corpus")
+    parser.add_argument("--megabytes", type=float, default=60, help="size of the built corpus")
     parser.add_argument("--tokenizer", help="tokenizer.json (default: train a 32k byte-level BPE on the corpus)")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--objectives", default="clm", help="comma-separated objectives to time")
     parser.add_argument("--modes", default="in_process,multi_processing", help="runner modes to time")
+    parser.add_argument("--hf-idiom", action="store_true", help="also time the HF datasets.map idiom")
+    parser.add_argument("--sizes", default="", help="corpus sizes in MB for time/token and memory, e.g. 20,80,320")
     args = parser.parse_args()
 
-    corpus = args.corpus
-    if corpus is None:
-        directory = os.path.join(CACHE, f"docstrings-{args.megabytes:g}mb")
-        if not os.path.isdir(directory):
-            write_corpus(directory, args.megabytes)
-        corpus = os.path.join(directory, "*.jsonl.gz")
+    corpus = args.corpus or corpus_of(args.megabytes)
     texts = load_texts(corpus)
     size = sum(len(t.encode("utf-8")) for t in texts) / 2**20
     tokenizer = args.tokenizer
     if tokenizer is None:
-        tokenizer = os.path.join(CACHE, f"bpe32k-{args.megabytes:g}mb.json")
+        tokenizer = os.path.join(CACHE, "bpe32k.json")
         if not os.path.exists(tokenizer):
             trained = train_tokenizer(texts[: len(texts) // 2], vocab_size=32000, num_sentinels=128,
                                       extra_tokens=("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]"))
             trained.save(tokenizer)
     print(f"corpus: {corpus}: {len(texts):,} documents, {size:.1f} MB of text; tokenizer {tokenizer}")
-    print(f"cores: {os.cpu_count()}")
+    print(f"cores: {os.cpu_count()}; columns: tokens/s, ratio to the ceiling")
     rate, tokens = ceiling(tokenizer, texts)
-    print(f"{'tokenizer ceiling (encode_batch_fast, all cores)':<58} {rate:>12,.0f} tokens/s   1.00")
     del texts
-    modes = {
-        "in_process": [],
-        "multi_processing": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
-    }
+    line("tokenizer ceiling (encode_batch_fast, all cores)", rate, rate)
     for objective in args.objectives.split(","):
         for mode in args.modes.split(","):
             out = tempfile.mkdtemp(prefix="lmshards-bench-")
             try:
-                extra = ["--seq-len", str(args.seq_len)]
-                if objective in ("span_corruption", "ul2"):
-                    extra = ["--inputs-length", "512"]
                 wall, got = run_materialize(["--input", corpus, "--tokenizer", tokenizer, "--output", out,
-                                             "--objective", objective, "--formats", "arrow,webdataset",
-                                             "--validation-fraction", "0.01", *extra, *modes[mode]])
+                                             "--formats", "arrow,webdataset", "--validation-fraction", "0.01",
+                                             "--overwrite", *objective_args(objective, args.seq_len), *MODES[mode]])
             finally:
                 shutil.rmtree(out, ignore_errors=True)
-            assert got == tokens, f"materialize saw {got} tokens, the ceiling run {tokens}"
-            label = f"materialize {objective} ({mode})"
-            print(f"{label:<58} {got / wall:>12,.0f} tokens/s   {got / wall / rate:.2f}   ({wall:.1f} s)")
+            if got != tokens:
+                raise SystemExit(f"materialize saw {got} tokens, the ceiling run {tokens}")
+            line(f"materialize {objective} ({mode})", got / wall, rate, f"({wall:.1f} s)")
+    if args.hf_idiom:
+        from benchmarks.hf_idiom import run_hf_idiom
+
+        wall, got = run_hf_idiom(corpus, tokenizer, args.seq_len)
+        line("HF datasets.map(num_proc=2) + group_texts", got / wall, rate, f"({wall:.1f} s)")
+    if args.sizes:
+        print("\nscaling (clm, in_process, each run in its own process; wall includes interpreter start-up):")
+        results = []
+        for megabytes in [float(s) for s in args.sizes.split(",")]:
+            pattern = corpus_of(megabytes)
+            out = tempfile.mkdtemp(prefix="lmshards-bench-")
+            try:
+                for mode, beam_args in MODES.items():
+                    code, wall, peak = run_and_measure(
+                        [sys.executable, "-m", "pipelines.materialize", "--input", pattern, "--tokenizer", tokenizer,
+                         "--output", out, "--overwrite", "--formats", "arrow,webdataset", "--progress-seconds", "0",
+                         *objective_args("clm", args.seq_len), *beam_args],
+                        stdout=subprocess_devnull(), stderr=subprocess_devnull())
+                    if code != 0:
+                        raise SystemExit(f"materialize failed on the {megabytes:g} MB corpus ({mode})")
+                    import json
+
+                    with open(os.path.join(out, "manifest.json")) as handle:
+                        manifest = json.load(handle)
+                    got = sum(s["document_tokens"] for s in manifest["splits"].values())
+                    results.append((megabytes, mode, wall, got, peak))
+                    print(f"  {megabytes:>6g} MB  {mode:<17} {wall:7.1f} s  {got:>12,} tokens  "
+                          f"{wall / got * 1e6:6.2f} us/token  peak RSS {peak / 2**20:7.0f} MiB", flush=True)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+        for mode in MODES:
+            rows = [r for r in results if r[1] == mode]
+            if len(rows) >= 2:
+                small, large = rows[0], rows[-1]
+                ratio = (large[2] / large[3]) / (small[2] / small[3])
+                print(f"  time per token, largest / smallest corpus ({mode}): {ratio:.2f}")
+
+
+def subprocess_devnull():
+    return open(os.devnull, "wb")
 
 
 if __name__ == "__main__":

