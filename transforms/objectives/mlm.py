@@ -222,7 +222,8 @@ def mlm_with_stats(
 
     Returns:
         ``(example, counters)``; counters are ``examples``, ``tokens`` (non-pad positions,
-        framing included), ``padding_tokens``, ``selected``, ``masked``, ``random`` and ``kept``.
+        framing included), ``padding_tokens``, ``maskable_tokens`` (non-special positions, the
+        candidates of selection), ``selected``, ``masked``, ``random`` and ``kept``.
     """
     if special.mask is None:
         raise ValueError("mlm needs a mask token id (special.mask is None)")
@@ -258,6 +259,7 @@ def mlm_with_stats(
         "examples": 1,
         "tokens": int(tokens.size),
         "padding_tokens": int(config.seq_len - tokens.size),
+        "maskable_tokens": int(n),
         "selected": int(selected.size),
         "masked": n_mask,
         "random": n_random,

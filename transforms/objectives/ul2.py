@@ -42,6 +42,7 @@ from transforms.objectives.span_corruption import (
     SpanCorruptionConfig,
     corrupt_spans,
     span_counters,
+    span_length_histogram,
 )
 
 __all__ = [
@@ -372,12 +373,14 @@ class UL2:
             "denoiser": denoiser.name,
         }
 
-    def stats(self, example: dict[str, Any]) -> dict[str, int]:
+    def stats(self, example: dict[str, Any], special: SpecialIds | None = None) -> dict[str, int]:
         """Counters overall and per denoiser (``denoiser/<name>/<counter>``).
 
         Counters: examples, raw_tokens, noise_tokens (span noise, or the S suffix),
         noise_spans, inputs_tokens, targets_tokens; all recomputed from the example's
-        lengths and its ``denoiser`` name.
+        lengths and its ``denoiser`` name. The decoder layout adds ``padding_tokens``.
+        Passing ``special`` adds, for span denoisers, the ``denoiser/<name>/span_len_hist_<k>``
+        histogram (it needs the sentinel ids).
         """
         name = example["denoiser"]
         index = self._index[name]
@@ -401,8 +404,16 @@ class UL2:
         counts["examples"] = 1
         counts["inputs_tokens"] = inputs_tokens
         counts["targets_tokens"] = targets_tokens
-        counters = dict(counts)
+        if special is not None and denoiser.kind == "span":
+            if self.config.layout == DECODER_LAYOUT:
+                targets = np.asarray(example["input_ids"])[inputs_tokens : inputs_tokens + targets_tokens]
+            else:
+                targets = np.asarray(example["targets"])
+            counts.update(span_length_histogram(targets, np.asarray(special.sentinels)))
+        counters = {key: value for key, value in counts.items() if not key.startswith("span_len_hist_")}
         counters.update({f"denoiser/{name}/{key}": value for key, value in counts.items()})
+        if self.config.layout == DECODER_LAYOUT:  # rows are padded to seq_len here, not by the writer
+            counters["padding_tokens"] = self.seq_len - inputs_tokens - targets_tokens
         return counters
 
     def schema_kwargs(self) -> dict[str, Any]:

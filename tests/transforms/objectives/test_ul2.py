@@ -166,6 +166,7 @@ def test_decoder_layout_concatenates_and_pads():
     assert decoder["doc_lengths"].tolist() == [len(joined)] == [626]
     assert decoder["input_ids"].tolist() == joined + [PAD] * (1023 - 626)
     counters = DECODER.stats(decoder)
+    assert counters.pop("padding_tokens") == 1023 - 626
     assert counters == DEFAULT.stats(encoder_decoder)
 
 
