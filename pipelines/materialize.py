@@ -10,11 +10,18 @@ one line naming the flag: unknown flags, a bad objective or parameter, a missing
 invalid tokenizer, missing special tokens or sentinels, inputs that match nothing, a
 non-empty output directory. Run as ``lmshards materialize ...`` or
 ``python -m pipelines.materialize ...``.
+
+Exit status: 0 done; 1 the job failed (for example ``--max-rejected-fraction`` exceeded:
+one line naming the flag, the measured fraction and the counts, and no manifest);
+2 a configuration error, before any work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import logging
+import re
 import sys
 import time
 from typing import Any
@@ -27,14 +34,15 @@ from pipelines import __version__
 from pipelines.options import MaterializeOptions, parse_args
 from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
+from transforms.accounting import RejectedFractionError
 from transforms.build import BuildExamples
 from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
-from transforms.pack import Pack
+from transforms.pack import CountersCombineFn, Pack
 from transforms.read import ReadCorpus, expand_inputs
 from transforms.tokenize import Tokenize, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
-from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path
+from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path, write_atomic
 
 __all__ = ["Plan", "plan_run", "build_pipeline", "run", "run_job", "main"]
 
@@ -90,10 +98,25 @@ def prepare_output(options: MaterializeOptions, splits: list[str]) -> None:
             FileSystems.mkdirs(path)
 
 
+def _naming_the_flag(message: str, options: MaterializeOptions) -> str:
+    """Prefix an objective error with the flag (or config file) that set the parameter."""
+    if message.startswith("-"):
+        return message
+    named = []  # (where the message names the parameter, where the user set it)
+    for name, source in options.param_sources.items():
+        found = re.search(rf"\b{re.escape(name)}\b", message)
+        if found:
+            named.append((found.start(), source))
+    return f"{min(named)[1] if named else f'--objective {options.objective}'}: {message}"
+
+
 def plan_run(options: MaterializeOptions) -> Plan:
     """Validate the configuration and resolve the tokenizer, without writing anything."""
     check_beam_args(options.beam_args)
-    objective = make_objective(options.objective, options.objective_params)
+    try:
+        objective = make_objective(options.objective, options.objective_params)
+    except ValueError as exc:
+        raise ValueError(_naming_the_flag(str(exc), options)) from exc
     if options.seed < 0:
         raise ValueError(f"--seed {options.seed}: must be >= 0")
     try:
@@ -104,14 +127,18 @@ def plan_run(options: MaterializeOptions) -> Plan:
     required = set(objective.required_specials)
     if options.packing != "concat" or options.last_chunk == "pad":
         required.add("pad")
-    resolved = resolve_special_tokens(
-        tokenizer,
-        required=required,
-        overrides=options.special_tokens,
-        num_sentinels=objective.max_sentinels(),
-        mode_tokens=tuple(getattr(objective, "mode_tokens", ())),
-        add_missing=options.add_special_tokens,
-    )
+    try:
+        resolved = resolve_special_tokens(
+            tokenizer,
+            required=required,
+            overrides=options.special_tokens,
+            num_sentinels=objective.max_sentinels(),
+            mode_tokens=tuple(getattr(objective, "mode_tokens", ())),
+            add_missing=options.add_special_tokens,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
     files = expand_inputs(options.inputs)
     schema = example_schema(objective.family, **objective.schema_kwargs())
     return Plan(options, objective, resolved, files, schema)
@@ -138,6 +165,8 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "text_field": o.text_field,
             "draws": o.draws,
             "deduplicate": "exact",
+            **o.record_policy.to_json(),
+            "max_rejected_fraction": o.max_rejected_fraction,
         },
         "tokenizer": {
             "file": "tokenizer.json",
@@ -176,14 +205,16 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     """Add the materialize steps to ``pipeline``."""
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
-    read = pipeline | "ReadCorpus" >> ReadCorpus([p for p, _ in plan.files], text_mode=o.text_mode,
-                                                  text_field=o.text_field)
+    read = pipeline | "ReadCorpus" >> ReadCorpus(
+        [p for p, _ in plan.files], text_mode=o.text_mode, text_field=o.text_field, policy=o.record_policy
+    )
     tokenized = read.texts | "Tokenize" >> Tokenize(
         tokenizer_out,
         features=plan.objective.features,
         validation_fraction=o.validation_fraction,
         num_buckets=o.num_buckets,
         batch_size=o.batch_size,
+        progress_seconds=o.progress_seconds,
     )
     chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
@@ -203,12 +234,8 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output)
-    records_read = (
-        (read.texts, read[ReadCorpus.REJECTED])
-        | "AllRecords" >> beam.Flatten()
-        | "CountRecords" >> beam.combiners.Count.Globally()
-    )
-    _ = (shards, pack_stats, records_read, reasons, rejected_files) | "WriteManifest" >> WriteManifest(
+    read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(CountersCombineFn())
+    _ = (shards, pack_stats, read_stats, reasons, rejected_files) | "WriteManifest" >> WriteManifest(
         o.output, _static_manifest(plan, argv)
     )
 
@@ -236,12 +263,19 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
             raise ValueError(f"--output {options.output}: directory is not empty (pass --overwrite to replace it)")
     else:
         prepare_output(options, plan.splits)
-        with FileSystems.create(join_path(options.output, "tokenizer.json")) as handle:
-            handle.write(plan.resolved.to_json_bytes())
+        tokenizer_bytes = plan.resolved.to_json_bytes()
+        write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes))
     pipeline = beam.Pipeline(options=pipeline_options)
     build_pipeline(pipeline, plan, argv)
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        with _quiet_logs_of(RejectedFractionError):
+            result = pipeline.run()
+            result.wait_until_finish()
+    except Exception as exc:
+        message = _rejected_fraction_message(exc)
+        if message is None:
+            raise
+        raise RejectedFractionError(message) from None
     if dry_run:
         return None, result
     with FileSystems.open(join_path(options.output, MANIFEST_NAME)) as handle:
@@ -250,15 +284,73 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     return manifest, result
 
 
+_BEAM_SUFFIX = re.compile(r"\s*\[while running [^\]]*\]\s*$")
+
+
+def _rejected_fraction_message(exc: BaseException) -> str | None:
+    """The one-line message of a RejectedFractionError behind a failed pipeline, if any.
+
+    In-process runners re-raise the DoFn's exception (chained); others report only its
+    traceback as text, where the line after the exception's class name is the message.
+    """
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, RejectedFractionError):
+            return _BEAM_SUFFIX.sub("", str(seen).splitlines()[0])
+        seen = seen.__cause__ or seen.__context__
+    found = re.search(rf"{RejectedFractionError.__name__}: (--max-rejected-fraction [^\n]*)", str(exc))
+    return _BEAM_SUFFIX.sub("", found.group(1)) if found else None
+
+
+class _DropErrorsOf(logging.Filter):
+    def __init__(self, error_type: type[BaseException]):
+        super().__init__()
+        self._error_type = error_type
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, self._error_type) and self._error_type.__name__ not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_logs_of(error_type: type[BaseException]):
+    """Keep Beam from logging the traceback of an expected job failure: main prints one line."""
+    loggers = [logging.getLogger(name) for name in (
+        "apache_beam.runners.common",
+        "apache_beam.runners.worker.sdk_worker",
+        "apache_beam.runners.portability.fn_api_runner.fn_runner",
+        "apache_beam.runners.portability.local_job_service",  # worker logs of multi_processing
+    )]
+    drop = _DropErrorsOf(error_type)
+    for logger in loggers:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(drop)
+
+
 def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
-    """Human summary of a finished run."""
+    """Human summary of a finished run: the document accounting first, then the splits."""
     counts = manifest.counts
+    reasons = ", ".join(f"{k} {v:,}" for k, v in counts["rejected_by_reason"].items())
     lines = [
-        f"documents: read {counts['documents_read']:,}  written {counts['documents_written']:,}  "
-        f"duplicates {counts['duplicates']:,}  rejected {counts['rejected']:,}"
-        + (f" ({', '.join(f'{k} {v}' for k, v in counts['rejected_by_reason'].items())})"
-           if counts["rejected"] else ""),
+        f"documents: read {counts['documents_read']:,} {'=' if counts['reconciled'] else '!='} "
+        f"written {counts['documents_written']:,} + duplicates {counts['duplicates']:,} "
+        f"+ rejected {counts['rejected']:,}{f' ({reasons})' if reasons else ''} + filtered {counts['filtered']:,}",
     ]
+    repaired = counts.get("repaired", {})
+    repairs = [
+        f"{name.replace('_', ' ')} {repaired[name]:,}"
+        for name in ("invalid_utf8_replaced", "nul_bytes_stripped")
+        if repaired.get(name)
+    ]
+    if repaired.get("long_documents_split"):
+        repairs.append(f"long documents split {repaired['long_documents_split']:,} "
+                       f"(into {repaired['split_pieces']:,} documents)")
+    if repairs:
+        lines.append(f"repaired: {', '.join(repairs)}")
     total_tokens = 0
     for split, info in manifest.splits.items():
         total_tokens += info["document_tokens"]
@@ -272,11 +364,14 @@ def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: run and print the summary; configuration errors exit 2 with one line."""
+    """CLI entry: run and print the summary; errors are one line (exit 2: configuration, 1: job)."""
     try:
         manifest = run(argv)
     except SystemExit as exc:  # argparse has printed its one-line error
         return int(exc.code or 0)
+    except RejectedFractionError as exc:  # the job ran and failed its data check
+        print(f"lmshards materialize: error: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"lmshards materialize: error: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from typing import Any
 from transforms.objectives.packing import PACKING_MODES
 from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
+from transforms.record_policy import INVALID_UTF8_POLICIES, LONG_DOC_POLICIES, NUL_POLICIES, RecordPolicy
 
 __all__ = ["FORMATS", "MaterializeOptions", "build_parser", "parse_args"]
 
@@ -76,8 +77,21 @@ class MaterializeOptions:
     add_special_tokens: bool
     overwrite: bool
     batch_size: int
+    progress_seconds: float
     beam_args: list[str] = field(default_factory=list)
     config_file: str | None = None
+    invalid_utf8: str = "reject"
+    nul_bytes: str = "reject"
+    max_doc_chars: int | None = None
+    long_docs: str = "split"
+    max_rejected_fraction: float | None = None
+    #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
+    param_sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def record_policy(self) -> RecordPolicy:
+        """The reader's policy for invalid UTF-8, NUL bytes and long documents."""
+        return RecordPolicy(self.invalid_utf8, self.nul_bytes, self.max_doc_chars, self.long_docs)
 
 
 def _positive_int(flag):
@@ -110,6 +124,16 @@ def _fraction(value):
         raise argparse.ArgumentTypeError(f"--validation-fraction {value}: not a number") from None
     if not 0.0 <= number < 1.0:
         raise argparse.ArgumentTypeError(f"--validation-fraction {value}: must be in [0, 1)")
+    return number
+
+
+def _rejected_fraction(value):
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max-rejected-fraction {value}: not a number") from None
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"--max-rejected-fraction {value}: must be in [0, 1]")
     return number
 
 
@@ -154,6 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train shards (default: sized by --shard-size-mb)")
     io.add_argument("--shard-size-mb", type=float, default=256.0, help="target shard size (default 256)")
     io.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    bad = parser.add_argument_group("bad input (see README, Bad input)")
+    bad.add_argument("--invalid-utf8", choices=INVALID_UTF8_POLICIES, default="reject",
+                     help="reject a record with invalid UTF-8 (default) or replace bad bytes with U+FFFD")
+    bad.add_argument("--nul-bytes", choices=NUL_POLICIES, default="reject",
+                     help="reject a record with NUL bytes (default), strip them, or keep them")
+    bad.add_argument("--max-doc-chars", type=_positive_int("--max-doc-chars"), default=None, metavar="N",
+                     help="longest document in characters (default: no limit); see --long-docs")
+    bad.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default=None,
+                     help="split a longer document at paragraph/line/space boundaries (default) or reject it")
+    bad.add_argument("--max-rejected-fraction", type=_rejected_fraction, default=None, metavar="F",
+                     help="fail the job, writing no manifest, when more than F of the documents read are rejected")
     obj = parser.add_argument_group("objective")
     obj.add_argument("--objective", default="clm",
                      help="clm (default), prefix_lm, mlm, span_corruption, bart or ul2")
@@ -185,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add missing special tokens, sentinels and mode tokens to the tokenizer")
     tok.add_argument("--batch-size", type=_positive_int("--batch-size"), default=512,
                      help="texts per encode_batch call")
+    tok.add_argument("--progress-seconds", type=float, default=10.0,
+                     help="print tokenizing progress to stderr this often (0: never; default 10)")
     return parser
 
 
@@ -221,11 +258,15 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
     params: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if args.config_file:
         params.update(_load_config(args.config_file))
         objective = params.pop("objective", None)
         if objective and "--objective" not in (argv or []):
             args.objective = objective
+        sources = {name: f"--config {args.config_file}" for name in params}
+    if args.long_docs is not None and args.max_doc_chars is None:
+        raise ValueError(f"--long-docs {args.long_docs}: needs --max-doc-chars N (no length limit is set)")
     from transforms.objectives.registry import objective_parameters
 
     objective_parameters(args.objective)  # unknown objective: fail first, naming it
@@ -237,6 +278,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
             raise ValueError(f"{flag} is not a parameter of objective {args.objective} "
                              f"(it is for {', '.join(objectives)})")
         params[dest] = value
+        sources[dest] = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
     if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
         beam_args = [f"--runner={DEFAULT_RUNNER}", *beam_args]
     roles = dict(args.special_token)
@@ -261,6 +303,13 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         add_special_tokens=args.add_special_tokens,
         overwrite=args.overwrite,
         batch_size=args.batch_size,
+        progress_seconds=args.progress_seconds,
         beam_args=beam_args,
         config_file=args.config_file,
+        invalid_utf8=args.invalid_utf8,
+        nul_bytes=args.nul_bytes,
+        max_doc_chars=args.max_doc_chars,
+        long_docs=args.long_docs or "split",
+        max_rejected_fraction=args.max_rejected_fraction,
+        param_sources=sources,
     )

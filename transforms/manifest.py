@@ -1,5 +1,7 @@
 """WriteManifest: the last stage. Collects shard infos and statistics (as side inputs, so
-it runs only after every shard is written), writes the ``datasets`` metadata next to the
+it runs only after every shard is written; per split, the summed integer counters under
+``stats[split]["objective"]`` and their summary from :mod:`transforms.objectives.summary`
+under ``stats[split]["objective_summary"]``), writes the ``datasets`` metadata next to the
 Arrow shards, then ``manifest.json`` (atomically), then removes ``OUT/.tmp``.
 """
 
@@ -13,7 +15,9 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
+from transforms.accounting import check_rejected_fraction, document_counts
 from transforms.objectives.counters import merge_counters
+from transforms.objectives.summary import summarize_objective
 from transforms.write import TMP_DIR, join_path, write_atomic
 
 __all__ = ["WriteManifest", "hf_dataset_files", "summarize_lengths"]
@@ -58,7 +62,7 @@ class _WriteManifest(beam.DoFn):
     def __init__(self, output, static):
         self._output, self._static = output, static
 
-    def process(self, _, shards, pack_stats, records_read, reasons, rejected_files):
+    def process(self, _, shards, pack_stats, read_stats, reasons, rejected_files):
         static = self._static
         splits: dict[str, Any] = {}
         stats: dict[str, Any] = {}
@@ -82,20 +86,17 @@ class _WriteManifest(beam.DoFn):
             stats[split] = {
                 "document_lengths": summarize_lengths(packing, "doc_tokens"),
                 "objective": dict(sorted(objective_stats.items())),
+                "objective_summary": summarize_objective(
+                    static["objective"]["name"], objective_stats, static["objective"]["params"]
+                ),
             }
-        rejected_total = sum(reasons.values())
         written = sum(s["documents"] for s in splits.values())
         duplicates = sum(s["duplicates"] for s in splits.values())
-        counts = {
-            "documents_read": records_read,
-            "documents_written": written,
-            "duplicates": duplicates,
-            "rejected": rejected_total,
-            "rejected_by_reason": dict(sorted(reasons.items())),
-            "filtered": 0,
-            "reconciled": records_read == written + duplicates + rejected_total,
-            "rejected_files": sorted(rejected_files, key=lambda f: f["path"]),
-        }
+        counts = document_counts(read_stats, reasons, written, duplicates)
+        counts["rejected_files"] = sorted(rejected_files, key=lambda f: f["path"])
+        # Before anything is written: a run over the limit fails and leaves no manifest.
+        check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
+                                join_path(self._output, "rejected/rejected.jsonl"))
         for split, info in splits.items():
             if "arrow" in static["formats"] and info["shards"]:
                 paths = [s["files"]["arrow"]["path"] for s in info["shards"]]
@@ -128,6 +129,11 @@ class WriteManifest(beam.PTransform):
         output: dataset directory.
         static: manifest parts known before the run (objective, config, tokenizer,
             schema, run, splits, formats).
+
+    Inputs: ``(shards, pack_stats, read_stats, reasons, rejected_files)``; the counts
+    follow :func:`transforms.accounting.document_counts`. When ``static["config"]`` has a
+    ``max_rejected_fraction`` that the run exceeds, it raises
+    :class:`~transforms.accounting.RejectedFractionError` and writes nothing.
     """
 
     def __init__(self, output, static):
@@ -135,7 +141,7 @@ class WriteManifest(beam.PTransform):
         self._output, self._static = output, static
 
     def expand(self, inputs):
-        shards, pack_stats, records_read, reasons, rejected_files = inputs
+        shards, pack_stats, read_stats, reasons, rejected_files = inputs
         pipeline = shards.pipeline
         return (
             pipeline
@@ -145,7 +151,7 @@ class WriteManifest(beam.PTransform):
                 _WriteManifest(self._output, self._static),
                 shards=beam.pvalue.AsList(shards),
                 pack_stats=beam.pvalue.AsDict(pack_stats),
-                records_read=beam.pvalue.AsSingleton(records_read),
+                read_stats=beam.pvalue.AsSingleton(read_stats),
                 reasons=beam.pvalue.AsDict(reasons),
                 rejected_files=beam.pvalue.AsList(rejected_files),
             )

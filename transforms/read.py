@@ -13,7 +13,16 @@ Files are opened through ``FileSystems`` and decompressed here, so a truncated a
 becomes a rejected entry with a reason instead of a crash inside a worker.
 
 A record is ``(source, position, text)``; a rejected record is a dict with ``source``,
-``position``, ``reason`` and a short ``excerpt``. Blank separator lines are not records.
+``position``, ``reason`` and a short ``excerpt``. Reasons: ``malformed_json``,
+``not_an_object``, ``missing_text_field``, ``text_not_string``, ``invalid_utf8``,
+``nul_bytes``, ``empty_text`` (empty or whitespace-only), ``too_long`` and
+``unreadable_file`` (a file that cannot be opened or decompressed to its end: the
+records before the fault are kept and the rest of the file counts as one rejection).
+Invalid UTF-8, NUL bytes, byte-order marks and long documents follow a
+:class:`~transforms.record_policy.RecordPolicy`.
+
+Blank lines (empty or only ASCII whitespace) are separators, never records, and are not
+counted; a line of other whitespace (U+3000, ...) is a record with reason ``empty_text``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import gzip
 import io
 import json
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,15 +40,19 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.record_policy import BOM, BOM_BYTES, RecordPolicy, has_surrogates, replace_surrogates, split_text
+
 __all__ = [
     "TEXT_MODES",
     "ReadCorpus",
+    "RecordPolicy",
     "expand_inputs",
     "iter_file_records",
     "rejection",
 ]
 
 TEXT_MODES = ("line", "paragraph", "file")
+UTF8_REPLACED, NUL_STRIPPED = "invalid_utf8_replaced", "nul_bytes_stripped"
 EXCERPT_CHARS = 200
 _TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -165,95 +179,193 @@ def _iter_lines(stream: io.BufferedIOBase) -> Iterator[tuple[int, bytes]]:
     yield from enumerate(stream, start=1)
 
 
-def _text_records(path: str, stream: io.BufferedIOBase, mode: str) -> Iterator[tuple[str, int, Any]]:
+def _is_blank(line: bytes) -> bool:
+    """A separator line: empty or ASCII whitespace, after a byte-order mark if any."""
+    return not (line[3:] if line.startswith(BOM_BYTES) else line).strip()
+
+
+def _text_records(path: str, stream: io.BufferedIOBase, mode: str) -> Iterator[tuple]:
+    """``(path, position, raw bytes, no repairs)`` per record."""
     if mode == "file":
-        yield path, 0, stream.read()
+        yield path, 0, stream.read(), ()
         return
     if mode == "line":
         for number, line in _iter_lines(stream):
-            line = line.rstrip(b"\r\n")
-            if line.strip():
-                yield path, number, line
+            if not _is_blank(line):
+                yield path, number, line.rstrip(b"\r\n"), ()
         return
     block: list[bytes] = []
     start = 0
     for number, line in _iter_lines(stream):
-        if line.strip():
+        if not _is_blank(line):
             if not block:
                 start = number
             block.append(line)
         elif block:
-            yield path, start, b"".join(block).rstrip(b"\r\n")
+            yield path, start, b"".join(block).rstrip(b"\r\n"), ()
             block = []
     if block:
-        yield path, start, b"".join(block).rstrip(b"\r\n")
+        yield path, start, b"".join(block).rstrip(b"\r\n"), ()
 
 
-def _jsonl_records(path: str, stream: io.BufferedIOBase, text_field: str) -> Iterator[tuple[str, int, Any]]:
+def _jsonl_records(path: str, stream: io.BufferedIOBase, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
+    """``(path, line number, text or rejection, repairs made)`` per non-blank line."""
     for number, line in _iter_lines(stream):
+        if line.startswith(BOM_BYTES):  # every line may start with one (concatenated files)
+            line = line[3:]
         if not line.strip():
             continue
-        try:
-            decoded = line.decode("utf-8-sig" if number == 1 else "utf-8")
-        except UnicodeDecodeError:
-            yield path, number, rejection(path, number, "invalid_utf8", line)
+        repairs = set()
+        if b"\x00" in line and policy.nul_bytes != "keep":
+            # Raw NULs are never valid JSON; name them rather than report malformed JSON.
+            if policy.nul_bytes == "reject":
+                yield path, number, rejection(path, number, "nul_bytes", line), repairs
+                continue
+            line = line.replace(b"\x00", b"")
+            repairs.add(NUL_STRIPPED)
+        decoded = _decode(path, number, line, policy, repairs)
+        if isinstance(decoded, dict):
+            yield path, number, decoded, repairs
             continue
         try:
             obj = json.loads(decoded)
         except (ValueError, RecursionError):
-            yield path, number, rejection(path, number, "malformed_json", line)
+            yield path, number, rejection(path, number, "malformed_json", line), repairs
             continue
         if not isinstance(obj, dict):
-            yield path, number, rejection(path, number, "not_an_object", line)
+            yield path, number, rejection(path, number, "not_an_object", line), repairs
             continue
         try:
             text = _text_field(obj, text_field)
         except KeyError:
-            yield path, number, rejection(path, number, "missing_text_field", line)
+            yield path, number, rejection(path, number, "missing_text_field", line), repairs
             continue
         if not isinstance(text, str):
-            yield path, number, rejection(path, number, "text_not_string", line)
+            yield path, number, rejection(path, number, "text_not_string", line), repairs
             continue
-        try:
-            text.encode("utf-8")  # JSON escapes can spell lone surrogates, which no encoder accepts
-        except UnicodeEncodeError:
-            yield path, number, rejection(path, number, "invalid_utf8", line)
-            continue
-        yield path, number, text
+        if has_surrogates(text):  # JSON escapes can spell lone surrogates, which no encoder accepts
+            if policy.invalid_utf8 == "reject":
+                yield path, number, rejection(path, number, "invalid_utf8", line), repairs
+                continue
+            text = replace_surrogates(text)
+            repairs.add(UTF8_REPLACED)
+        yield path, number, text, repairs
 
 
-def _parquet_records(path: str, stream: io.BufferedIOBase, text_field: str) -> Iterator[tuple[str, int, Any]]:
+def _text_bytes(column) -> list[bytes | None] | None:
+    """A Parquet text column's values as raw UTF-8 bytes; ``None`` if it is not a text column.
+
+    Reading text as bytes lets a row with invalid UTF-8 be rejected (or repaired) on its
+    own instead of failing the rest of the file.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if pa.types.is_string(column.type):
+        return column.cast(pa.binary()).to_pylist()
+    if pa.types.is_large_string(column.type):
+        return column.cast(pa.large_binary()).to_pylist()
+    return None
+
+
+def _parquet_records(path: str, stream: io.BufferedIOBase, text_field: str) -> Iterator[tuple]:
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(io.BytesIO(stream.read()))
     if text_field not in parquet.schema_arrow.names:
-        yield path, 0, rejection(path, 0, "missing_text_field", f"columns: {parquet.schema_arrow.names}")
+        yield path, 0, rejection(path, 0, "missing_text_field", f"columns: {parquet.schema_arrow.names}"), ()
         return
     row = 0
     for batch in parquet.iter_batches(columns=[text_field], batch_size=4096):
-        for value in batch.column(0).to_pylist():
-            if not isinstance(value, str):
-                yield path, row, rejection(path, row, "text_not_string", value)
+        column = batch.column(0)
+        values = _text_bytes(column)
+        for value in column.to_pylist() if values is None else values:
+            if not isinstance(value, bytes):
+                yield path, row, rejection(path, row, "text_not_string", value), ()
             else:
-                yield path, row, value
+                yield path, row, value, ()
             row += 1
 
 
-def _decode(path: str, position: int, raw: bytes) -> str | dict[str, Any]:
+def _decode(path: str, position: int, raw: bytes, policy: RecordPolicy, repairs: set) -> str | dict[str, Any]:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        return rejection(path, position, "invalid_utf8", raw)
+        if policy.invalid_utf8 == "reject":
+            return rejection(path, position, "invalid_utf8", raw)
+    repairs.add(UTF8_REPLACED)
+    return raw.decode("utf-8", errors="replace")
 
 
-def iter_file_records(path: str, *, text_mode: str = "line", text_field: str = "text") -> Iterator[Any]:
+def _finish(
+    source: str, position: int, value: bytes | str, policy: RecordPolicy, repairs, counters: Counter
+) -> Iterator[tuple[str, int, str] | dict[str, Any]]:
+    """Apply the policies to one record's text; yield its documents or one rejection.
+
+    ``repairs`` made earlier (by the JSONL reader) and here are counted once per record,
+    and only when the record is kept.
+    """
+    repairs = set(repairs)
+    if isinstance(value, bytes):
+        decoded = _decode(source, position, value, policy, repairs)
+        if isinstance(decoded, dict):
+            yield decoded
+            return
+        value = decoded
+    text = value[1:] if value.startswith(BOM) else value
+    if "\x00" in text:
+        if policy.nul_bytes == "reject":
+            yield rejection(source, position, "nul_bytes", text)
+            return
+        if policy.nul_bytes == "strip":
+            text = text.replace("\x00", "")
+            repairs.add(NUL_STRIPPED)
+    if not text.strip():
+        yield rejection(source, position, "empty_text", text)
+        return
+    pieces = [text]
+    limit = policy.max_doc_chars
+    if limit is not None and len(text) > limit:
+        if policy.long_docs == "reject":
+            yield rejection(source, position, "too_long", text)
+            return
+        pieces = split_text(text, limit)
+        counters["long_documents_split"] += 1
+        counters["split_pieces"] += len(pieces)
+    for name in repairs:
+        counters[name] += 1
+    for piece in pieces:
+        yield source, position, piece
+
+
+def iter_file_records(
+    path: str,
+    *,
+    text_mode: str = "line",
+    text_field: str = "text",
+    policy: RecordPolicy | None = None,
+    counters: Counter | None = None,
+) -> Iterator[Any]:
     """Yield ``(source, position, text)`` records and rejected-entry dicts of one file.
 
-    Decoding and checking happens here; a file that cannot be read or decompressed
-    to its end yields one ``unreadable_file`` rejection (records already read stay).
+    Decoding, checking and the :class:`~transforms.record_policy.RecordPolicy` happen here:
+    every yielded text is non-blank, encodes to UTF-8 and obeys the policy. A file that
+    cannot be read or decompressed to its end yields one ``unreadable_file`` rejection
+    (records already read stay). No exception escapes for bad data; a bad ``text_mode``
+    raises ``ValueError`` before reading.
+
+    Args:
+        policy: what to do with invalid UTF-8, NUL bytes and long documents (default:
+            reject them; no length limit).
+        counters: if given, counts into it the kept records that were repaired
+            (``invalid_utf8_replaced``, ``nul_bytes_stripped``), the records split
+            (``long_documents_split``) and the documents they became (``split_pieces``).
     """
     if text_mode not in TEXT_MODES:
         raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
+    policy = policy or RecordPolicy()
+    counters = counters if counters is not None else Counter()
     kind = file_format(path)
     position = 0
     try:
@@ -261,22 +373,14 @@ def iter_file_records(path: str, *, text_mode: str = "line", text_field: str = "
             if kind == "text":
                 records = _text_records(path, stream, text_mode)
             elif kind == "jsonl":
-                records = _jsonl_records(path, stream, text_field)
+                records = _jsonl_records(path, stream, text_field, policy)
             else:
                 records = _parquet_records(path, stream, text_field)
-            for source, position, value in records:
+            for source, position, value, repairs in records:
                 if isinstance(value, dict):
                     yield value
-                    continue
-                if isinstance(value, bytes):
-                    value = _decode(source, position, value)
-                    if isinstance(value, dict):
-                        yield value
-                        continue
-                if not value.strip():
-                    yield rejection(source, position, "empty_text", value)
-                    continue
-                yield source, position, value
+                else:
+                    yield from _finish(source, position, value, policy, repairs, counters)
     except (OSError, EOFError, zlib.error, ValueError) as exc:
         yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # zstandard.ZstdError and pyarrow errors have no common base
@@ -284,21 +388,31 @@ def iter_file_records(path: str, *, text_mode: str = "line", text_field: str = "
 
 
 class _ReadFile(beam.DoFn):
-    def __init__(self, text_mode: str, text_field: str):
+    def __init__(self, text_mode: str, text_field: str, policy: RecordPolicy):
         self._text_mode = text_mode
         self._text_field = text_field
+        self._policy = policy
 
     def setup(self):
         self._records = beam.metrics.Metrics.counter("lmshards", "records_read")
 
     def process(self, path: str):
-        for item in iter_file_records(path, text_mode=self._text_mode, text_field=self._text_field):
+        counters: Counter = Counter()
+        for item in iter_file_records(
+            path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters
+        ):
             if isinstance(item, dict):
                 beam.metrics.Metrics.counter("lmshards", f"rejected_{item['reason']}").inc()
+                counters["rejected"] += 1
                 yield beam.pvalue.TaggedOutput(ReadCorpus.REJECTED, item)
             else:
                 self._records.inc()
+                counters["documents"] += 1
                 yield item[2]
+        for name, value in counters.items():
+            if name not in ("documents", "rejected"):
+                beam.metrics.Metrics.counter("lmshards", name).inc(value)
+        yield beam.pvalue.TaggedOutput(ReadCorpus.STATS, dict(counters))
 
 
 class ReadCorpus(beam.PTransform):
@@ -308,18 +422,29 @@ class ReadCorpus(beam.PTransform):
         files: concrete file paths (already expanded, see :func:`expand_inputs`).
         text_mode: ``line``, ``paragraph`` or ``file`` for text files.
         text_field: JSON field (dotted path) or Parquet column holding the text.
+        policy: invalid UTF-8, NUL byte and long-document policy.
 
-    Returns a ``DoOutputsTuple`` with the texts as main output and rejected-entry dicts
-    under :attr:`REJECTED`.
+    Returns a ``DoOutputsTuple``: the texts as main output, rejected-entry dicts under
+    :attr:`REJECTED`, and one counters dict per file under :attr:`STATS` (``documents``,
+    ``rejected`` and the repairs counted by :func:`iter_file_records`).
     """
 
     REJECTED = "rejected"
+    STATS = "stats"
 
-    def __init__(self, files: list[str], *, text_mode: str = "line", text_field: str = "text"):
+    def __init__(
+        self,
+        files: list[str],
+        *,
+        text_mode: str = "line",
+        text_field: str = "text",
+        policy: RecordPolicy | None = None,
+    ):
         super().__init__()
         self._files = list(files)
         self._text_mode = text_mode
         self._text_field = text_field
+        self._policy = policy or RecordPolicy()
 
     def expand(self, pbegin):
         return (
@@ -327,5 +452,7 @@ class ReadCorpus(beam.PTransform):
             | "ListFiles" >> beam.Create(self._files, reshuffle=False)
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadRecords"
-            >> beam.ParDo(_ReadFile(self._text_mode, self._text_field)).with_outputs(self.REJECTED, main="texts")
+            >> beam.ParDo(_ReadFile(self._text_mode, self._text_field, self._policy)).with_outputs(
+                self.REJECTED, self.STATS, main="texts"
+            )
         )

@@ -18,7 +18,15 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.read import EXCERPT_CHARS, ReadCorpus, expand_inputs, file_format, iter_file_records, rejection
+from transforms.read import (
+    EXCERPT_CHARS,
+    ReadCorpus,
+    RecordPolicy,
+    expand_inputs,
+    file_format,
+    iter_file_records,
+    rejection,
+)
 
 
 def _write(path: Path, data: bytes) -> str:
@@ -382,9 +390,12 @@ def test_line_mode_round_trip(lines, compression):
         items = _records(path)
     expected = []
     for number, line in enumerate(lines, start=1):
+        line = line.removeprefix("\ufeff")  # one byte-order mark per record is dropped
         if not line.encode().strip():
             continue  # blank separator lines are not records
-        if line.strip():
+        if "\x00" in line:
+            expected.append(("nul_bytes", number))  # the default NUL policy rejects
+        elif line.strip():
             expected.append((path, number, line))
         else:
             expected.append(("empty_text", number))
@@ -418,18 +429,21 @@ def test_jsonl_round_trip_any_text(texts):
     data = "".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(texts)).encode()
     with tempfile.TemporaryDirectory() as tmp:
         path = _write(Path(tmp) / "a.jsonl", data)
-        items = _records(path)
+        items = _records(path, policy=RecordPolicy(nul_bytes="keep"))
 
-    # Lone surrogates are valid JSON escapes but not text: rejected as invalid_utf8.
-    def encodable(t):
+    def outcome(t):
         try:
             t.encode("utf-8")
-            return True
         except UnicodeEncodeError:
-            return False
+            return "invalid_utf8"  # lone surrogates are valid JSON escapes but not text
+        t = t.removeprefix("\ufeff")  # a leading byte-order mark is dropped
+        return t if t.strip() else "empty_text"
 
-    assert [r for r in items if isinstance(r, tuple)] == [(path, i + 1, t) for i, t in enumerate(texts) if encodable(t)]
-    assert _reasons(items) == [(i + 1, "invalid_utf8") for i, t in enumerate(texts) if not encodable(t)]
+    outcomes = [outcome(t) for t in texts]
+    assert [r for r in items if isinstance(r, tuple)] == [
+        (path, i + 1, t) for i, t in enumerate(outcomes) if t not in ("invalid_utf8", "empty_text")
+    ]
+    assert _reasons(items) == [(i + 1, t) for i, t in enumerate(outcomes) if t in ("invalid_utf8", "empty_text")]
 
 
 # --- ReadCorpus ---------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Document accounting of a run (DESIGN.md section 7), pure functions used by WriteManifest.
+
+The unit is the *document*: a record the reader produced (a non-blank line, a paragraph,
+a file, a JSON line, a Parquet row), a long record split by ``--long-docs split``
+counting as its pieces, and a file that breaks off (``unreadable_file``) counting its
+unread rest as one rejected document. Every document read ends in exactly one bucket::
+
+    documents_read = documents_written + duplicates + rejected + filtered
+
+``rejected`` is broken down by reason (the same reasons as ``OUT/rejected/``); nothing is
+filtered yet (``filtered`` is there for quality filters, always 0 today). Blank lines are
+separators, not records, so they are not counted at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["RejectedFractionError", "check_rejected_fraction", "document_counts", "rejected_fraction"]
+
+REPAIRS = ("invalid_utf8_replaced", "nul_bytes_stripped", "long_documents_split", "split_pieces")
+
+
+class RejectedFractionError(ValueError):
+    """More documents were rejected than ``--max-rejected-fraction`` allows.
+
+    Raised by WriteManifest before it writes anything, so the failed run leaves no
+    manifest. The message is one line that starts with the flag.
+    """
+
+
+def document_counts(
+    read_stats: dict[str, int], reasons: dict[str, int], written: int, duplicates: int, filtered: int = 0
+) -> dict[str, Any]:
+    """The ``counts`` block of the manifest.
+
+    Args:
+        read_stats: the reader's summed counters (``documents``, ``rejected`` and repairs,
+            see :class:`transforms.read.ReadCorpus`).
+        reasons: rejected documents by reason, over every stage (reader and tokenizer).
+        written: documents packed into examples (all splits).
+        duplicates: exact duplicates dropped.
+        filtered: documents dropped on purpose by a filter.
+    """
+    documents_read = int(read_stats.get("documents", 0)) + int(read_stats.get("rejected", 0))
+    rejected = int(sum(reasons.values()))
+    repaired = {name: int(read_stats.get(name, 0)) for name in REPAIRS}
+    return {
+        "records_read": documents_read - repaired["split_pieces"] + repaired["long_documents_split"],
+        "documents_read": documents_read,
+        "documents_written": written,
+        "duplicates": duplicates,
+        "rejected": rejected,
+        "rejected_by_reason": dict(sorted(reasons.items())),
+        "filtered": filtered,
+        "repaired": repaired,
+        "reconciled": documents_read == written + duplicates + rejected + filtered,
+    }
+
+
+def rejected_fraction(counts: dict[str, Any]) -> float:
+    """Share of the documents read that were rejected (0 when nothing was read)."""
+    return counts["rejected"] / counts["documents_read"] if counts["documents_read"] else 0.0
+
+
+def check_rejected_fraction(counts: dict[str, Any], max_fraction: float | None, rejected_path: str) -> None:
+    """Raise :class:`RejectedFractionError` when the rejected share exceeds ``max_fraction``.
+
+    Args:
+        counts: a :func:`document_counts` result.
+        max_fraction: the ``--max-rejected-fraction`` limit, or None for no limit.
+        rejected_path: where the rejected records are (named in the message).
+    """
+    if max_fraction is None:
+        return
+    fraction = rejected_fraction(counts)
+    if fraction <= max_fraction:
+        return
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in counts["rejected_by_reason"].items())
+    raise RejectedFractionError(
+        f"--max-rejected-fraction {max_fraction:g} exceeded: {fraction:.2%} of documents rejected "
+        f"({counts['rejected']:,} of {counts['documents_read']:,} read: {reasons}); "
+        f"no manifest written, the rejected records are in {rejected_path}"
+    )
