@@ -249,6 +249,10 @@ def run(argv: list[str] | None = None) -> Manifest | None:
     return run_job(argv)[0]
 
 
+class JobFailedError(RuntimeError):
+    """The pipeline started and failed (as opposed to a configuration error)."""
+
+
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     options = parse_args(argv)
@@ -274,7 +278,8 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     except Exception as exc:
         message = _rejected_fraction_message(exc)
         if message is None:
-            raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise JobFailedError(f"the pipeline failed: {type(exc).__name__}: {first}") from exc
         raise RejectedFractionError(message) from None
     if dry_run:
         return None, result
@@ -369,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = run(argv)
     except SystemExit as exc:  # argparse has printed its one-line error
         return int(exc.code or 0)
-    except RejectedFractionError as exc:  # the job ran and failed its data check
+    except (RejectedFractionError, JobFailedError) as exc:  # the job ran and failed
         print(f"lmshards materialize: error: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:
