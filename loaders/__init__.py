@@ -1,5 +1,74 @@
-"""Readers of lmshards datasets. Never imports Apache Beam (DESIGN.md section 1)."""
+"""Readers of lmshards datasets. Never imports Apache Beam (DESIGN.md section 1).
 
+- :mod:`loaders.reader`: a minimal numpy reader (shard order, no torch).
+- :class:`ShardedDataset` (:mod:`loaders.dataset`): torch ``IterableDataset`` over a split,
+  exact global shuffle, rank/worker split, exact and elastic resume, dynamic noise.
+- :class:`MixtureDataset` (:mod:`loaders.mixture`): weighted mixtures of datasets.
+- :func:`make_dataloader` (:mod:`loaders.dataloader`): the resumable DataLoader.
+- Collators (:mod:`loaders.collate`), the epoch order (:mod:`loaders.order`), the split and
+  state (:mod:`loaders.state`).
+
+torch is optional: ``import loaders`` and the numpy modules work without it; the
+torch-backed names below are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from loaders.collate import (
+    IGNORE_INDEX,
+    CausalCollator,
+    MLMCollator,
+    PrefixLMCollator,
+    Seq2SeqCollator,
+    collator_for,
+)
+from loaders.errors import ShardIntegrityError, UnsupportedSchemaError
+from loaders.order import EpochOrder
 from loaders.reader import DatasetReader, iter_examples, open_dataset
+from loaders.state import LoaderState, RankSchedule
 
-__all__ = ["DatasetReader", "iter_examples", "open_dataset"]
+if TYPE_CHECKING:
+    from loaders.dataloader import ResumableDataLoader, make_dataloader
+    from loaders.dataset import ShardedDataset
+    from loaders.mixture import MixtureDataset
+
+__all__ = [
+    "IGNORE_INDEX",
+    "CausalCollator",
+    "DatasetReader",
+    "EpochOrder",
+    "LoaderState",
+    "MLMCollator",
+    "MixtureDataset",
+    "PrefixLMCollator",
+    "RankSchedule",
+    "ResumableDataLoader",
+    "Seq2SeqCollator",
+    "ShardIntegrityError",
+    "ShardedDataset",
+    "UnsupportedSchemaError",
+    "collator_for",
+    "iter_examples",
+    "make_dataloader",
+    "open_dataset",
+]
+
+_TORCH_NAMES = {
+    "ShardedDataset": "loaders.dataset",
+    "MixtureDataset": "loaders.mixture",
+    "ResumableDataLoader": "loaders.dataloader",
+    "make_dataloader": "loaders.dataloader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _TORCH_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loaders' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

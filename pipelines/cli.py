@@ -9,6 +9,10 @@ __all__ = ["main"]
 COMMANDS = {
     "materialize": ("pipelines.materialize", "turn a raw corpus into sharded pretraining examples"),
     "train-tokenizer": ("pipelines.train_tokenizer", "train a tokenizer.json on corpus files"),
+    "inspect": ("pipelines.inspect:inspect_main", "summary table of a dataset (--json for machines)"),
+    "show": ("pipelines.inspect:show_main", "decoded examples with the corruption made visible"),
+    "validate": ("pipelines.inspect:validate_main", "checksums, schemas and objective invariants"),
+    "report": ("pipelines.inspect:report_main", "self-contained HTML report with plots"),
 }
 
 
@@ -29,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"lmshards: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    module = __import__(COMMANDS[command][0], fromlist=["main"])
-    return module.main(rest)
+    module_name, _, function = COMMANDS[command][0].partition(":")
+    module = __import__(module_name, fromlist=["main"])
+    return getattr(module, function or "main")(rest)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,326 @@
+"""Collators: lists of examples -> dicts of torch tensors, one per model layout.
+
+Every collator returns ``input_ids``, ``attention_mask``, ``labels`` (``-100`` where no
+loss) and ``position_ids`` (int64), right-padded to the longest row (or a multiple of
+``pad_to_multiple_of``), plus what its layout needs:
+
+- :class:`CausalCollator` (clm): ``documents="none"`` is plain causal attention over the
+  packed row (GPT-2/Megatron default); ``"cu_seqlens"`` restarts ``position_ids`` at each
+  document and adds FlashAttention's varlen ``cu_seqlens`` (int32, over the flattened
+  ``B*L`` tokens; each row's padding is one more segment) and ``max_seqlen``; ``"mask"``
+  restarts positions and makes ``attention_mask`` a ``(B, 1, L, L)`` bool block-diagonal
+  causal mask (True = may attend). With ``shift_labels`` (default) ``labels[t]`` is the
+  token at ``t+1`` (Megatron-style: no shift in the model); with ``shift_labels=False`` it
+  is the token at ``t`` (Hugging Face models shift inside). With document attention the
+  prediction of a document's first token from the previous document is not trained
+  (``mask_document_boundaries``, as HF's ``DataCollatorWithFlattening``).
+- :class:`PrefixLMCollator` (prefix_lm, ul2 decoder-only): ``(B, 1, L, L)`` bool mask,
+  bidirectional over the first ``prefix_length`` tokens and causal after; loss on the
+  suffix only; ``prefix_length`` (B,). Examples without ``prefix_length`` (clm in a
+  mixture) are plain causal.
+- :class:`MLMCollator` (mlm): bidirectional; labels as stored.
+- :class:`Seq2SeqCollator` (span_corruption, bart, ul2 encoder-decoder): ``inputs`` ->
+  ``input_ids``/``attention_mask``, ``targets`` -> ``labels``, ``decoder_input_ids`` = labels
+  shifted right behind ``decoder_start_id`` (T5: pad; BART: eos), ``decoder_attention_mask``.
+
+Tensors are built in numpy and wrapped with ``torch.from_numpy``; inside a DataLoader
+worker a batch's arrays are packed into one storage per dtype, which halves the cost of
+handing the batch to the main process. torch is imported when a collator runs, so this
+module imports without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loaders.errors import UnsupportedSchemaError
+
+__all__ = [
+    "IGNORE_INDEX",
+    "CausalCollator",
+    "MLMCollator",
+    "PrefixLMCollator",
+    "Seq2SeqCollator",
+    "collator_for",
+]
+
+IGNORE_INDEX = -100
+DOCUMENT_MODES = ("none", "cu_seqlens", "mask")
+
+
+def _require(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    if not examples:
+        raise ValueError(f"{name}: empty batch")
+    missing = [c for c in columns if c not in examples[0]]
+    if missing:
+        raise UnsupportedSchemaError(
+            f"{name} needs columns {list(columns)}; the examples have {sorted(examples[0])} (missing {missing})"
+        )
+
+
+def _batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | None = None, what: str = "") -> int:
+    longest = max(lengths)
+    if fixed is not None:
+        if longest > fixed:
+            raise ValueError(f"{what} of {longest} tokens does not fit the fixed length {fixed}")
+        return fixed
+    if multiple:
+        longest = -(-longest // multiple) * multiple
+    return longest
+
+
+def _pad_rows(rows: Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
+    out = np.empty((len(rows), length), dtype=np.int64)
+    if all(len(row) == length for row in rows):
+        return np.stack(rows, out=out)  # one pass: gather and widen to int64
+    for i, row in enumerate(rows):
+        n = len(row)
+        out[i, :n] = row
+        if n < length:
+            if value is None:
+                raise ValueError(f"{what}: rows need padding but no pad id was given")
+            out[i, n:] = value
+    return out
+
+
+def _tensors(arrays: dict[str, Any]) -> dict[str, Any]:
+    """numpy -> torch without a copy; inside a DataLoader worker, one storage per dtype.
+
+    A worker hands every tensor storage to the main process as its own shared-memory
+    segment, and that transfer, not the copy, is what limits a worker's batches per second;
+    packing a batch's arrays into one storage per dtype roughly halves it for four arrays.
+    """
+    import torch
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is None:
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
+    out = {k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)}
+    by_dtype: dict[np.dtype, list[str]] = {}
+    for name, value in arrays.items():
+        if isinstance(value, np.ndarray):
+            by_dtype.setdefault(value.dtype, []).append(name)
+    for names in by_dtype.values():
+        flat = torch.empty(sum(arrays[n].size for n in names), dtype=torch.from_numpy(arrays[names[0]][:0]).dtype)
+        offset = 0
+        for name in names:
+            value = arrays[name]
+            view = flat[offset : offset + value.size].view(value.shape)
+            view.copy_(torch.from_numpy(np.ascontiguousarray(value)))
+            out[name] = view
+            offset += value.size
+    return {name: out[name] for name in arrays}
+
+
+def _real_length(example: dict[str, Any]) -> int:
+    doc_lengths = example.get("doc_lengths")
+    if doc_lengths is None:
+        return len(example["input_ids"])
+    return sum(doc_lengths.tolist()) if isinstance(doc_lengths, np.ndarray) else int(sum(doc_lengths))
+
+
+class CausalCollator:
+    """Causal LM batches from ``input_ids`` (+ ``doc_lengths``), see the module docstring.
+
+    Args:
+        pad_id: padding id (needed only when rows differ in length).
+        documents: ``none``, ``cu_seqlens`` or ``mask``.
+        shift_labels: ``labels[t] = input_ids[t+1]`` (True) or ``input_ids[t]`` (False).
+        mask_document_boundaries: no loss on predicting a document's first token from the
+            previous document (only with document attention).
+        pad_to_multiple_of: round the batch length up.
+    """
+
+    def __init__(self, pad_id: int | None = None, *, documents: str = "cu_seqlens", shift_labels: bool = True,
+                 mask_document_boundaries: bool = True, pad_to_multiple_of: int | None = None):
+        if documents not in DOCUMENT_MODES:
+            raise ValueError(f"documents={documents!r}: expected one of {DOCUMENT_MODES}")
+        self.pad_id, self.documents, self.shift_labels = pad_id, documents, shift_labels
+        self.mask_document_boundaries, self.pad_to_multiple_of = mask_document_boundaries, pad_to_multiple_of
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        _require(type(self).__name__, examples, ["input_ids"])
+        rows = [np.asarray(e["input_ids"]) for e in examples]
+        length = _batch_length([len(r) for r in rows], self.pad_to_multiple_of)
+        input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
+        batch = len(rows)
+        t = np.arange(length)
+        real = np.array([_real_length(e) for e in examples])
+        labels = np.empty((batch, length), dtype=np.int64)
+        if self.shift_labels:
+            labels[:, :-1] = input_ids[:, 1:]
+            labels[:, -1] = IGNORE_INDEX
+        else:
+            labels[:] = input_ids
+        if (real == length).all():  # packed rows without padding: the common case
+            attention = np.ones((batch, length), dtype=np.int64)
+        else:
+            attention = (t[None, :] < real[:, None]).astype(np.int64)
+            labels[t[None, :] + int(self.shift_labels) >= real[:, None]] = IGNORE_INDEX
+        out: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+        if self.documents == "none":
+            out["position_ids"] = np.broadcast_to(t, (batch, length)).copy()
+            return _tensors(out)
+        # Segments over the flattened batch: each row's documents, then the row's padding.
+        pieces: list[int] = []
+        boundary_flags: list[bool] = []  # per segment: a document that does not open its row
+        for i, example in enumerate(examples):
+            docs = example.get("doc_lengths")
+            docs = [d for d in (docs.tolist() if docs is not None else [int(real[i])]) if d > 0]
+            pieces += docs
+            boundary_flags += [False] + [True] * (len(docs) - 1) if docs else []
+            if length > real[i]:
+                pieces.append(length - int(real[i]))
+                boundary_flags.append(False)
+        segment_lengths = np.array(pieces, dtype=np.int64)
+        ends = np.cumsum(segment_lengths)
+        starts = ends - segment_lengths
+        out["position_ids"] = (np.arange(batch * length) - np.repeat(starts, segment_lengths)).reshape(batch, length)
+        if self.mask_document_boundaries:
+            boundary = starts[np.array(boundary_flags, dtype=bool)]
+            labels.reshape(-1)[boundary - 1 if self.shift_labels else boundary] = IGNORE_INDEX
+        if self.documents == "cu_seqlens":
+            out["cu_seqlens"] = np.concatenate([[0], ends]).astype(np.int32)
+            out["max_seqlen"] = int(segment_lengths.max())
+        else:
+            segment_ids = np.repeat(np.arange(segment_lengths.size), segment_lengths).reshape(batch, length)
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            out["attention_mask"] = (same & (t[None, None, :] <= t[None, :, None]))[:, None]
+        return _tensors(out)
+
+
+class PrefixLMCollator:
+    """Prefix-LM batches from ``input_ids`` + ``prefix_length`` (+ ``doc_lengths`` for padding).
+
+    Args:
+        pad_id: padding id (needed only when rows differ in length).
+        shift_labels: as :class:`CausalCollator`.
+        pad_to_multiple_of: round the batch length up.
+    """
+
+    def __init__(self, pad_id: int | None = None, *, shift_labels: bool = True, pad_to_multiple_of: int | None = None):
+        self.pad_id, self.shift_labels, self.pad_to_multiple_of = pad_id, shift_labels, pad_to_multiple_of
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        _require(type(self).__name__, examples, ["input_ids"])
+        rows = [np.asarray(e["input_ids"]) for e in examples]
+        length = _batch_length([len(r) for r in rows], self.pad_to_multiple_of)
+        input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
+        real = np.array([_real_length(e) for e in examples])
+        prefix = np.array([int(e.get("prefix_length", 0)) for e in examples])
+        t = np.arange(length)
+        q, k = t[None, :, None], t[None, None, :]
+        allowed = ((k <= q) | (k < prefix[:, None, None])) & (k < real[:, None, None])
+        allowed |= q == k  # padding rows attend to themselves: no empty softmax row
+        labels = np.full((len(rows), length), IGNORE_INDEX, dtype=np.int64)
+        if self.shift_labels:
+            target = t[None, 1:]
+            keep = (target >= prefix[:, None]) & (target < real[:, None])
+            labels[:, :-1] = np.where(keep, input_ids[:, 1:], IGNORE_INDEX)
+        else:
+            keep = (t[None, :] >= prefix[:, None]) & (t[None, :] < real[:, None])
+            labels[:] = np.where(keep, input_ids, IGNORE_INDEX)
+        return _tensors({
+            "input_ids": input_ids,
+            "attention_mask": allowed[:, None],
+            "labels": labels,
+            "position_ids": np.broadcast_to(t, (len(rows), length)).copy(),
+            "prefix_length": prefix.astype(np.int64),
+        })
+
+
+class MLMCollator:
+    """Masked-LM batches from ``input_ids`` + ``labels`` (bidirectional attention).
+
+    Args:
+        pad_id: padding id: padded and stored padding positions get no attention.
+        pad_to_multiple_of: round the batch length up.
+    """
+
+    def __init__(self, pad_id: int, *, pad_to_multiple_of: int | None = None):
+        self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        _require(type(self).__name__, examples, ["input_ids", "labels"])
+        rows = [np.asarray(e["input_ids"]) for e in examples]
+        length = _batch_length([len(r) for r in rows], self.pad_to_multiple_of)
+        input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
+        labels = _pad_rows([np.asarray(e["labels"]) for e in examples], length, IGNORE_INDEX, "labels")
+        attention = (input_ids != self.pad_id).astype(np.int64)
+        return _tensors({
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "labels": np.where(attention == 1, labels, IGNORE_INDEX),
+            "position_ids": np.broadcast_to(np.arange(length), (len(rows), length)).copy(),
+        })
+
+
+class Seq2SeqCollator:
+    """Encoder-decoder batches from ``inputs`` + ``targets``.
+
+    Args:
+        pad_id: padding id (also ends padded targets in ``decoder_input_ids``).
+        decoder_start_id: first decoder input (None: ``pad_id``, T5's convention; BART uses eos).
+        inputs_length, targets_length: pad to these fixed lengths (error when longer).
+        pad_to_multiple_of: round variable batch lengths up.
+    """
+
+    def __init__(self, pad_id: int, *, decoder_start_id: int | None = None, inputs_length: int | None = None,
+                 targets_length: int | None = None, pad_to_multiple_of: int | None = None):
+        self.pad_id = pad_id
+        self.decoder_start_id = pad_id if decoder_start_id is None else decoder_start_id
+        self.inputs_length, self.targets_length = inputs_length, targets_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        _require(type(self).__name__, examples, ["inputs", "targets"])
+        inputs = [np.asarray(e["inputs"]) for e in examples]
+        targets = [np.asarray(e["targets"]) for e in examples]
+        in_len = _batch_length([len(r) for r in inputs], self.pad_to_multiple_of, self.inputs_length, "inputs")
+        out_len = _batch_length([len(r) for r in targets], self.pad_to_multiple_of, self.targets_length, "targets")
+        input_ids = _pad_rows(inputs, in_len, self.pad_id, "inputs")
+        target_ids = _pad_rows(targets, out_len, self.pad_id, "targets")
+        real_targets = target_ids != self.pad_id
+        decoder_input_ids = np.empty_like(target_ids)
+        decoder_input_ids[:, 0] = self.decoder_start_id
+        decoder_input_ids[:, 1:] = target_ids[:, :-1]
+        return _tensors({
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad_id).astype(np.int64),
+            "labels": np.where(real_targets, target_ids, IGNORE_INDEX),
+            "position_ids": np.broadcast_to(np.arange(in_len), (len(inputs), in_len)).copy(),
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": np.concatenate(
+                [np.ones((len(targets), 1), dtype=np.int64), real_targets[:, :-1].astype(np.int64)], axis=1),
+        })
+
+
+def collator_for(dataset: Any, **kwargs: Any):
+    """The collator for a dataset's examples (family and columns), with its pad id.
+
+    ``decoder`` -> :class:`PrefixLMCollator` when examples carry ``prefix_length``, else
+    :class:`CausalCollator`; ``encoder`` -> :class:`MLMCollator`; ``seq2seq`` ->
+    :class:`Seq2SeqCollator` (decoder start = eos for bart, else pad). ``kwargs`` go to it.
+
+    Raises:
+        UnsupportedSchemaError: a family no collator handles (or a mixture of families).
+    """
+    family, columns = dataset.family, set(dataset.example_columns())
+    special = dataset.special_ids
+    pad = kwargs.pop("pad_id", special.get("pad"))
+    if family == "decoder":
+        if "prefix_length" in columns:
+            return PrefixLMCollator(pad, **kwargs)
+        return CausalCollator(pad, **kwargs)
+    if pad is None:
+        raise UnsupportedSchemaError(f"{family} examples need a pad id; the dataset's tokenizer has none (pass pad_id)")
+    if family == "encoder":
+        return MLMCollator(pad, **kwargs)
+    if family == "seq2seq":
+        if "decoder_start_id" not in kwargs and dataset.objective_name == "bart":
+            kwargs["decoder_start_id"] = special.get("eos")
+        return Seq2SeqCollator(pad, **kwargs)
+    raise UnsupportedSchemaError(f"no collator for example family {family!r} (columns {sorted(columns)})")

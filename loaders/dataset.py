@@ -1,0 +1,243 @@
+"""``ShardedDataset``: a torch ``IterableDataset`` over one split of an lmshards dataset.
+
+It yields examples (dicts of numpy arrays, ints and strings, read-only views into the
+memory-mapped Arrow shards) in the epoch's global order (:mod:`loaders.order`), split
+over ranks and DataLoader workers and resumable mid-epoch (:mod:`loaders.state`),
+optionally turning token chunks into examples of another objective on the fly
+(:mod:`loaders.dynamic`). Arrow and WebDataset shards of the same dataset give the same
+stream. Feed it to :func:`loaders.dataloader.make_dataloader` for batches of tensors.
+
+WebDataset shards can only be read front to back. A worker that needs a row of a tar
+shard reads the shard once, keeps every row it will need from it this epoch (it knows
+them: the order is a pure function) and drops each row once used; it holds about
+``(block_size + 2 * shard rows) / (ranks * workers)`` rows at a time. Arrow needs none
+of this and is the format to train from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from loaders.dynamic import DynamicObjective, resolve_objective, special_ids_from_tokenizer
+from loaders.errors import UnsupportedSchemaError
+from loaders.files import VERIFY_MODES, DatasetLocation
+from loaders.order import EpochOrder
+from loaders.shards import ShardSet
+from loaders.state import RankSchedule
+from loaders.stream import ResumableStream
+from transforms.objectives.common import SpecialIds
+
+__all__ = ["ShardedDataset"]
+
+
+class ShardedDataset(ResumableStream):
+    """One split of a dataset directory as a resumable, distributed ``IterableDataset``.
+
+    Args:
+        path: dataset directory or URL (``gs://``, ``s3://``, ... through fsspec, cached locally).
+        split: ``train``, ``validation``, ...
+        batch_size: per-rank batch size (DataLoader workers split by whole batches).
+        seed: order seed (shard permutation and block shuffle) and dynamic-noise seed.
+        shuffle: False reads shards and rows in stored order.
+        shuffle_block_size: rows per shuffle block (None: four of the largest shard, >= 65536).
+        fmt: ``arrow`` or ``webdataset`` (None: arrow when written).
+        rank, world_size: None detects them from torch.distributed (or ``RANK``/``WORLD_SIZE``).
+        uneven: ``wrap`` or ``drop``: how every rank gets the same number of samples.
+        drop_last: drop each rank's last partial batch.
+        verify: shard sha256 check: ``once`` per process, ``always`` (every epoch), ``never``.
+        columns: columns to read (None: all).
+        objective: dynamic noise: an objective name (registry) or object applied to token chunks.
+        objective_params: parameters of a named objective.
+        special: special ids for the objective (None: from the dataset's tokenizer.json).
+        cache_dir: local cache for remote datasets.
+
+    Raises:
+        FileNotFoundError: no manifest (missing or incomplete dataset).
+        ValueError: bad arguments, split or format.
+        UnsupportedSchemaError: an objective that cannot run on this dataset.
+    """
+
+    kind = "ShardedDataset"
+
+    def __init__(
+        self,
+        path: str,
+        split: str = "train",
+        *,
+        batch_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_block_size: int | None = None,
+        fmt: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        uneven: str = "wrap",
+        drop_last: bool = False,
+        verify: str = "once",
+        columns: list[str] | None = None,
+        objective: Any = None,
+        objective_params: dict[str, Any] | None = None,
+        special: SpecialIds | None = None,
+        cache_dir: str | None = None,
+    ):
+        super().__init__(batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, uneven=uneven,
+                         drop_last=drop_last)
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify={verify!r}: expected one of {VERIFY_MODES}")
+        self.location = DatasetLocation(path, cache_dir)
+        self.manifest = self.location.read_manifest()
+        self.split = split
+        self.shards = ShardSet(self.location, self.manifest, split, fmt, verify)
+        self.shuffle = shuffle
+        self.shuffle_block_size = shuffle_block_size
+        self.stored_family = self.manifest.schema.get("family")
+        unknown = sorted(set(columns or ()) - set(self.shards.columns))
+        if unknown:
+            raise UnsupportedSchemaError(f"columns {unknown} are not in {path}; it has {sorted(self.shards.columns)}")
+        if columns and objective is not None:  # the objective needs the key (noise seed) and the tokens
+            columns = list(dict.fromkeys([*columns, *(c for c in ("key", "input_ids", "doc_lengths")
+                                                      if c in self.shards.columns)]))
+        self.columns = tuple(columns) if columns else None
+        self.objective = None
+        self._dynamic: DynamicObjective | None = None
+        if objective is not None:
+            self.objective = resolve_objective(objective, objective_params)
+            if special is None:
+                tokenizer_file = self.manifest.tokenizer.get("file", "tokenizer.json")
+                special = special_ids_from_tokenizer(self.location.local_file(tokenizer_file),
+                                                     self.manifest.tokenizer, self.objective)
+            self._dynamic = DynamicObjective(self.objective, special, seed, family=self.stored_family,
+                                             seq_len=self.stored_seq_len)
+        self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
+        self._tar_rows: dict[int, dict[int, list]] = {}
+        self._tar_epoch: tuple[int, int] | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_orders"], state["_tar_rows"], state["_tar_epoch"] = OrderedDict(), {}, None  # rebuilt per process
+        return state
+
+    # -- description -----------------------------------------------------------------------
+    @property
+    def stored_seq_len(self) -> int | None:
+        """Fixed length of the stored ``input_ids`` (None when variable or absent)."""
+        match = re.search(r"\[(\d+)\]$", self.shards.columns.get("input_ids", ""))
+        return int(match.group(1)) if match else None
+
+    @property
+    def family(self) -> str:
+        """Family of the examples this dataset yields (the objective's, in dynamic mode)."""
+        return self.objective.family if self.objective is not None else self.stored_family
+
+    @property
+    def objective_name(self) -> str | None:
+        """Objective of the examples this dataset yields (the dynamic one, else the stored one)."""
+        return self.objective.name if self.objective is not None else self.manifest.objective.get("name")
+
+    def example_columns(self) -> tuple[str, ...]:
+        """Columns of the examples this dataset yields."""
+        if self.objective is None:
+            return tuple(self.columns or self.shards.columns)
+        from schemas.examples import example_schema
+
+        return tuple(example_schema(self.objective.family, **self.objective.schema_kwargs()).schema.names)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """Role -> token id of the dataset's tokenizer (pad, eos, ...)."""
+        return dict(self.manifest.tokenizer.get("special_ids", {}))
+
+    def epoch_size(self) -> int:
+        return sum(self.shards.rows)
+
+    def fingerprint(self) -> str:
+        data = {
+            "split": self.split,
+            "shards": [s.to_json() for s in self.shards.shards],
+            "shuffle": self.shuffle,
+            "block": self.order(0).block_size,
+            "objective": None if self.objective is None else [self.objective.name, self.objective.params()],
+        }
+        return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The global order of ``epoch`` (cached for the last two epochs)."""
+        order = self._orders.get(epoch)
+        if order is None:
+            order = EpochOrder(self.shards.rows, self.seed, epoch, shuffle=self.shuffle,
+                               block_size=self.shuffle_block_size)
+            self._orders[epoch] = order
+            if len(self._orders) > 2:
+                self._orders.popitem(last=False)
+        return order
+
+    # -- reading ---------------------------------------------------------------------------
+    def start_iteration(self) -> None:
+        self.shards.start_epoch()
+        self._tar_rows, self._tar_epoch = {}, None
+
+    def read_rows(self, shard_ids: np.ndarray, rows: np.ndarray) -> list[dict[str, Any]]:
+        """Stored examples at ``(shard, row)`` pairs (Arrow only), in the given order."""
+        opened: dict[int, tuple[Any, list]] = {}
+        out = []
+        for shard, row in zip(shard_ids.tolist(), rows.tolist(), strict=True):
+            found = opened.get(shard)
+            if found is None:
+                arrow = self.shards.arrow(shard)
+                found = opened[shard] = (arrow, arrow.fields(self.columns))
+            out.append(found[0].row(row, found[1]))
+        return out
+
+    def transform(self, examples: list[dict[str, Any]], noise_epoch: int | np.ndarray) -> list[dict[str, Any]]:
+        """Apply the dynamic objective (if any); ``noise_epoch`` seeds the noise."""
+        if self._dynamic is None:
+            return examples
+        epochs = np.broadcast_to(np.asarray(noise_epoch), (len(examples),)).tolist()
+        return [self._dynamic(example, epoch) for example, epoch in zip(examples, epochs, strict=True)]
+
+    def read(self, epoch: int, stream_indices: np.ndarray, schedule: RankSchedule, worker: int,
+             num_workers: int) -> list[dict[str, Any]]:
+        order = self.order(epoch)
+        shard_ids, rows = order.locate(schedule.positions(stream_indices))
+        if self.shards.fmt == "arrow":
+            examples = self.read_rows(shard_ids, rows)
+        else:
+            examples = self._read_tar(epoch, shard_ids, rows, schedule, worker, num_workers)
+        return self.transform(examples, epoch)
+
+    def _read_tar(self, epoch, shard_ids, rows, schedule, worker, num_workers) -> list[dict[str, Any]]:
+        if self._tar_epoch != (epoch, os.getpid()):
+            self._tar_rows, self._tar_epoch = {}, (epoch, os.getpid())
+        out = []
+        for shard, row in zip(shard_ids.tolist(), rows.tolist(), strict=True):
+            cached = self._tar_rows.get(shard)
+            if cached is None:
+                cached = self._load_tar_shard(epoch, shard, schedule, worker, num_workers)
+                self._tar_rows[shard] = cached
+            entry = cached[row]  # [example, uses left]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del cached[row]
+                if not cached:
+                    del self._tar_rows[shard]
+            example = entry[0]
+            out.append({k: v for k, v in example.items() if k in self.columns} if self.columns else example)
+        return out
+
+    def _load_tar_shard(self, epoch, shard, schedule, worker, num_workers) -> dict[int, list]:
+        """Read from tar shard ``shard`` every row this worker will use in the rest of the epoch."""
+        positions, rows = self.order(epoch).positions_of_shard(shard)
+        uses: dict[int, int] = {}
+        for lap in range(-(-schedule.total // max(schedule.epoch_size, 1))):  # wrap reads a position twice
+            stream = positions + lap * schedule.epoch_size
+            for row in rows[schedule.owned_by(stream, worker, num_workers)].tolist():
+                uses[row] = uses.get(row, 0) + 1
+        examples = self.shards.tar_rows(shard, set(uses))
+        return {row: [examples[row], count] for row, count in uses.items()}

@@ -1,0 +1,140 @@
+"""Dynamic noise: an objective of :mod:`transforms.objectives` applied while loading.
+
+A tokens dataset (the ``decoder`` family: ``clm`` chunks with ``input_ids`` and
+``doc_lengths``) is turned into examples of any objective on the fly, like RoBERTa's
+dynamic masking: each example's noise comes from
+``example_rng(seed, example key, epoch)``, so every epoch sees new noise, and a sample
+gets the same noise whichever rank, worker or resume produced it. The objective is used
+only through its protocol (:class:`transforms.objectives.base.Objective`): ``plan_chunk``
+draws the raw length (UL2 draws its denoiser first), the first ``raw_length`` real tokens
+of the stored chunk are cut (fewer when the chunk is shorter: the objective pads a short
+chunk as it does for a split's last chunk), and ``build`` makes the example.
+
+Objectives that need per-token features (BART's sentence and word starts, MLM with whole
+word masking) cannot run on stored tokens, which keep no such features; they fail at
+construction with a message that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from loaders.errors import UnsupportedSchemaError
+from transforms.objectives.common import SpecialIds, example_rng
+
+__all__ = ["DynamicObjective", "resolve_objective", "special_ids_from_tokenizer"]
+
+
+def resolve_objective(objective: Any, params: dict[str, Any] | None = None) -> Any:
+    """An objective object from a registry name (with ``params``) or an object as is."""
+    if isinstance(objective, str):
+        from transforms.objectives.registry import make_objective  # imports every objective: only when named
+
+        return make_objective(objective, dict(params or {}))
+    if params:
+        raise ValueError("objective_params only apply when the objective is given by name")
+    return objective
+
+
+def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str, Any], objective: Any) -> SpecialIds:
+    """The :class:`SpecialIds` an objective needs, from a dataset's ``tokenizer.json``.
+
+    Roles (pad, eos, ...) come from the manifest; sentinels (``<extra_id_k>``) and UL2 mode
+    tokens are looked up in the tokenizer; ``all_special`` holds every added special token.
+
+    Raises:
+        ValueError: a role, sentinel or mode token the objective needs is missing.
+    """
+    from tokenizers import Tokenizer
+
+    if not os.path.isfile(tokenizer_path):
+        raise FileNotFoundError(f"{tokenizer_path}: the dataset's tokenizer is missing; pass special= explicitly")
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    roles = dict(manifest_tokenizer.get("special_ids", {}))
+    needed = set(getattr(objective, "required_specials", ())) - {"sentinels", "mode_tokens"}
+    missing = sorted(needed - set(roles))
+    if missing:
+        raise ValueError(f"objective {objective.name} needs special tokens {missing}; the tokenizer has {roles}")
+    num_sentinels = int(objective.max_sentinels())
+    sentinels = [tokenizer.token_to_id(f"<extra_id_{k}>") for k in range(num_sentinels)]
+    if None in sentinels:
+        have = sentinels.index(None)
+        raise ValueError(
+            f"objective {objective.name} needs {num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}>, "
+            f"the dataset's tokenizer has {have}; materialize with --add-special-tokens or pass special="
+        )
+    modes = {token: tokenizer.token_to_id(token) for token in getattr(objective, "mode_tokens", ())}
+    missing_modes = sorted(t for t, i in modes.items() if i is None)
+    if missing_modes:
+        raise ValueError(f"objective {objective.name} needs mode tokens {missing_modes}; the tokenizer lacks them")
+    all_special = {tokenizer.token_to_id(t.content) for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    all_special.discard(None)
+    return SpecialIds(
+        vocab_size=int(manifest_tokenizer.get("vocab_size") or tokenizer.get_vocab_size(with_added_tokens=True)),
+        pad=roles.get("pad", roles.get("eos", -1)),  # as the pipeline resolves them: -1 marks a missing role
+        eos=roles.get("eos", -1),
+        bos=roles.get("bos"),
+        unk=roles.get("unk"),
+        mask=roles.get("mask"),
+        cls=roles.get("cls"),
+        sep=roles.get("sep"),
+        sentinels=tuple(int(i) for i in sentinels),
+        mode_tokens={t: int(i) for t, i in modes.items()},
+        all_special=frozenset(int(i) for i in all_special),
+    )
+
+
+class DynamicObjective:
+    """Applies an objective to stored token chunks, seeded per (seed, key, epoch).
+
+    Args:
+        objective: object implementing the Objective protocol.
+        special: special token ids.
+        seed: noise seed.
+        family: example family of the stored dataset (must be ``decoder``).
+        seq_len: stored chunk length (a warning is given when the objective wants more).
+
+    Raises:
+        UnsupportedSchemaError: the stored data are not token chunks, or the objective needs features.
+    """
+
+    def __init__(self, objective: Any, special: SpecialIds, seed: int, *, family: str, seq_len: int | None):
+        if family != "decoder":
+            raise UnsupportedSchemaError(
+                f"dynamic objective {objective.name}: needs a tokens dataset (decoder family, e.g. clm), got {family!r}"
+            )
+        needs = set(getattr(objective, "features", ())) - {"doc_lengths"}
+        if needs:
+            raise UnsupportedSchemaError(
+                f"dynamic objective {objective.name} needs per-token features {sorted(needs)}, which a tokens dataset "
+                "does not store; materialize it with this objective instead (or disable those options)"
+            )
+        self.objective, self.special, self.seed = objective, special, seed
+        raw, _ = objective.plan_chunk(np.random.default_rng(0))
+        if seq_len is not None and raw > seq_len:
+            warnings.warn(
+                f"dynamic objective {objective.name} asks for {raw}-token chunks, the dataset stores {seq_len}; "
+                "examples are built from shorter chunks (padded by the objective)",
+                stacklevel=3,
+            )
+
+    def __call__(self, example: dict[str, Any], epoch: int) -> dict[str, Any]:
+        key = example["key"]
+        rng = example_rng(self.seed, key, epoch)
+        raw_length, plan = self.objective.plan_chunk(rng)
+        tokens = np.asarray(example["input_ids"])
+        doc_lengths = example.get("doc_lengths")
+        real = int(np.sum(doc_lengths)) if doc_lengths is not None else len(tokens)
+        length = min(raw_length, real)
+        features: dict[str, np.ndarray] = {}
+        if doc_lengths is not None:
+            ends = np.minimum(np.cumsum(doc_lengths), length)
+            cut = np.diff(ends, prepend=0)
+            features["doc_lengths"] = cut[cut > 0].astype(np.int32)
+        out = self.objective.build(tokens[:length], rng, plan, self.special, features)
+        out["key"] = key
+        return out

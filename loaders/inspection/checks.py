@@ -1,0 +1,148 @@
+"""The invariants one example must satisfy, and the replay of its objective.
+
+Invariants (the objectives issue; references in :mod:`transforms.objectives`):
+
+- every example: a key without dots that names its split; token ids inside the vocabulary
+  (labels: -100 or a token id); the structure :func:`~loaders.inspection.anatomy.take_apart` checks;
+- prefix_lm: ``prefix_length`` in ``[1, L-1]``;
+- mlm: the exact selection budget ``min(n, max(1, round(n * p)))`` of the ``n`` non-special
+  tokens (at most that under whole-word masking), the 80/10/10 split within one token of
+  its ratios, labels and random replacements never special;
+- span corruption / UL2 span denoisers: noise and span counts of T5's
+  ``random_spans_noise_mask`` for the restored chunk length, which must not exceed the raw length;
+- UL2: the recorded denoiser is the one the packer planned from the chunk key;
+- bart: ``<s> ... </s>`` framing, no ``<mask>`` in targets, lengths within their budgets.
+
+Replay: noise is a pure function of ``(seed, example key, chunk)`` (DESIGN.md section 3),
+so where the chunk can be restored from the example (prefix_lm, mlm without whole words,
+span corruption, UL2) the objective is run again and must give the stored example back
+token for token. BART (it needs word and sentence starts the shards do not keep) and
+whole-word MLM are checked by their invariants only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loaders.inspection.anatomy import IGNORE_INDEX, Anatomy, ObjectiveView
+from transforms.objectives.common import example_rng
+from transforms.objectives.mlm import mlm_with_stats, round_half_up
+from transforms.objectives.prefix_lm import draw_prefix_length
+from transforms.objectives.span_corruption import noise_counts, span_corruption
+from transforms.objectives.ul2 import apply_denoiser
+
+__all__ = ["PLAN_SALT", "chunk_key", "example_problems"]
+
+PLAN_SALT = 0x504C414E  # transforms/pack.py: a chunk's plan comes from example_rng(seed, chunk key, PLAN_SALT)
+
+
+def chunk_key(example_key: str) -> str:
+    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/build.py)."""
+    return example_key.rsplit("-d", 1)[0]
+
+
+def _ids_in_range(example: dict[str, Any], view: ObjectiveView) -> list[str]:
+    out = []
+    for column in view.schema.token_columns:
+        values = np.asarray(example.get(column, []))
+        if column == "labels":
+            values = values[values != IGNORE_INDEX]
+        if values.size and (values.min() < 0 or values.max() >= view.special.vocab_size):
+            out.append(f"{column} holds ids outside [0, {view.special.vocab_size}): {values.min()}..{values.max()}")
+    return out
+
+
+def _mlm_problems(a: Anatomy, view: ObjectiveView, key: str, seed: int) -> list[str]:
+    config, special, out = view.objective.config, view.special, []
+    m, ids = a.mlm, a.mlm["input_ids"]
+    n, k = m["candidates"], int(m["selected"].sum())
+    budget = min(n, max(1, round_half_up(n * config.mlm_probability))) if n else 0
+    if k > budget or (k != budget and not config.whole_word_mask):
+        out.append(f"{k} tokens selected, the budget for {n} candidates is {budget}")
+    specials = special.special_array()
+    if np.isin(m["labels"][m["selected"]], specials).any():
+        out.append("a special token is selected (labels hold a special id)")
+    if np.isin(ids[m["random"]], specials).any():
+        out.append("a random replacement is a special token")
+    masked, random, kept = (int(m[name].sum()) for name in ("masked", "random", "kept"))
+    # Each part is within one token of k * ratio; a random draw equal to the original looks kept.
+    near = [k * r for r in (config.mask_ratio, config.random_ratio, config.keep_ratio)]
+    if abs(masked - near[0]) >= 1 + 1e-9 or random >= near[1] + 1 + 1e-9 or kept <= near[2] - 1 - 1e-9:
+        out.append(f"mask/random/kept split {[masked, random, kept]} of {k} is not within one token of "
+                   f"{[round(x, 2) for x in near]}")
+    if not config.whole_word_mask and not out:
+        chunk = m["restored"][1:-1] if config.frame else m["restored"]
+        replay, _ = mlm_with_stats(chunk, example_rng(seed, key), config, special)
+        if not (np.array_equal(replay["input_ids"], ids) and np.array_equal(replay["labels"], m["labels"])):
+            out.append("input_ids/labels differ from the objective replayed with the example's seed")
+    return out
+
+
+def _span_problems(a: Anatomy, view: ObjectiveView, denoiser: Any, lengths: Any) -> list[str]:
+    out = []
+    if denoiser is None:
+        config = view.objective.config
+        density, mean, raw_limit = config.noise_density, config.mean_noise_span_length, view.objective.raw_length
+    else:
+        density, mean, raw_limit = denoiser.noise_density, denoiser.mean_noise_span_length, lengths.raw_length
+    if a.raw_tokens > raw_limit:
+        out.append(f"restored chunk has {a.raw_tokens} tokens, more than the raw length {raw_limit}")
+    expected = noise_counts(a.raw_tokens, density, mean)
+    actual = (a.noise_tokens, int(a.span_lengths.size))
+    if actual != expected:
+        out.append(f"{actual[0]} noise tokens in {actual[1]} spans; a {a.raw_tokens}-token chunk has "
+                   f"{expected[0]} in {expected[1]} at r={density}, mu={mean}")
+    return out
+
+
+def _replay_seq2seq(a: Anatomy, view: ObjectiveView, seed: int, key: str) -> list[str]:
+    chunk = a.restored_chunk(view)
+    if chunk is None:
+        return []
+    rng = example_rng(seed, key)
+    if view.name == "span_corruption":
+        replay = span_corruption(chunk, rng, view.objective.config, view.special)
+        inputs, targets = replay["inputs"], replay["targets"]
+    else:
+        denoiser, lengths = view.denoisers[a.denoiser]
+        inputs, targets = apply_denoiser(chunk, rng, denoiser, lengths, view.special)
+    if not (np.array_equal(inputs, a.inputs) and np.array_equal(targets, a.targets)):
+        return ["inputs/targets differ from the objective replayed with the example's seed"]
+    return []
+
+
+def example_problems(split: str, example: dict[str, Any], a: Anatomy, view: ObjectiveView, seed: int) -> list[str]:
+    """Everything wrong with one example (empty when it is sound)."""
+    key = a.key
+    out = list(a.issues)
+    if "." in key or not key.startswith(f"{split}-"):
+        out.append(f"key {key!r} has a dot or does not start with its split {split!r}")
+    out += _ids_in_range(example, view)
+    if out:
+        return out
+    if a.kind == "prefix_lm":
+        length = int(a.doc_lengths.sum())
+        if a.prefix_length != draw_prefix_length(length, example_rng(seed, key)):
+            out.append(f"prefix_length {a.prefix_length} differs from the objective replayed with the example's seed")
+    elif a.kind == "mlm":
+        out += _mlm_problems(a, view, key, seed)
+    elif a.kind == "bart":
+        config = view.objective.config
+        if a.inputs.size > config.max_inputs_length or a.targets.size > config.seq_len:
+            out.append(f"lengths {a.inputs.size}/{a.targets.size} exceed {config.max_inputs_length}/{config.seq_len}")
+        if (a.targets == view.special.mask).any():
+            out.append("targets hold a <mask> token (targets are the original chunk)")
+    if view.name == "ul2":
+        planned = view.objective.plan_chunk(example_rng(seed, chunk_key(key), PLAN_SALT))[1]
+        name = view.objective.denoisers[planned].name
+        if name != a.denoiser:
+            out.append(f"denoiser {a.denoiser} recorded, the packer planned {name} for this chunk")
+            return out
+    if a.kind == "span":
+        denoiser, lengths = view.denoisers.get(a.denoiser, (None, None))
+        out += _span_problems(a, view, denoiser, lengths)
+    if a.kind in ("span", "prefix") and not out:
+        out += _replay_seq2seq(a, view, seed, key)
+    return out

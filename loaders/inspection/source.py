@@ -1,0 +1,270 @@
+"""A dataset opened for inspection: manifest, tokenizer, special ids, the objective rebuilt
+from the manifest, and examples read shard by shard only as far as asked.
+
+Storage is reached through :func:`dataset_files` alone: a local directory is read in
+place; a URL (``gs://``, ``s3://``) goes through the loader's file layer
+(:class:`loaders.files.DatasetLocation`, which downloads a file into its local cache on
+first use). Swapping the storage layer means changing that one function.
+
+Rows inside a shard are stored sorted by a seeded digest of their key (the writer's global
+shuffle), so the first rows of each shard are a uniform random sample of the split:
+:meth:`InspectedDataset.sample` reads ``ceil(n / shards)`` leading rows of every shard
+instead of scanning everything. :meth:`InspectedDataset.find` recomputes the shard of a
+key with the writer's hash (``transforms/write.py``) and reads that shard only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from loaders.reader import read_arrow_shard, read_tar_shard
+from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from transforms.objectives.common import SpecialIds, digest, digest_u64
+
+__all__ = [
+    "InspectedDataset",
+    "Located",
+    "dataset_files",
+    "objective_from_manifest",
+    "open_inspected",
+    "order_digest",
+    "shard_of_key",
+    "special_ids_from_tokenizer",
+]
+
+_SHARD_SALT = b"lmshards-shard"  # transforms/write.py: shard = digest_u64(f"{seed}:{key}", salt) % count
+_ORDER_SALT = b"lmshards-order"  # transforms/write.py: rows sorted by digest(f"{seed}:{key}", salt)
+_DENOISER_KEYS = ("name", "mode_token", "kind", "mean_noise_span_length", "noise_density", "weight")
+
+
+def shard_of_key(seed: int, key: str, num_shards: int) -> int:
+    """Shard index the writer assigns to example ``key`` in a split of ``num_shards`` shards."""
+    return digest_u64(f"{seed}:{key}", salt=_SHARD_SALT) % num_shards
+
+
+def order_digest(seed: int, key: str) -> bytes:
+    """The digest rows of a shard are sorted by."""
+    return digest(f"{seed}:{key}", salt=_ORDER_SALT)
+
+
+class _LocalFiles:
+    def __init__(self, root: str):
+        self.root = root[len("file://") :] if root.startswith("file://") else root
+
+    def read_manifest(self) -> Manifest:
+        path = os.path.join(self.root, MANIFEST_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{self.root}: no {MANIFEST_NAME}; the dataset is missing or incomplete")
+        with open(path, encoding="utf-8") as handle:
+            return Manifest.loads(handle.read())
+
+    def local_path(self, relative: str) -> str:
+        path = os.path.join(self.root, *relative.split("/"))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{relative} is missing from {self.root}")
+        return path
+
+
+class _LoaderFiles:
+    """Remote datasets through the loader's cache (imported only for URLs)."""
+
+    def __init__(self, root: str):
+        from loaders.files import DatasetLocation
+
+        self._location = DatasetLocation(root)
+
+    def read_manifest(self) -> Manifest:
+        return self._location.read_manifest()
+
+    def local_path(self, relative: str) -> str:
+        return self._location.local_file(relative)
+
+
+def dataset_files(root: str) -> Any:
+    """The storage of the dataset at ``root``: ``read_manifest()`` and ``local_path(relative)``.
+
+    ``local_path`` raises :class:`FileNotFoundError` for a missing file.
+    """
+    scheme = root.split("://", 1)[0] if "://" in root else ""
+    if scheme in ("", "file"):
+        return _LocalFiles(root)
+    return _LoaderFiles(root)
+
+
+def objective_from_manifest(objective: dict[str, Any]) -> Any:
+    """The objective object that made the dataset, rebuilt from the manifest's ``objective`` block.
+
+    The manifest records ``params()`` (configuration plus derived lengths); only the
+    configuration fields are passed back.
+    """
+    from transforms.objectives.registry import make_objective, objective_parameters
+
+    name, params = objective["name"], dict(objective.get("params", {}))
+    if name == "ul2":
+        config = {
+            "inputs_length": params["inputs_length"],
+            "targets_length": params.get("targets_budget"),
+            "layout": params.get("layout", "encoder_decoder"),
+            "mixture": [
+                {k: d[k] for k in _DENOISER_KEYS if d.get(k) is not None} for d in params.get("mixture", [])
+            ] or "default",
+        }
+    else:
+        allowed = set(objective_parameters(name))
+        config = {k: v for k, v in params.items() if k in allowed}
+    return make_objective(name, config)
+
+
+def special_ids_from_tokenizer(tokenizer: Any, manifest_tokenizer: dict[str, Any]) -> SpecialIds:
+    """Special ids as the pipeline resolved them: roles from the manifest, every consecutive
+    ``<extra_id_k>`` and the mode tokens from the tokenizer, ``all_special`` = added special tokens."""
+    roles = dict(manifest_tokenizer.get("special_ids", {}))
+    sentinels = []
+    while (token_id := tokenizer.token_to_id(f"<extra_id_{len(sentinels)}>")) is not None:
+        sentinels.append(int(token_id))
+    modes = {str(t): int(i) for t, i in manifest_tokenizer.get("mode_tokens", {}).items()}
+    added = tokenizer.get_added_tokens_decoder().values()
+    all_special = {tokenizer.token_to_id(t.content) for t in added if t.special} - {None}
+    eos = roles.get("eos", -1)
+    return SpecialIds(
+        vocab_size=int(manifest_tokenizer.get("vocab_size") or tokenizer.get_vocab_size(with_added_tokens=True)),
+        pad=roles.get("pad", eos),
+        eos=eos,
+        bos=roles.get("bos"),
+        unk=roles.get("unk"),
+        mask=roles.get("mask"),
+        cls=roles.get("cls"),
+        sep=roles.get("sep"),
+        sentinels=tuple(sentinels),
+        mode_tokens=modes,
+        all_special=frozenset(int(i) for i in all_special),
+    )
+
+
+@dataclass(frozen=True)
+class Located:
+    """An example with where it was read from."""
+
+    split: str
+    shard: int
+    row: int
+    example: dict[str, Any]
+
+
+class InspectedDataset:
+    """A dataset directory (local path or URL) opened for inspection.
+
+    Args:
+        path: the dataset directory.
+
+    Raises:
+        FileNotFoundError: no manifest (missing or incomplete dataset).
+        ValueError: the manifest is not an lmshards manifest.
+    """
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        self.files = dataset_files(self.path)
+        self.manifest: Manifest = self.files.read_manifest()
+        self.seed = int(self.manifest.config.get("seed", 0))
+        self._objective: Any = None
+        self._tokenizer: Any = None
+        self._special: SpecialIds | None = None
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.manifest.splits)
+
+    @property
+    def formats(self) -> list[str]:
+        return list(self.manifest.config.get("formats", []))
+
+    @property
+    def default_format(self) -> str:
+        return "arrow" if "arrow" in self.formats else self.formats[0]
+
+    @property
+    def objective(self) -> Any:
+        if self._objective is None:
+            self._objective = objective_from_manifest(self.manifest.objective)
+        return self._objective
+
+    @property
+    def tokenizer(self) -> Any:
+        """The dataset's own ``tokenizer.json`` (the one written with its added tokens)."""
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            name = self.manifest.tokenizer.get("file", "tokenizer.json")
+            self._tokenizer = Tokenizer.from_file(self.files.local_path(name))
+        return self._tokenizer
+
+    @property
+    def special(self) -> SpecialIds:
+        if self._special is None:
+            self._special = special_ids_from_tokenizer(self.tokenizer, self.manifest.tokenizer)
+        return self._special
+
+    @property
+    def view(self) -> Any:
+        """The :class:`~loaders.inspection.anatomy.ObjectiveView` examples are taken apart with."""
+        from loaders.inspection.anatomy import ObjectiveView
+
+        return ObjectiveView(self.objective, self.special, self.manifest.config.get("packing", "concat"))
+
+    def shards(self, split: str) -> list[ShardInfo]:
+        return self.manifest.shards(split)
+
+    def shard_path(self, split: str, index: int, fmt: str | None = None) -> str:
+        """Local path of a shard file (downloaded first for a URL)."""
+        fmt = fmt or self.default_format
+        return self.files.local_path(self.shards(split)[index].files[fmt].path)
+
+    def iter_shard(self, split: str, index: int, fmt: str | None = None, limit: int | None = None) -> Iterator[dict]:
+        """The first ``limit`` examples (all when None) of one shard, in stored order."""
+        fmt = fmt or self.default_format
+        read = read_arrow_shard if fmt == "arrow" else read_tar_shard
+        return itertools.islice(read(self.shard_path(split, index, fmt)), limit)
+
+    def iter_split(self, split: str, fmt: str | None = None, per_shard: int | None = None) -> Iterator[Located]:
+        """Examples of ``split`` shard by shard, at most ``per_shard`` of each."""
+        for shard in self.shards(split):
+            if shard.rows == 0:
+                continue
+            for row, example in enumerate(self.iter_shard(split, shard.index, fmt, per_shard)):
+                yield Located(split, shard.index, row, example)
+
+    def sample(self, split: str, limit: int | None, fmt: str | None = None) -> Iterator[Located]:
+        """A uniform sample of about ``limit`` examples (the leading rows of every shard); all when None or 0."""
+        shards = [s for s in self.shards(split) if s.rows]
+        if not limit or not shards or limit >= sum(s.rows for s in shards):
+            return self.iter_split(split, fmt)
+        return itertools.islice(self.iter_split(split, fmt, per_shard=math.ceil(limit / len(shards))), limit)
+
+    def head(self, split: str, n: int, fmt: str | None = None) -> list[Located]:
+        """The first ``n`` stored examples of ``split`` (first shard first; reads no further)."""
+        return list(itertools.islice(self.iter_split(split, fmt), n))
+
+    def locate_key(self, key: str) -> list[tuple[str, int]]:
+        """``(split, shard index)`` pairs the writer may have put ``key`` in (the split named by
+        the key's prefix, or every split when none matches)."""
+        splits = [s for s in self.splits if key.startswith(f"{s}-")] or self.splits
+        return [(s, shard_of_key(self.seed, key, len(self.shards(s)))) for s in splits if self.shards(s)]
+
+    def find(self, key: str, fmt: str | None = None) -> Located | None:
+        """The example ``key``, reading only the shard that must hold it."""
+        for split, index in self.locate_key(key):
+            for row, example in enumerate(self.iter_shard(split, index, fmt)):
+                if example["key"] == key:
+                    return Located(split, index, row, example)
+        return None
+
+
+def open_inspected(path: str) -> InspectedDataset:
+    """Open a dataset for inspection (see :class:`InspectedDataset`)."""
+    return InspectedDataset(path)

@@ -1,0 +1,153 @@
+"""``lmshards inspect``: the dataset summary as a JSON-able dict and as a text table.
+
+Exact numbers come from the manifest (examples, tokens, shards, padding, dropped tokens,
+rejected records, and the objective's counters summarised by
+:mod:`transforms.objectives.summary` under ``stats[split]["objective_summary"]``, recomputed
+from the counters for a manifest written before that block existed). Distributions come
+from the shards (:class:`~loaders.inspection.stats.SplitStats`), on every example or on a
+uniform sample of ``limit`` examples per split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loaders.inspection.anatomy import ObjectiveView, take_apart
+from loaders.inspection.source import InspectedDataset
+from loaders.inspection.stats import SplitStats
+
+__all__ = ["format_table", "inspect_dataset", "manifest_objective_summary", "measure_split"]
+
+_SPLIT_FIELDS = ("examples", "tokens", "num_shards", "documents", "duplicates", "padding_tokens", "dropped_tokens")
+
+
+def manifest_objective_summary(ds: InspectedDataset, split: str) -> dict[str, Any] | None:
+    """The manifest's summary of the objective counters of ``split`` (None when it has no counters)."""
+    stats = ds.manifest.stats.get(split, {})
+    if "objective_summary" in stats:
+        return stats["objective_summary"]
+    if "objective" not in stats:
+        return None
+    try:
+        from transforms.objectives.summary import summarize_objective
+    except ImportError:  # an older checkout without the summary module: show the raw counters
+        return {"counters": stats["objective"]}
+    objective = ds.manifest.objective
+    return summarize_objective(objective["name"], stats["objective"], objective.get("params"))
+
+
+def measure_split(ds: InspectedDataset, view: ObjectiveView, split: str, limit: int | None) -> SplitStats:
+    """Statistics of ``split`` over all its examples, or a uniform sample of ``limit``."""
+    stats = SplitStats(view)
+    for located in ds.sample(split, limit):
+        stats.add(take_apart(located.example, view))
+    return stats
+
+
+def inspect_dataset(ds: InspectedDataset, *, limit: int | None = None, splits: list[str] | None = None) -> dict:
+    """Everything ``lmshards inspect`` shows, as a JSON-able dict."""
+    manifest = ds.manifest
+    view = ds.view
+    tokenizer = dict(manifest.tokenizer)
+    tokenizer["sentinels"] = len(ds.special.sentinels)
+    out: dict[str, Any] = {
+        "dataset": ds.path,
+        "format_version": manifest.format_version,
+        "formats": ds.formats,
+        "objective": manifest.objective,
+        "config": manifest.config,
+        "tokenizer": tokenizer,
+        "counts": manifest.counts,
+        "splits": {},
+    }
+    for split in splits or ds.splits:
+        info = manifest.splits[split]
+        entry: dict[str, Any] = {name: info.get(name) for name in _SPLIT_FIELDS}
+        entry["document_lengths"] = manifest.stats.get(split, {}).get("document_lengths")
+        entry["manifest_summary"] = manifest_objective_summary(ds, split)
+        entry["shard_tokens"] = [s.tokens for s in ds.shards(split)]
+        entry["measured"] = measure_split(ds, view, split, limit).summary(info.get("examples"))
+        out["splits"][split] = entry
+    return out
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _rows(header: list[str], rows: list[list[Any]], indent: str = "  ") -> list[str]:
+    cells = [header] + [[_num(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+            for r in cells]
+
+
+def _objective_lines(measured: dict[str, Any], manifest_summary: dict[str, Any] | None) -> list[str]:
+    lines, ms = [], manifest_summary or {}
+    if "noise" in measured:
+        n = measured["noise"]
+        lines.append(f"  noise density {_num(n['density'])} (configured {_num(n['configured_density'])}, "
+                     f"manifest {_num(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
+                     f"{_num(n['mean_span_length'])} (configured {_num(n['configured_mean_span_length'])})")
+    if "denoisers" in measured:
+        rows = [[name, d["weight"], d["examples_share"], d["tokens_share"], d["density"], d["configured_density"],
+                 d["mean_span_length"], d["configured_mean_span_length"]] for name, d in measured["denoisers"].items()]
+        lines += _rows(["denoiser", "weight", "examples", "tokens", "density", "(cfg)", "mean span", "(cfg)"], rows)
+    if "mlm" in measured:
+        m = measured["mlm"]
+        split, cfg = m["split"], m["configured_split"]
+        lines.append(f"  selected {m['selected']:,} of {m['candidates']:,} maskable = {_num(m['density'])} "
+                     f"(configured {_num(m['configured_density'])})")
+        lines.append("  replacement mask/random/kept " + " / ".join(_num(split[k]) for k in split)
+                     + "  (configured " + " / ".join(_num(cfg[k]) for k in cfg) + ")")
+        if "replacement" in ms:
+            exact = " / ".join(_num(v) for v in ms["replacement"].values())
+            lines.append(f"  manifest (exact) mask/random/kept {exact}")
+    if "bart" in measured:
+        b = measured["bart"]
+        lines.append(f"  inputs/targets length ratio {_num(b['length_ratio'])}; <mask> per example "
+                     f"{_num(b['masks_per_example'])}; masked word share (manifest) {_num(ms.get('masked_word_share'))}"
+                     f"; mean Poisson span (manifest) {_num(ms.get('spans', {}).get('mean_poisson_length'))}")
+    if "prefix_share" in measured:
+        lines.append(f"  prefix share {_num(measured['prefix_share'])} (configured split ~ U[1, L-1]: 0.5)")
+    return lines
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The human-readable ``inspect`` output."""
+    objective, tok, counts = summary["objective"], summary["tokenizer"], summary["counts"]
+    params = {k: v for k, v in objective.get("params", {}).items()
+              if not isinstance(v, (list, dict)) and k not in ("objective", "reference")}
+    lines = [
+        f"dataset    {summary['dataset']}  (format {summary['format_version']}, {', '.join(summary['formats'])})",
+        f"objective  {objective['name']} ({objective['family']})  " + "  ".join(f"{k}={v}" for k, v in params.items()),
+        f"tokenizer  {tok.get('file')}  vocab {tok.get('vocab_size'):,}  sha256 {str(tok.get('sha256'))[:12]}  "
+        + " ".join(f"{k}={v}" for k, v in tok.get("special_ids", {}).items())
+        + f"  sentinels {tok['sentinels']}"
+        + ("  modes " + " ".join(f"{k}={v}" for k, v in tok["mode_tokens"].items()) if tok.get("mode_tokens") else ""),
+        f"documents  read {_num(counts.get('documents_read'))}  written {_num(counts.get('documents_written'))}  "
+        f"duplicates {_num(counts.get('duplicates'))}  rejected {_num(counts.get('rejected'))}"
+        + "".join(f"  [{reason}: {n:,}]" for reason, n in counts.get("rejected_by_reason", {}).items()),
+        "",
+    ]
+    lines += _rows(["split", "examples", "tokens", "shards", "documents", "padding", "dropped"], [
+        [name, s["examples"], s["tokens"], s["num_shards"], s["documents"], s["padding_tokens"], s["dropped_tokens"]]
+        for name, s in summary["splits"].items()], indent="")
+    for name, s in summary["splits"].items():
+        m = s["measured"]
+        scope = f"a sample of {m['examples']:,}" if m["sampled"] else f"all {m['examples']:,}"
+        lines += ["", f"{name}: measured on {scope} examples; padding share {_num(m['padding_share'])}"
+                  + (f"; {m['examples_with_issues']:,} with structural issues (run validate)"
+                     if m["examples_with_issues"] else "")]
+        rows = [[col, h.get("min"), h.get("mean"), h.get("p50"), h.get("p95"), h.get("max"), h.get("capacity")]
+                for col, h in m["lengths"].items()]
+        if "documents_per_example" in m:
+            d = m["documents_per_example"]
+            rows.append(["documents/example", d["min"], d["mean"], d["p50"], d["p95"], d["max"], None])
+        lines += _rows(["length", "min", "mean", "p50", "p95", "max", "capacity"], rows)
+        lines += _objective_lines(m, s["manifest_summary"])
+    return "\n".join(lines) + "\n"

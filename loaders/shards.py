@@ -1,0 +1,276 @@
+"""Opening shards and reading rows by index, checked against the manifest.
+
+- **Arrow** shards (IPC stream format, uncompressed) are memory-mapped once per process;
+  a fixed-size token column becomes one ``(rows, L)`` numpy view per record batch and a
+  ``list<int32>`` column an (offsets, values) pair, so reading a row copies nothing. Any
+  row is reachable directly (:meth:`ArrowShard.take`).
+- **WebDataset** tars are read sequentially through the ``webdataset`` library's tar
+  iterators (``tar_file_expander`` + ``group_by_keys``); only ``.npy`` (decoded with
+  ``allow_pickle=False``) and ``.txt`` members are accepted, nothing is unpickled.
+  :func:`read_tar_rows` keeps only the rows a reader asked for and stops once it has them.
+
+On open, a shard's size and sha256 (see :mod:`loaders.files`), its Arrow schema (column
+names and types) and its row count are compared with the manifest; a mismatch raises
+:class:`~loaders.errors.ShardIntegrityError` naming the shard.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from loaders.errors import ShardIntegrityError
+from loaders.files import DatasetLocation, verify_file
+from schemas.manifest import Manifest, ShardInfo
+
+__all__ = ["FORMATS", "ArrowShard", "ShardSet", "read_tar_rows"]
+
+FORMATS = ("arrow", "webdataset")
+
+
+class ArrowShard:
+    """Random row access into one memory-mapped Arrow IPC stream shard.
+
+    Args:
+        path: local file.
+        name: the shard's relative path (for messages).
+        columns: expected ``{name: arrow type string}`` from the manifest.
+        rows: expected row count.
+    """
+
+    def __init__(self, path: str, *, name: str, columns: dict[str, str], rows: int):
+        self.name = name
+        self._source = pa.memory_map(path, "r")
+        try:
+            reader = pa.ipc.open_stream(self._source)
+        except pa.ArrowInvalid as exc:
+            raise ShardIntegrityError(f"shard {name}: not an Arrow IPC stream ({exc})") from exc
+        found = {field.name: str(field.type) for field in reader.schema}
+        if found != columns:
+            raise ShardIntegrityError(f"shard {name}: schema {found} does not match the manifest's {columns}")
+        batches = list(reader)
+        counts = np.array([b.num_rows for b in batches], dtype=np.int64)
+        if int(counts.sum()) != rows:
+            raise ShardIntegrityError(f"shard {name}: {int(counts.sum())} rows, the manifest says {rows}")
+        self.num_rows = rows
+        self._starts = [0, *np.cumsum(counts).tolist()][: len(batches)]
+        self._uniform = len(batches) > 0 and bool(np.all(counts[:-1] == counts[0]))
+        self._batch_rows = int(counts[0]) if len(batches) else 0
+        self._columns = {name: [_column_view(b.column(i)) for b in batches] for i, name in enumerate(found)}
+        self._fields: dict[tuple[str, ...] | None, list[tuple[str, int, list]]] = {}
+
+    def fields(self, columns: tuple[str, ...] | None) -> list[tuple[str, int, list]]:
+        fields = self._fields.get(columns)
+        if fields is None:
+            fields = []
+            for name in columns or tuple(self._columns):
+                views = self._columns[name]
+                sample = views[0] if views else None
+                if isinstance(sample, _Strings):
+                    kind = _STRING
+                elif isinstance(sample, tuple):
+                    kind = _LIST
+                elif isinstance(sample, np.ndarray):
+                    kind = _FIXED if sample.ndim == 2 else _INT
+                else:
+                    kind = _OTHER
+                fields.append((name, kind, views))
+            self._fields[columns] = fields
+        return fields
+
+    def take(self, rows, columns: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        """Examples at ``rows`` (in that order), as dicts of read-only numpy views, ints and strs."""
+        rows = [int(r) for r in rows]
+        if rows and (min(rows) < 0 or max(rows) >= self.num_rows):
+            raise IndexError(f"shard {self.name}: rows {min(rows)}..{max(rows)} out of [0, {self.num_rows})")
+        fields = self.fields(columns)
+        return [self.row(r, fields) for r in rows]
+
+    def row(self, index: int, fields: list[tuple[str, int, list]]) -> dict[str, Any]:
+        """One example (no bounds check: the hot path of the loader)."""
+        batch = index // self._batch_rows if self._uniform else bisect.bisect_right(self._starts, index) - 1
+        local = index - self._starts[batch]
+        out: dict[str, Any] = {}
+        for name, kind, views in fields:
+            if kind == _FIXED:
+                out[name] = views[batch][local]
+            elif kind == _LIST:
+                offsets, values = views[batch]
+                out[name] = values[offsets[local] : offsets[local + 1]]
+            elif kind == _INT:
+                out[name] = int(views[batch][local])
+            elif kind == _STRING:
+                offsets, data = views[batch]
+                out[name] = data[offsets[local] : offsets[local + 1]].tobytes().decode("utf-8")
+            else:
+                out[name] = views[batch][local].as_py()
+        return out
+
+
+_FIXED, _LIST, _INT, _STRING, _OTHER = range(5)
+
+
+class _Strings(tuple):
+    """(offsets, utf-8 bytes) views of a string column: decoded per row, nothing cached."""
+
+
+def _primitive_view(array: pa.Array) -> np.ndarray:
+    """Zero-copy numpy view of an integer array without nulls.
+
+    Built from the data buffer directly: ``Array.to_numpy`` imports pandas on first use,
+    a quarter of a second before the first batch.
+    """
+    dtype = np.dtype(f"int{array.type.bit_width}" if pa.types.is_signed_integer(array.type)
+                     else f"uint{array.type.bit_width}")
+    if array.null_count:
+        raise ShardIntegrityError(f"column of type {array.type} has {array.null_count} nulls")
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+
+
+def _column_view(column: pa.Array) -> Any:
+    """A zero-copy numpy view of one record-batch column (strings stay Arrow arrays)."""
+    if pa.types.is_fixed_size_list(column.type):
+        width = column.type.list_size
+        values = _primitive_view(column.values)
+        start = column.offset * width
+        return values[start : start + len(column) * width].reshape(-1, width)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return _primitive_view(column.offsets), _primitive_view(column.values)
+    if pa.types.is_integer(column.type):
+        return _primitive_view(column)
+    if (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) and not column.null_count:
+        width = 8 if pa.types.is_large_string(column.type) else 4
+        offsets = np.frombuffer(column.buffers()[1], dtype=f"int{8 * width}", count=len(column) + 1,
+                                offset=column.offset * width)
+        data = column.buffers()[2]
+        return _Strings((offsets, np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)))
+    return column
+
+
+def _decode_member(shard: str, key: str, suffix: str, payload: bytes) -> tuple[str, Any]:
+    field, _, ext = suffix.rpartition(".")
+    if ext == "npy":
+        value = np.lib.format.read_array(io.BytesIO(payload), allow_pickle=False)
+        return field, (value.item() if value.ndim == 0 else value)
+    if ext == "txt":
+        return field, payload.decode("utf-8")
+    raise ShardIntegrityError(f"shard {shard}: member {key}.{suffix} has unsupported type .{ext} (only .npy, .txt)")
+
+
+def read_tar_rows(
+    path: str, *, name: str, columns: dict[str, str], rows: int, wanted: set[int] | None = None
+) -> dict[int, dict[str, Any]]:
+    """Rows of a WebDataset tar shard, by row index, read in one sequential pass.
+
+    Args:
+        path: local tar file.
+        name: the shard's relative path (for messages).
+        columns: expected column names (values unused).
+        rows: expected row count (checked when the whole shard is read).
+        wanted: rows to keep; None keeps every row. Reading stops after the last wanted row.
+
+    Raises:
+        ShardIntegrityError: members that do not match the manifest's columns, or a row count mismatch.
+    """
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    expected = set(columns) - {"key"}
+    last = max(wanted) if wanted else (-1 if wanted is not None else rows - 1)
+    out: dict[int, dict[str, Any]] = {}
+    seen = 0
+    with open(path, "rb") as handle:
+        samples = group_by_keys(tar_file_expander([{"url": path, "stream": handle}]))
+        for row, sample in enumerate(samples):
+            seen = row + 1
+            if row > last:
+                break
+            if wanted is not None and row not in wanted:
+                continue
+            example: dict[str, Any] = {"key": sample["__key__"].rsplit("/", 1)[-1]}
+            for suffix, payload in sample.items():
+                if not suffix.startswith("__"):
+                    field, value = _decode_member(name, example["key"], suffix, payload)
+                    example[field] = value
+            if set(example) - {"key"} != expected:
+                raise ShardIntegrityError(
+                    f"shard {name}: example {example['key']} has fields {sorted(set(example) - {'key'})}, "
+                    f"the manifest's schema has {sorted(expected)}"
+                )
+            out[row] = example
+    if wanted is None and seen != rows:
+        raise ShardIntegrityError(f"shard {name}: {seen} rows, the manifest says {rows}")
+    if wanted and len(out) != len(wanted):
+        raise ShardIntegrityError(f"shard {name}: ends after {seen} rows, the manifest says {rows}")
+    return out
+
+
+class ShardSet:
+    """The shards of one split of a dataset in one format, opened lazily per process.
+
+    Args:
+        location: the dataset (see :class:`~loaders.files.DatasetLocation`).
+        manifest: its manifest.
+        split: split name.
+        fmt: ``arrow`` or ``webdataset``; None picks arrow when it was written.
+        verify: ``once``, ``always`` or ``never`` (see :mod:`loaders.files`).
+
+    Raises:
+        ValueError: unknown split or format, or a format the dataset was not written in.
+    """
+
+    def __init__(self, location: DatasetLocation, manifest: Manifest, split: str, fmt: str | None, verify: str):
+        formats = list(manifest.config.get("formats", []))
+        fmt = fmt or ("arrow" if "arrow" in formats else (formats[0] if formats else "arrow"))
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt={fmt!r}: expected one of {FORMATS}")
+        if fmt not in formats:
+            raise ValueError(f"fmt={fmt!r}: {location.path} was written as {formats}")
+        if split not in manifest.splits:
+            raise ValueError(f"split {split!r} is not in {location.path}; it has {sorted(manifest.splits)}")
+        self.location, self.fmt, self.verify = location, fmt, verify
+        self.shards: list[ShardInfo] = manifest.shards(split)
+        self.columns = {c["name"]: c["type"] for c in manifest.schema.get("columns", [])}
+        self._open: dict[int, ArrowShard] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_open"] = {}  # memory maps are reopened in each worker process
+        return state
+
+    @property
+    def rows(self) -> list[int]:
+        return [s.rows for s in self.shards]
+
+    def local_path(self, index: int) -> tuple[str, str]:
+        """``(local path, relative name)`` of shard ``index``, fetched and verified."""
+        file = self.shards[index].files[self.fmt]
+        path = self.location.local_file(file.path, sha256=file.sha256)
+        verify_file(path, name=file.path, sha256=file.sha256, size=file.bytes, mode=self.verify)
+        return path, file.path
+
+    def arrow(self, index: int) -> ArrowShard:
+        """The opened Arrow shard ``index`` (verified on first open in this process)."""
+        if os.getpid() != self._pid:  # forked worker: do not share the parent's maps
+            self._open, self._pid = {}, os.getpid()
+        shard = self._open.get(index)
+        if shard is None:
+            path, name = self.local_path(index)
+            shard = ArrowShard(path, name=name, columns=self.columns, rows=self.shards[index].rows)
+            self._open[index] = shard
+        return shard
+
+    def start_epoch(self) -> None:
+        """Forget opened shards when ``verify="always"``, so that each epoch checks them again."""
+        if self.verify == "always":
+            self._open = {}
+
+    def tar_rows(self, index: int, wanted: set[int] | None) -> dict[int, dict[str, Any]]:
+        """Rows of tar shard ``index`` (see :func:`read_tar_rows`)."""
+        path, name = self.local_path(index)
+        return read_tar_rows(path, name=name, columns=self.columns, rows=self.shards[index].rows, wanted=wanted)

@@ -1,0 +1,47 @@
+"""Import rules of loaders/ (DESIGN.md section 1), checked in fresh interpreters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+BLOCKER = """
+import sys
+BLOCKED = set(sys.argv[1].split(","))
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked import of " + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def run(code: str, blocked: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKER + code, blocked], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_numpy_side_of_loaders_imports_without_torch():
+    code = (
+        "import loaders, loaders.order, loaders.state, loaders.collate, loaders.shards, loaders.files, "
+        "loaders.dynamic, loaders.errors\n"
+        "assert 'torch' not in sys.modules\n"
+        "try:\n    loaders.ShardedDataset\nexcept ImportError as e:\n    assert 'torch' in str(e)\n"
+        "print('ok')\n"
+    )
+    result = run(code, "torch,apache_beam,webdataset")
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_loaders_import_only_objectives_and_shard_format_from_transforms():
+    code = (
+        "import loaders, loaders.dataset, loaders.mixture, loaders.dataloader\n"
+        "loaders.ShardedDataset, loaders.MixtureDataset, loaders.make_dataloader\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('transforms.') and not "
+        "(m.startswith('transforms.objectives') or m == 'transforms.shard_format'))\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    result = run(code, "apache_beam")
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
