@@ -17,8 +17,8 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
-from transforms.objectives.common import example_rng
 from transforms.objectives.counters import length_counters, merge_counters
+from transforms.objectives.layout import plan_rng
 from transforms.objectives.packing import (
     concat_pieces,
     document_piece,
@@ -30,7 +30,6 @@ from transforms.objectives.packing import (
 __all__ = ["LAST_CHUNK_MODES", "Pack"]
 
 LAST_CHUNK_MODES = ("drop", "pad")
-PLAN_SALT = 0x504C414E  # "PLAN": keeps plan draws independent of the example's own noise
 
 
 class _Planner:
@@ -46,7 +45,7 @@ class _Planner:
         return f"{self._prefix}-c{index:06d}"
 
     def __call__(self, index: int) -> int:
-        length, plan = self._objective.plan_chunk(example_rng(self._seed, self.key(index), PLAN_SALT))
+        length, plan = self._objective.plan_chunk(plan_rng(self._seed, self.key(index)))
         self.plans.append(plan)
         return length
 

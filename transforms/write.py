@@ -23,8 +23,8 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.build import STATS_KEY
-from transforms.objectives.common import digest, digest_u64
 from transforms.objectives.counters import merge_counters
+from transforms.objectives.layout import row_order_key, shard_of
 from transforms.shard_format import HashingWriter, write_arrow, write_tar
 
 __all__ = ["WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
@@ -110,9 +110,8 @@ class WriteShards(beam.PTransform):
         def assign(element, counts):
             split, example = element
             count = shard_count(split, counts[split], **sizing)
-            key = f"{seed}:{example['key']}"
-            index = digest_u64(key, salt=b"lmshards-shard") % count
-            return (split, index, count), (digest(key, salt=b"lmshards-order"), example)
+            key = example["key"]
+            return (split, shard_of(seed, key, count), count), (row_order_key(seed, key), example)
 
         def all_shards(element):
             split, examples = element

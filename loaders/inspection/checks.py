@@ -28,14 +28,14 @@ import numpy as np
 
 from loaders.inspection.anatomy import IGNORE_INDEX, Anatomy, ObjectiveView
 from transforms.objectives.common import example_rng
+from transforms.objectives.layout import plan_rng
 from transforms.objectives.mlm import mlm_with_stats, round_half_up
 from transforms.objectives.prefix_lm import draw_prefix_length
 from transforms.objectives.span_corruption import noise_counts, span_corruption
 from transforms.objectives.ul2 import apply_denoiser
 
-__all__ = ["PLAN_SALT", "chunk_key", "example_problems"]
+__all__ = ["chunk_key", "example_problems"]
 
-PLAN_SALT = 0x504C414E  # transforms/pack.py: a chunk's plan comes from example_rng(seed, chunk key, PLAN_SALT)
 
 
 def chunk_key(example_key: str) -> str:
@@ -135,7 +135,7 @@ def example_problems(split: str, example: dict[str, Any], a: Anatomy, view: Obje
         if (a.targets == view.special.mask).any():
             out.append("targets hold a <mask> token (targets are the original chunk)")
     if view.name == "ul2":
-        planned = view.objective.plan_chunk(example_rng(seed, chunk_key(key), PLAN_SALT))[1]
+        planned = view.objective.plan_chunk(plan_rng(seed, chunk_key(key)))[1]
         name = view.objective.denoisers[planned].name
         if name != a.denoiser:
             out.append(f"denoiser {a.denoiser} recorded, the packer planned {name} for this chunk")

@@ -24,7 +24,8 @@ from typing import Any
 
 from loaders.reader import read_arrow_shard, read_tar_shard
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from transforms.objectives.common import SpecialIds, digest, digest_u64
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.layout import row_order_key, shard_of
 
 __all__ = [
     "InspectedDataset",
@@ -37,19 +38,17 @@ __all__ = [
     "special_ids_from_tokenizer",
 ]
 
-_SHARD_SALT = b"lmshards-shard"  # transforms/write.py: shard = digest_u64(f"{seed}:{key}", salt) % count
-_ORDER_SALT = b"lmshards-order"  # transforms/write.py: rows sorted by digest(f"{seed}:{key}", salt)
 _DENOISER_KEYS = ("name", "mode_token", "kind", "mean_noise_span_length", "noise_density", "weight")
 
 
 def shard_of_key(seed: int, key: str, num_shards: int) -> int:
     """Shard index the writer assigns to example ``key`` in a split of ``num_shards`` shards."""
-    return digest_u64(f"{seed}:{key}", salt=_SHARD_SALT) % num_shards
+    return shard_of(seed, key, num_shards)
 
 
 def order_digest(seed: int, key: str) -> bytes:
     """The digest rows of a shard are sorted by."""
-    return digest(f"{seed}:{key}", salt=_ORDER_SALT)
+    return row_order_key(seed, key)
 
 
 class _LocalFiles:

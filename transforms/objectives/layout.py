@@ -1,0 +1,36 @@
+"""Where things go in a dataset: the hashes that place examples in shards, order rows
+inside a shard, and seed a chunk's plan (pure; shared by the writer and the readers).
+
+- shard of an example: ``digest_u64(f"{seed}:{key}", salt=b"lmshards-shard") % num_shards``;
+- row order inside a shard: ascending ``digest(f"{seed}:{key}", salt=b"lmshards-order")``
+  (this is the dataset's global shuffle);
+- a chunk's plan (chunk length, UL2 denoiser): drawn from
+  ``example_rng(seed, chunk_key, PLAN_SALT)``, independent of the example's own noise.
+
+Changing any of these changes the bytes of every dataset: they are part of the format.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transforms.objectives.common import digest, digest_u64, example_rng
+
+__all__ = ["PLAN_SALT", "plan_rng", "row_order_key", "shard_of"]
+
+PLAN_SALT = 0x504C414E  # "PLAN"
+
+
+def shard_of(seed: int, key: str, num_shards: int) -> int:
+    """Index of the shard that holds example ``key``."""
+    return digest_u64(f"{seed}:{key}", salt=b"lmshards-shard") % num_shards
+
+
+def row_order_key(seed: int, key: str) -> bytes:
+    """Sort key of example ``key`` inside its shard."""
+    return digest(f"{seed}:{key}", salt=b"lmshards-order")
+
+
+def plan_rng(seed: int, chunk_key: str) -> np.random.Generator:
+    """The generator an objective plans chunk ``chunk_key`` with."""
+    return example_rng(seed, chunk_key, PLAN_SALT)
