@@ -18,7 +18,7 @@ import inspect
 import apache_beam as beam
 import numpy as np
 
-from transforms.objectives.common import example_rng
+from transforms.objectives.common import LazyGenerator
 from transforms.objectives.counters import merge_counters
 
 __all__ = ["STATS_KEY", "BuildExamples", "example_key"]
@@ -69,7 +69,7 @@ class _Build(beam.DoFn):
         features["doc_lengths"] = piece.doc_lengths
         for draw in range(self._draws):
             key = example_key(chunk_key, draw)
-            example = self._objective.build(piece.tokens, example_rng(self._seed, key), plan, self._special, features)
+            example = self._objective.build(piece.tokens, LazyGenerator(self._seed, key), plan, self._special, features)
             example["key"] = key
             yield split, self._finish(example, len(piece.tokens))
         self._examples.inc(self._draws)

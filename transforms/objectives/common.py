@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
+    "LazyGenerator",
     "SpecialIds",
     "digest",
     "digest_u64",
@@ -53,6 +54,26 @@ def example_rng(seed: int, key: bytes | str, *extra: int) -> np.random.Generator
         raise ValueError(f"seed must be >= 0, got {seed}")
     entropy = [seed & _MASK64, digest_u64(key, salt=b"lmshards-rng"), *(int(e) & _MASK64 for e in extra)]
     return np.random.default_rng(entropy)
+
+
+class LazyGenerator:
+    """Behaves as ``example_rng(seed, key, *extra)``, built on first use.
+
+    Seeding a generator costs about 10 us, more than a clm example takes to build; most
+    chunk plans and some objectives never draw, so the pipeline hands out these instead.
+    """
+
+    __slots__ = ("_args", "_generator")
+
+    def __init__(self, seed: int, key: bytes | str, *extra: int):
+        self._args = (seed, key, *extra)
+        self._generator: np.random.Generator | None = None
+
+    def __getattr__(self, name: str):
+        generator = self._generator
+        if generator is None:
+            generator = self._generator = example_rng(*self._args)
+        return getattr(generator, name)
 
 
 @dataclass(frozen=True)

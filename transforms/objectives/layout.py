@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transforms.objectives.common import digest, digest_u64, example_rng
+from transforms.objectives.common import LazyGenerator, digest, digest_u64
 
 __all__ = ["PLAN_SALT", "plan_rng", "row_order_key", "shard_of"]
 
@@ -32,5 +32,5 @@ def row_order_key(seed: int, key: str) -> bytes:
 
 
 def plan_rng(seed: int, chunk_key: str) -> np.random.Generator:
-    """The generator an objective plans chunk ``chunk_key`` with."""
-    return example_rng(seed, chunk_key, PLAN_SALT)
+    """The generator an objective plans chunk ``chunk_key`` with (seeded on first use)."""
+    return LazyGenerator(seed, chunk_key, PLAN_SALT)  # type: ignore[return-value]

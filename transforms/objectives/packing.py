@@ -44,6 +44,29 @@ class Piece:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    def split(self, cuts: list[int]) -> list[Piece]:
+        """Pieces ``[cuts[i], cuts[i + 1])`` for ascending cuts from 0 to ``len(self)``, in one pass.
+
+        Equal to ``[self.slice(a, b) for a, b in zip(cuts, cuts[1:])]`` without recomputing the
+        document boundaries for every piece.
+        """
+        cuts_array = np.asarray(cuts, dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(self.doc_lengths, dtype=np.int64)])
+        points = np.union1d(bounds, cuts_array)  # every cut and document boundary, sorted
+        lengths = np.diff(points).astype(np.int32)
+        owner = np.searchsorted(cuts_array, points[:-1], side="right") - 1  # piece of each segment
+        indices = np.arange(len(cuts) - 1)
+        first = np.searchsorted(owner, indices, side="left")
+        last = np.searchsorted(owner, indices, side="right")
+        return [
+            Piece(
+                tokens=self.tokens[start:stop],
+                doc_lengths=lengths[first[i] : last[i]],
+                features={k: v[start:stop] for k, v in self.features.items()},
+            )
+            for i, (start, stop) in enumerate(zip(cuts[:-1], cuts[1:]))
+        ]
+
     def slice(self, start: int, stop: int) -> Piece:
         """Tokens ``[start, stop)`` with their segments cut to the window."""
         bounds = np.concatenate([[0], np.cumsum(self.doc_lengths)])
@@ -90,18 +113,18 @@ def pack_concat(stream: Piece, next_length: Callable[[int], int]) -> tuple[list[
     Returns:
         (full chunks, remainder piece shorter than the next planned length).
     """
-    chunks: list[Piece] = []
-    start = 0
+    cuts = [0]
     total = len(stream)
     while True:
-        length = next_length(len(chunks))
+        length = next_length(len(cuts) - 1)
         if length <= 0:
             raise ValueError(f"planned chunk length must be > 0, got {length}")
-        if start + length > total:
+        if cuts[-1] + length > total:
             break
-        chunks.append(stream.slice(start, start + length))
-        start += length
-    return chunks, stream.slice(start, total)
+        cuts.append(cuts[-1] + length)
+    cuts.append(total)
+    pieces = stream.split(cuts)
+    return pieces[:-1], pieces[-1]
 
 
 def split_long(piece: Piece, length: int) -> Iterator[Piece]:
