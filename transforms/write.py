@@ -18,7 +18,9 @@ import math
 import uuid
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
@@ -62,22 +64,100 @@ def shard_count(split: str, examples: int, *, num_shards: int | None, bytes_per_
     return max(1, math.ceil(examples * bytes_per_example / shard_bytes))
 
 
+#: Examples per group sent to a shard writer (one shuffle element instead of this many).
+GROUP_ROWS = 512
+
+
+def encode_group(rows: list[tuple[bytes, dict]], schema: ExampleSchema) -> tuple:
+    """Rows bound for one shard as one compact, pickle-free shuffle element.
+
+    Token and int-list columns travel as one int32 buffer plus lengths, scalars as one
+    int32 buffer, strings as lists; the rows' counters are summed here already.
+    """
+    columns = {}
+    for name in schema.array_columns:
+        values = [np.asarray(example[name], dtype=np.int32) for _, example in rows]
+        lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+        columns[name] = (np.concatenate(values).tobytes() if values else b"", lengths.tobytes())
+    for name in schema.scalar_columns:
+        columns[name] = (np.fromiter((example[name] for _, example in rows), dtype=np.int32).tobytes(), b"")
+    strings = {name: [example[name] for _, example in rows] for name in schema.string_columns}
+    stats: dict[str, int] = {}
+    for _, example in rows:
+        stats = merge_counters(stats, example[STATS_KEY])
+    return b"".join(order for order, _ in rows), columns, strings, stats
+
+
+def decode_group(group: tuple, schema: ExampleSchema) -> tuple[list[tuple[bytes, dict]], dict[str, int]]:
+    """Inverse of :func:`encode_group`: ``(rows, summed counters)``."""
+    orders, columns, strings, stats = group
+    count = len(orders) // 16
+    examples: list[dict] = [{} for _ in range(count)]
+    for name in schema.array_columns:
+        values, lengths = columns[name]
+        flat = np.frombuffer(values, dtype=np.int32)
+        offsets = np.concatenate([[0], np.cumsum(np.frombuffer(lengths, dtype=np.int64))])
+        for i, example in enumerate(examples):
+            example[name] = flat[offsets[i] : offsets[i + 1]]
+    for name in schema.scalar_columns:
+        for example, value in zip(examples, np.frombuffer(columns[name][0], dtype=np.int32)):
+            example[name] = int(value)
+    for name, values in strings.items():
+        for example, value in zip(examples, values):
+            example[name] = value
+    return [(orders[16 * i : 16 * i + 16], examples[i]) for i in range(count)], stats
+
+
+class _GroupByShard(beam.DoFn):
+    """Assigns each example its shard and batches the examples of a shard per bundle.
+
+    Batching changes nothing in the output: the writer sorts every shard's rows by their
+    order key; it only spares the shuffle one element (and one pickle) per example.
+    """
+
+    def __init__(self, schema: ExampleSchema, seed: int, sizing: dict):
+        self._schema, self._seed, self._sizing = schema, seed, sizing
+
+    def start_bundle(self):
+        self._groups: dict[tuple, list] = {}
+
+    def process(self, element, counts):
+        split, example = element
+        count = shard_count(split, counts[split], **self._sizing)
+        key = example["key"]
+        shard = (split, shard_of(self._seed, key, count), count)
+        rows = self._groups.setdefault(shard, [])
+        rows.append((row_order_key(self._seed, key), example))
+        if len(rows) >= GROUP_ROWS:
+            yield shard, encode_group(self._groups.pop(shard), self._schema)
+
+    def finish_bundle(self):
+        for shard, rows in sorted(self._groups.items()):
+            yield GlobalWindows.windowed_value((shard, encode_group(rows, self._schema)))
+        self._groups = {}
+
+
 class _WriteShard(beam.DoFn):
     def __init__(self, output, schema: ExampleSchema, formats, objective, seed):
         self._output, self._schema, self._formats = output, schema, tuple(formats)
         self._objective, self._seed = objective, seed
 
     def process(self, element, counts):
-        (split, index, count), values = element
-        rows = sorted((v for v in values if v is not None), key=lambda v: v[0])
-        examples = [ex for _, ex in rows]
+        (split, index, count), groups = element
+        rows: list[tuple[bytes, dict]] = []
+        stats: dict[str, int] = {}
+        for group in groups:
+            if group is None:  # the marker that makes empty shards exist
+                continue
+            group_rows, group_stats = decode_group(group, self._schema)
+            rows.extend(group_rows)
+            stats = merge_counters(stats, group_stats)
+        rows.sort(key=lambda row: row[0])
+        examples = [example for _, example in rows]
         files = {}
         for fmt in self._formats:
             relative = shard_name(split, fmt, index, count)
             files[fmt] = write_atomic(self._output, relative, lambda h, w=WRITERS[fmt]: w(h, examples, self._schema))
-        stats: dict[str, int] = {}
-        for example in examples:
-            stats = merge_counters(stats, example[STATS_KEY])
         tokens = int(stats.get("chunk_tokens", 0))
         info = ShardInfo(split=split, index=index, rows=len(examples), tokens=tokens, files=files)
         yield {"shard": info.to_json(), "stats": stats}
@@ -107,18 +187,14 @@ class WriteShards(beam.PTransform):
         sizing, seed = self._sizing, self._seed
         counts = examples | "CountPerSplit" >> beam.combiners.Count.PerKey()
 
-        def assign(element, counts):
-            split, example = element
-            count = shard_count(split, counts[split], **sizing)
-            key = example["key"]
-            return (split, shard_of(seed, key, count), count), (row_order_key(seed, key), example)
-
         def all_shards(element):
             split, examples = element
             count = shard_count(split, examples, **sizing)
             return [((split, i, count), None) for i in range(count)]
 
-        keyed = examples | "AssignShard" >> beam.Map(assign, counts=beam.pvalue.AsDict(counts))
+        keyed = examples | "AssignShard" >> beam.ParDo(
+            _GroupByShard(self._schema, seed, sizing), counts=beam.pvalue.AsDict(counts)
+        )
         empty = counts | "EveryShard" >> beam.FlatMap(all_shards)
         return (
             (keyed, empty)
