@@ -60,10 +60,13 @@ def read_tokenizer_bytes(path: str) -> bytes:
 
 
 def word_start_flags(word_ids: list) -> np.ndarray:
-    flags = np.ones(len(word_ids), dtype=bool)
-    for i in range(1, len(word_ids)):
-        current = word_ids[i]
-        flags[i] = current is None or current != word_ids[i - 1]
+    """True where a token starts a pre-tokenizer word (or has no word: special tokens).
+
+    ``None`` becomes NaN, and NaN differs from everything, itself included.
+    """
+    words = np.array(word_ids, dtype=np.float64)
+    flags = np.ones(len(words), dtype=bool)
+    flags[1:] = words[1:] != words[:-1]
     return flags
 
 
@@ -144,7 +147,7 @@ class _TokenizeBatch(beam.DoFn):
             if "word_starts" in self._features:
                 features["word_starts"] = word_start_flags(encoding.word_ids)
             if "sentence_starts" in self._features:
-                starts = np.fromiter((o[0] for o in encoding.offsets), dtype=np.int64, count=len(ids))
+                starts = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
                 features["sentence_starts"] = token_flags_from_chars(starts, sentence_start_chars(text))
             key = document_key(text)
             split = assign_split(key, self._validation_fraction)
