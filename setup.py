@@ -23,6 +23,8 @@ setup(
         "torch": ["torch>=2.1"],
         "webdataset": ["webdataset>=0.2.86"],
         "gcp": ["apache-beam[gcp]>=2.60,<3", "build"],
+        # Remote datasets for the loader: fsspec URLs, gs:// through gcsfs (s3:// needs s3fs).
+        "remote": ["fsspec>=2023.1", "gcsfs>=2023.1"],
         "dev": [
             "pytest>=8",
             "hypothesis>=6.100",
@@ -30,6 +32,8 @@ setup(
             "datasets>=2.18",
             "webdataset>=0.2.86",
             "gcp-storage-emulator>=2024.8.3",
+            "fsspec>=2023.1",
+            "gcsfs>=2023.1",
             "apache-beam[gcp]>=2.60,<3",
             "build",
         ],

@@ -12,6 +12,14 @@ shard reads the shard once, keeps every row it will need from it this epoch (it 
 them: the order is a pure function) and drops each row once used; it holds about
 ``(block_size + 2 * shard rows) / (ranks * workers)`` rows at a time. Arrow needs none
 of this and is the format to train from.
+
+Remote datasets (``gs://``, ``s3://``, ...) are read through a bounded local cache
+(:mod:`loaders.cache`). Before each batch the reader releases the shards outside the
+shuffle blocks it is in (their cached files may then be evicted) and, after it, asks a
+background thread to download the next ``prefetch_shards`` shards of the epoch order
+(then of the next epoch's), so that reading rarely waits for a download. Size the cache
+for the shards of two shuffle blocks plus the prefetched ones, or it downloads shards
+again (it still never deletes a shard in use).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from loaders.cache import DEFAULT_CACHE_BYTES, ShardCache
 from loaders.dynamic import DynamicObjective, resolve_objective, special_ids_from_tokenizer
 from loaders.errors import UnsupportedSchemaError
 from loaders.files import VERIFY_MODES, DatasetLocation
@@ -56,7 +65,11 @@ class ShardedDataset(ResumableStream):
         objective: dynamic noise: an objective name (registry) or object applied to token chunks.
         objective_params: parameters of a named objective.
         special: special ids for the objective (None: from the dataset's tokenizer.json).
-        cache_dir: local cache for remote datasets.
+        cache_dir: local cache for remote datasets (default ``~/.cache/lmshards``).
+        cache_size_bytes: bound of ``cache_dir`` in bytes (None: unbounded); least recently used
+            shards no process is reading are evicted.
+        prefetch_shards: remote datasets: next shards downloaded in the background (0: none).
+        storage_options: ``fsspec`` filesystem options of a remote dataset (credentials, endpoint).
 
     Raises:
         FileNotFoundError: no manifest (missing or incomplete dataset).
@@ -86,15 +99,19 @@ class ShardedDataset(ResumableStream):
         objective_params: dict[str, Any] | None = None,
         special: SpecialIds | None = None,
         cache_dir: str | None = None,
+        cache_size_bytes: int | None = DEFAULT_CACHE_BYTES,
+        prefetch_shards: int = 2,
+        storage_options: dict[str, Any] | None = None,
     ):
         super().__init__(batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, uneven=uneven,
                          drop_last=drop_last)
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify={verify!r}: expected one of {VERIFY_MODES}")
-        self.location = DatasetLocation(path, cache_dir)
+        self.location = DatasetLocation(path, cache_dir, cache_size_bytes=cache_size_bytes,
+                                        storage_options=storage_options)
         self.manifest = self.location.read_manifest()
         self.split = split
-        self.shards = ShardSet(self.location, self.manifest, split, fmt, verify)
+        self.shards = ShardSet(self.location, self.manifest, split, fmt, verify, prefetch_shards)
         self.shuffle = shuffle
         self.shuffle_block_size = shuffle_block_size
         self.stored_family = self.manifest.schema.get("family")
@@ -118,11 +135,19 @@ class ShardedDataset(ResumableStream):
         self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
         self._tar_rows: dict[int, dict[int, list]] = {}
         self._tar_epoch: tuple[int, int] | None = None
+        self._tar_done: set[int] = set()
+        self._slots: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_orders"], state["_tar_rows"], state["_tar_epoch"] = OrderedDict(), {}, None  # rebuilt per process
+        state["_tar_done"], state["_slots"] = set(), None
         return state
+
+    @property
+    def cache(self) -> ShardCache | None:
+        """The local cache of a remote dataset (None for a local one); ``cache.stats`` counts its work."""
+        return self.location.cache
 
     # -- description -----------------------------------------------------------------------
     @property
@@ -181,7 +206,30 @@ class ShardedDataset(ResumableStream):
     # -- reading ---------------------------------------------------------------------------
     def start_iteration(self) -> None:
         self.shards.start_epoch()
-        self._tar_rows, self._tar_epoch = {}, None
+        self._tar_rows, self._tar_epoch, self._tar_done = {}, None, set()
+
+    def _cache_plan(self, epoch: int, order: EpochOrder, positions: np.ndarray):
+        """Remote datasets: the shards of the shuffle blocks ``positions`` fall in, and the
+        shards the reader needs next (lazily: the rest of this epoch's order, then the next epoch's)."""
+        if self._slots is None or self._slots[0] != epoch:
+            rows = np.asarray(self.shards.rows, dtype=np.int64)[order.shard_sequence]
+            ends = np.cumsum(rows)
+            self._slots = (epoch, ends - rows, ends)
+        _, starts, ends = self._slots
+        block = order.block_size
+        low = int(positions.min()) // block * block
+        high = (int(positions.max()) // block + 1) * block
+        first = int(np.searchsorted(ends, low, side="right"))
+        last = int(np.searchsorted(starts, high, side="left"))
+        sequence = order.shard_sequence
+        current = sequence[first:last].tolist()
+
+        def upcoming():
+            done = self._tar_done  # tar shards already read this epoch
+            yield from (index for index in sequence[first:].tolist() if index not in done)
+            yield from self.order(epoch + 1).shard_sequence.tolist()
+
+        return current, upcoming()
 
     def read_rows(self, shard_ids: np.ndarray, rows: np.ndarray) -> list[dict[str, Any]]:
         """Stored examples at ``(shard, row)`` pairs (Arrow only), in the given order."""
@@ -205,22 +253,29 @@ class ShardedDataset(ResumableStream):
     def read(self, epoch: int, stream_indices: np.ndarray, schedule: RankSchedule, worker: int,
              num_workers: int) -> list[dict[str, Any]]:
         order = self.order(epoch)
-        shard_ids, rows = order.locate(schedule.positions(stream_indices))
+        positions = schedule.positions(stream_indices)
+        shard_ids, rows = order.locate(positions)
+        plan = self._cache_plan(epoch, order, positions) if self.location.remote and positions.size else None
+        if plan is not None:
+            self.shards.plan(plan[0])  # release the shards this reader is past
         if self.shards.fmt == "arrow":
             examples = self.read_rows(shard_ids, rows)
         else:
             examples = self._read_tar(epoch, shard_ids, rows, schedule, worker, num_workers)
+        if plan is not None:
+            self.shards.plan(plan[0], plan[1])  # fetch the next ones while this batch is used
         return self.transform(examples, epoch)
 
     def _read_tar(self, epoch, shard_ids, rows, schedule, worker, num_workers) -> list[dict[str, Any]]:
         if self._tar_epoch != (epoch, os.getpid()):
-            self._tar_rows, self._tar_epoch = {}, (epoch, os.getpid())
+            self._tar_rows, self._tar_epoch, self._tar_done = {}, (epoch, os.getpid()), set()
         out = []
         for shard, row in zip(shard_ids.tolist(), rows.tolist(), strict=True):
             cached = self._tar_rows.get(shard)
             if cached is None:
                 cached = self._load_tar_shard(epoch, shard, schedule, worker, num_workers)
                 self._tar_rows[shard] = cached
+                self._tar_done.add(shard)
             entry = cached[row]  # [example, uses left]
             entry[1] -= 1
             if entry[1] == 0:

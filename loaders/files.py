@@ -1,10 +1,19 @@
 """Where a dataset's files are and whether they are intact.
 
 A dataset is a local directory or a URL (``gs://``, ``s3://``, any scheme ``fsspec``
-knows). Remote shards are downloaded once into a local cache (``cache_dir``, by default
-``~/.cache/lmshards``), hashed while they stream in and renamed into place only when the
-sha256 matches the manifest; shards are then memory-mapped from the cache like local
-ones. ``fsspec`` is imported only for remote datasets.
+knows; ``gs://`` needs ``gcsfs``, the ``[remote]`` extra). Remote shards are downloaded
+into a local cache (``cache_dir``, by default ``~/.cache/lmshards``), hashed while they
+stream in and renamed into place only when the sha256 matches the manifest; shards are
+then memory-mapped from the cache like local ones. The cache is bounded
+(``cache_size_bytes``, 20 GiB by default, least recently used files that no process is
+using are evicted) and the loader downloads the next shards of its order in the
+background: see :mod:`loaders.cache`. ``fsspec`` is imported only for remote datasets.
+
+With ``STORAGE_EMULATOR_HOST`` set (a local GCS emulator), ``gs://`` URLs go to that
+server with anonymous credentials, as Google's own clients do; ``storage_options``
+passed explicitly win. A ``gs://`` dataset with an ``endpoint_url`` (an emulator) is read
+with gcsfs's plain JSON-API filesystem: its default class first asks a gRPC API for the
+bucket's type, which emulators do not serve (a minute's timeout at every call).
 
 Checksums (``verify``): ``once`` hashes a shard the first time this process opens it
 (and remembers it while the file's size and mtime stay the same), ``always`` hashes it at
@@ -16,8 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
+from loaders.cache import DEFAULT_CACHE_BYTES, Lease, ShardCache
 from loaders.errors import ShardIntegrityError
 from schemas.manifest import MANIFEST_NAME, Manifest
 
@@ -69,23 +80,46 @@ class DatasetLocation:
 
     Args:
         path: local directory, ``file://`` URL or remote URL.
-        cache_dir: local cache for remote shards.
+        cache_dir: local cache for remote shards (default ``~/.cache/lmshards``).
+        cache_size_bytes: bound of the cache directory (None: unbounded), see :mod:`loaders.cache`.
+        storage_options: keyword arguments of the ``fsspec`` filesystem (credentials, endpoint, ...).
     """
 
-    def __init__(self, path: str, cache_dir: str | None = None):
+    def __init__(self, path: str, cache_dir: str | None = None, *,
+                 cache_size_bytes: int | None = DEFAULT_CACHE_BYTES, storage_options: dict[str, Any] | None = None):
         self.path = str(path)
         scheme = urlparse(self.path).scheme
         self.remote = len(scheme) > 1 and scheme != "file"  # one letter: a Windows drive
         self.root = self.path[len("file://") :] if scheme == "file" else self.path.rstrip("/")
+        if cache_size_bytes is not None and (not isinstance(cache_size_bytes, int) or cache_size_bytes < 0):
+            raise ValueError(f"cache_size_bytes must be an int >= 0 or None, got {cache_size_bytes!r}")
+        self.storage_options = dict(storage_options or {})
+        self.cache: ShardCache | None = None
         if self.remote:
-            base = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "lmshards")
+            base = os.path.abspath(cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "lmshards"))
             tag = hashlib.blake2b(self.root.encode("utf-8"), digest_size=8).hexdigest()
             self.cache_root = os.path.join(base, tag)
+            self.cache = ShardCache(base, cache_size_bytes)
+
+    def _options(self) -> dict[str, Any]:
+        options = dict(self.storage_options)
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator not in (None, "", "default") and urlparse(self.root).scheme in ("gs", "gcs"):
+            options.setdefault("token", "anon")
+            options.setdefault("endpoint_url", emulator if "://" in emulator else f"http://{emulator}")
+        return options
 
     def _fs(self):
+        options = self._options()
+        if urlparse(self.root).scheme in ("gs", "gcs") and options.get("endpoint_url"):
+            # Not Google's endpoint (an emulator): see the module docstring.
+            from gcsfs.core import GCSFileSystem
+
+            fs = GCSFileSystem(**options)
+            return fs, fs._strip_protocol(self.root)
         import fsspec
 
-        return fsspec.core.url_to_fs(self.root)
+        return fsspec.core.url_to_fs(self.root, **options)
 
     def read_manifest(self) -> Manifest:
         """The dataset's manifest.
@@ -114,28 +148,63 @@ class DatasetLocation:
         except (ValueError, KeyError) as exc:
             raise ValueError(f"{self.path}/{MANIFEST_NAME}: {exc}") from exc
 
-    def local_file(self, relative: str, *, sha256: str | None = None) -> str:
-        """Local path of a dataset file; remote files are fetched into the cache first."""
+    # -- the cache -------------------------------------------------------------------------
+    def cache_path(self, relative: str) -> str:
+        """Where a remote dataset file lives in the local cache."""
+        return os.path.join(self.cache_root, relative)
+
+    def _fetcher(self, relative: str, sha256: str | None):
+        """Writes the remote file to a sink, hashing it; raises if the sha256 is not the manifest's."""
+        local = self.cache_path(relative)
+
+        def fetch(sink: BinaryIO) -> None:
+            digest = hashlib.sha256()
+            fs, root = self._fs()
+            with fs.open(f"{root}/{relative}", "rb") as source:
+                while chunk := source.read(_CHUNK):
+                    digest.update(chunk)
+                    sink.write(chunk)
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise ShardIntegrityError(
+                    f"shard {relative} downloaded from {self.root}: sha256 {digest.hexdigest()} does not match the "
+                    f"manifest's {sha256}"
+                )
+            sink.flush()
+            stat = os.fstat(sink.fileno())  # the inode keeps its mtime when renamed into place
+            _VERIFIED[(os.path.realpath(local), stat.st_size, stat.st_mtime_ns)] = digest.hexdigest()
+
+        return fetch
+
+    def open_file(self, relative: str, *, sha256: str | None = None, size: int | None = None,
+                  protect: tuple[str, ...] | frozenset[str] = ()) -> Lease:
+        """A dataset file held for reading: remote files are fetched into the cache first and
+        not evicted until the lease is closed. ``protect``: cache paths needed soon (kept if possible)."""
         if not self.remote:
-            return os.path.join(self.root, relative)
-        local = os.path.join(self.cache_root, relative)
-        if os.path.exists(local):
-            return local
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        partial = f"{local}.partial-{os.getpid()}"
-        digest = hashlib.sha256()
-        fs, root = self._fs()
-        with fs.open(f"{root}/{relative}", "rb") as source, open(partial, "wb") as sink:
-            while chunk := source.read(_CHUNK):
-                digest.update(chunk)
-                sink.write(chunk)
-        if sha256 is not None and digest.hexdigest() != sha256:
-            os.remove(partial)
-            raise ShardIntegrityError(
-                f"shard {relative} downloaded from {self.root}: sha256 {digest.hexdigest()} does not match the "
-                f"manifest's {sha256}"
-            )
-        os.replace(partial, local)  # atomic: concurrent workers downloading the same shard all end the same
-        stat = os.stat(local)
-        _VERIFIED[(os.path.realpath(local), stat.st_size, stat.st_mtime_ns)] = digest.hexdigest()
-        return local
+            return Lease(os.path.join(self.root, relative))
+        assert self.cache is not None
+        return self.cache.acquire(self.cache_path(relative), self._fetcher(relative, sha256), size=size,
+                                  protect=protect)
+
+    def prefetch_file(self, relative: str, *, sha256: str | None = None, size: int | None = None,
+                      protect: tuple[str, ...] | frozenset[str] = ()) -> bool:
+        """Fetch a remote file into the cache unless cached, within the bound; True if it is cached."""
+        if not self.remote:
+            return True
+        assert self.cache is not None
+        return self.cache.prefetch(self.cache_path(relative), self._fetcher(relative, sha256), size=size,
+                                   protect=protect)
+
+    def discard(self, relative: str, *, damaged: bool = False) -> None:
+        """Drop a remote file from the cache (unless some process uses it and it is not ``damaged``)."""
+        if self.remote:
+            assert self.cache is not None
+            self.cache.discard(self.cache_path(relative), damaged=damaged)
+
+    def local_file(self, relative: str, *, sha256: str | None = None, size: int | None = None) -> str:
+        """Local path of a dataset file; remote files are fetched into the cache first.
+
+        The file is not leased: read it at once (use :meth:`open_file` to keep it).
+        """
+        lease = self.open_file(relative, sha256=sha256, size=size)
+        lease.close()
+        return lease.path

@@ -12,18 +12,25 @@
 On open, a shard's size and sha256 (see :mod:`loaders.files`), its Arrow schema (column
 names and types) and its row count are compared with the manifest; a mismatch raises
 :class:`~loaders.errors.ShardIntegrityError` naming the shard.
+
+Remote datasets are read from a bounded local cache (:mod:`loaders.cache`): an opened
+Arrow shard holds a lease on its cached file until the reader releases it
+(:meth:`ShardSet.plan`), and a background thread downloads the next shards.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 import os
+import weakref
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from loaders.cache import Lease, Prefetcher
 from loaders.errors import ShardIntegrityError
 from loaders.files import DatasetLocation, verify_file
 from schemas.manifest import Manifest, ShardInfo
@@ -63,6 +70,13 @@ class ArrowShard:
         self._batch_rows = int(counts[0]) if len(batches) else 0
         self._columns = {name: [_column_view(b.column(i)) for b in batches] for i, name in enumerate(found)}
         self._fields: dict[tuple[str, ...] | None, list[tuple[str, int, list]]] = {}
+        self.lease: Lease | None = None  # the cached file of a remote shard, held while open
+
+    def close(self) -> None:
+        """Let the cache evict the file. Rows already read stay valid (the mapping lives on)."""
+        if self.lease is not None:
+            self.lease.close()
+            self.lease = None
 
     def fields(self, columns: tuple[str, ...] | None) -> list[tuple[str, int, list]]:
         fields = self._fields.get(columns)
@@ -218,12 +232,14 @@ class ShardSet:
         split: split name.
         fmt: ``arrow`` or ``webdataset``; None picks arrow when it was written.
         verify: ``once``, ``always`` or ``never`` (see :mod:`loaders.files`).
+        prefetch_shards: remote datasets: how many of the next shards to download ahead.
 
     Raises:
         ValueError: unknown split or format, or a format the dataset was not written in.
     """
 
-    def __init__(self, location: DatasetLocation, manifest: Manifest, split: str, fmt: str | None, verify: str):
+    def __init__(self, location: DatasetLocation, manifest: Manifest, split: str, fmt: str | None, verify: str,
+                 prefetch_shards: int = 2):
         formats = list(manifest.config.get("formats", []))
         fmt = fmt or ("arrow" if "arrow" in formats else (formats[0] if formats else "arrow"))
         if fmt not in FORMATS:
@@ -232,45 +248,153 @@ class ShardSet:
             raise ValueError(f"fmt={fmt!r}: {location.path} was written as {formats}")
         if split not in manifest.splits:
             raise ValueError(f"split {split!r} is not in {location.path}; it has {sorted(manifest.splits)}")
+        if not isinstance(prefetch_shards, int) or prefetch_shards < 0:
+            raise ValueError(f"prefetch_shards must be an int >= 0, got {prefetch_shards!r}")
         self.location, self.fmt, self.verify = location, fmt, verify
+        self.prefetch_shards = prefetch_shards
         self.shards: list[ShardInfo] = manifest.shards(split)
         self.columns = {c["name"]: c["type"] for c in manifest.schema.get("columns", [])}
+        self._reset()
+
+    def _reset(self) -> None:
         self._open: dict[int, ArrowShard] = {}
+        self._protect: frozenset[str] = frozenset()
+        self._prefetcher: Prefetcher | None = None
+        self._released = False  # since the last prefetch request: room may have been freed
         self._pid = os.getpid()
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_open"] = {}  # memory maps are reopened in each worker process
+        for name in ("_open", "_protect", "_prefetcher", "_released", "_pid"):
+            state.pop(name)  # memory maps, leases and threads are per process
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset()
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:  # forked worker: do not share the parent's maps, leases or thread
+            self._reset()
 
     @property
     def rows(self) -> list[int]:
         return [s.rows for s in self.shards]
 
+    def _file(self, index: int):
+        return self.shards[index].files[self.fmt]
+
+    def open_file(self, index: int) -> tuple[Lease, str]:
+        """``(lease on the local file, relative name)`` of shard ``index``, fetched and verified.
+
+        A cached copy that fails verification is dropped and downloaded again (the download
+        is checked while it streams in).
+        """
+        file = self._file(index)
+        lease = self.location.open_file(file.path, sha256=file.sha256, size=file.bytes, protect=self._protect)
+        try:
+            verify_file(lease.path, name=file.path, sha256=file.sha256, size=file.bytes, mode=self.verify)
+        except ShardIntegrityError:
+            lease.close()
+            if not self.location.remote:
+                raise
+            self.location.discard(file.path, damaged=True)  # a damaged cached copy: fetch it again
+            lease = self.location.open_file(file.path, sha256=file.sha256, size=file.bytes, protect=self._protect)
+            try:
+                verify_file(lease.path, name=file.path, sha256=file.sha256, size=file.bytes, mode=self.verify)
+            except BaseException:
+                lease.close()
+                raise
+        except BaseException:
+            lease.close()
+            raise
+        return lease, file.path
+
     def local_path(self, index: int) -> tuple[str, str]:
-        """``(local path, relative name)`` of shard ``index``, fetched and verified."""
-        file = self.shards[index].files[self.fmt]
-        path = self.location.local_file(file.path, sha256=file.sha256)
-        verify_file(path, name=file.path, sha256=file.sha256, size=file.bytes, mode=self.verify)
-        return path, file.path
+        """``(local path, relative name)`` of shard ``index``, fetched and verified (not leased)."""
+        lease, name = self.open_file(index)
+        lease.close()
+        return lease.path, name
 
     def arrow(self, index: int) -> ArrowShard:
         """The opened Arrow shard ``index`` (verified on first open in this process)."""
-        if os.getpid() != self._pid:  # forked worker: do not share the parent's maps
-            self._open, self._pid = {}, os.getpid()
+        self._check_process()
         shard = self._open.get(index)
         if shard is None:
-            path, name = self.local_path(index)
-            shard = ArrowShard(path, name=name, columns=self.columns, rows=self.shards[index].rows)
+            lease, name = self.open_file(index)
+            try:
+                shard = ArrowShard(lease.path, name=name, columns=self.columns, rows=self.shards[index].rows)
+            except BaseException:
+                lease.close()
+                raise
+            shard.lease = lease if self.location.remote else None
             self._open[index] = shard
         return shard
 
     def start_epoch(self) -> None:
         """Forget opened shards when ``verify="always"``, so that each epoch checks them again."""
         if self.verify == "always":
-            self._open = {}
+            self.release(list(self._open))
+
+    def release(self, indices) -> None:
+        """Close opened shards: their cached files may be evicted (rows already read stay valid)."""
+        for index in indices:
+            shard = self._open.pop(index, None)
+            if shard is not None:
+                shard.close()
+                self._released = True
 
     def tar_rows(self, index: int, wanted: set[int] | None) -> dict[int, dict[str, Any]]:
         """Rows of tar shard ``index`` (see :func:`read_tar_rows`)."""
-        path, name = self.local_path(index)
-        return read_tar_rows(path, name=name, columns=self.columns, rows=self.shards[index].rows, wanted=wanted)
+        self._check_process()
+        lease, name = self.open_file(index)
+        with lease:
+            return read_tar_rows(lease.path, name=name, columns=self.columns, rows=self.shards[index].rows,
+                                 wanted=wanted)
+
+    # -- remote datasets: what to keep, what to fetch ahead --------------------------------
+    def plan(self, current, upcoming=None) -> None:
+        """Tell a remote shard set where the reader is (a no-op for local datasets).
+
+        Args:
+            current: shards the reader may read from soon (the shuffle blocks it is in); opened
+                shards not among them are released, so the cache may evict their files.
+            upcoming: shards in the order the reader will need them (an iterable, read lazily);
+                the first ``prefetch_shards`` that are not open are downloaded in the
+                background. None: only release.
+        """
+        if not self.location.remote:
+            return
+        self._check_process()
+        current = set(current)
+        self.release([index for index in self._open if index not in current])
+        if upcoming is None:
+            return
+        window: list[int] = []
+        if self.prefetch_shards:
+            for index in upcoming:
+                if index in self._open or index in window or not self.shards[index].rows:
+                    continue
+                window.append(index)
+                if len(window) == self.prefetch_shards:
+                    break
+        self._protect = frozenset(self.location.cache_path(self._file(i).path) for i in (*current, *window))
+        if self._prefetcher is None:
+            if not window:
+                return
+            self._prefetcher = Prefetcher(functools.partial(_prefetch_one, weakref.ref(self)))
+        self._prefetcher.want(window, self._protect, retry=self._released)
+        self._released = False
+
+    def wait_prefetch(self, timeout: float | None = None) -> bool:
+        """Wait for the background downloads asked for so far; False on timeout."""
+        return self._prefetcher is None or self._prefetcher.wait(timeout)
+
+
+def _prefetch_one(shards: weakref.ref[ShardSet], index: int, protect: frozenset[str]) -> bool:
+    """Prefetch job of a shard set (held weakly: the thread does not keep a dropped reader's leases)."""
+    owner = shards()
+    if owner is None:
+        return False
+    file = owner._file(index)
+    return owner.location.prefetch_file(file.path, sha256=file.sha256, size=file.bytes, protect=protect)
