@@ -39,6 +39,7 @@ Assumption: chunks hold no sentinel ids (the tokenizer must not turn literal
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -364,9 +365,17 @@ def span_counters(
     Raises:
         ValueError: lengths that span corruption cannot produce (e.g. a padded example).
     """
+    return dict(_span_counts(inputs_length, targets_length, noise_density, mean_noise_span_length, max_raw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _span_counts(
+    inputs_length: int, targets_length: int, noise_density: float, mean_noise_span_length: float, max_raw: int
+) -> tuple[tuple[str, int], ...]:
+    # Pure in its arguments, and nearly every example has the same lengths: cache it.
     raw = raw_length_from_encoded(inputs_length, targets_length, noise_density, mean_noise_span_length, max_raw)
     num_noise, num_spans = noise_counts(raw, noise_density, mean_noise_span_length)
-    return {"raw_tokens": raw, "noise_tokens": num_noise, "noise_spans": num_spans}
+    return (("raw_tokens", raw), ("noise_tokens", num_noise), ("noise_spans", num_spans))
 
 
 def span_length_histogram(targets: np.ndarray, sentinels: np.ndarray) -> dict[str, int]:
