@@ -34,7 +34,9 @@ from transforms.tokenizer_utils import tokenizer_from_bytes
 
 __all__ = ["BATCH_SIZE", "Tokenize", "assign_split", "bucket_of", "document_key", "read_tokenizer_bytes"]
 
-BATCH_SIZE = 512
+BATCH_SIZE = 2048
+#: A batch is also sent once its texts hold this many characters (bounds memory for long documents).
+BATCH_CHARS = 1 << 23
 TRAIN, VALIDATION = "train", "validation"
 
 
@@ -124,6 +126,7 @@ class _TokenizeBatch(beam.DoFn):
 
     def start_bundle(self):
         self._buffer = []
+        self._buffer_chars = 0
         self._pending = collections.deque()
 
     def _encode(self, texts):
@@ -132,7 +135,7 @@ class _TokenizeBatch(beam.DoFn):
         return self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
 
     def _submit(self):
-        texts, self._buffer = self._buffer, []
+        texts, self._buffer, self._buffer_chars = self._buffer, [], 0
         self._pending.append((texts, self._pool.submit(self._encode, texts)))
 
     def _emit(self, texts, future):
@@ -160,7 +163,8 @@ class _TokenizeBatch(beam.DoFn):
 
     def process(self, text):
         self._buffer.append(text)
-        if len(self._buffer) >= self._batch_size:
+        self._buffer_chars += len(text)
+        if len(self._buffer) >= self._batch_size or self._buffer_chars >= BATCH_CHARS:
             self._submit()
             while len(self._pending) > 1:
                 yield from self._emit(*self._pending.popleft())
@@ -186,7 +190,7 @@ class Tokenize(beam.PTransform):
         features: per-token features to compute (``word_starts``, ``sentence_starts``).
         validation_fraction: share of documents (by key hash) in the validation split.
         num_buckets: packing buckets per split.
-        batch_size: texts per ``encode_batch`` call.
+        batch_size: texts per ``encode_batch`` call (at most; also capped at ``BATCH_CHARS`` characters).
         progress_seconds: interval of progress lines on stderr (0 turns them off).
 
     Texts that encode to nothing go to the :attr:`REJECTED` output.
