@@ -205,7 +205,10 @@ def read_tar_rows(
                 break
             if wanted is not None and row not in wanted:
                 continue
-            example: dict[str, Any] = {"key": sample["__key__"].rsplit("/", 1)[-1]}
+            raw_key = sample["__key__"]
+            if raw_key.startswith("/") or ".." in raw_key.split("/"):
+                raise ShardIntegrityError(f"shard {name}: unsafe member name {raw_key!r} (absolute or with '..')")
+            example: dict[str, Any] = {"key": raw_key.rsplit("/", 1)[-1]}
             for suffix, payload in sample.items():
                 if not suffix.startswith("__"):
                     field, value = _decode_member(name, example["key"], suffix, payload)

@@ -126,3 +126,50 @@ def test_bad_options(dataset):
         ShardedDataset(dataset, rank=2, world_size=2)
     with pytest.raises(ValueError, match="columns"):
         ShardedDataset(dataset, columns=["pixels"])
+
+
+def test_truncated_shard_is_named(dataset):
+    path = os.path.join(dataset, SHARD)
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) - 300)
+    with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: .* bytes on disk, the manifest says"):
+        read_all(dataset, verify="never")
+
+
+def _rewrite_tar(dataset, rename):
+    """Rewrite TAR with member names changed by ``rename`` and fix the manifest's size and sha256."""
+    import hashlib
+    import io
+    import tarfile
+
+    path = os.path.join(dataset, TAR)
+    out = io.BytesIO()
+    with tarfile.open(path) as source, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as target:
+        for member in source.getmembers():
+            payload = source.extractfile(member).read()
+            member.name = rename(member.name)
+            member.size = len(payload)
+            target.addfile(member, io.BytesIO(payload))
+    data = out.getvalue()
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+    def edit(manifest):
+        for shard in manifest["splits"]["train"]["shards"]:
+            entry = shard["files"]["webdataset"]
+            if entry["path"] == TAR:
+                entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+
+    edit_manifest(dataset, edit)
+
+
+def test_unsafe_tar_member_names_are_rejected(dataset):
+    _rewrite_tar(dataset, lambda name: "../" + name)
+    with pytest.raises(ShardIntegrityError, match=f"shard {TAR}: unsafe member name"):
+        read_all(dataset, fmt="webdataset")
+
+
+def test_pickled_tar_members_are_never_loaded(dataset):
+    _rewrite_tar(dataset, lambda name: name.replace(".doc_lengths.npy", ".doc_lengths.pyd"))
+    with pytest.raises(ShardIntegrityError, match=r"unsupported type \.pyd"):
+        read_all(dataset, fmt="webdataset")
