@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 
 import pytest
+from hypothesis import settings
 from lmshards_testing import SAMPLE_GLOB, TOKENIZER
+
+# Timing is never a test criterion here (the machine is shared): no per-example deadline.
+# In CI the examples are derandomized, so a run is reproducible; locally they vary.
+settings.register_profile("lmshards", deadline=None, print_blob=True, derandomize=bool(os.environ.get("CI")))
+settings.load_profile("lmshards")
 
 
 @pytest.fixture(scope="session")
