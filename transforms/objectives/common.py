@@ -108,14 +108,20 @@ class SpecialIds:
     all_special: frozenset[int] = frozenset()
 
     def special_array(self) -> np.ndarray:
-        """Sorted int32 array of every special id (for ``np.isin``)."""
-        ids = set(self.all_special)
-        for value in (self.pad, self.eos, self.bos, self.unk, self.mask, self.cls, self.sep):
-            if value is not None:
-                ids.add(value)
-        ids.update(self.sentinels)
-        ids.update(self.mode_tokens.values())
-        return np.array(sorted(ids), dtype=np.int32)
+        """Sorted int32 array of every special id (for ``np.isin``); read-only, built once."""
+        cached = self.__dict__.get("_special_array")
+        if cached is None:
+            ids = set(self.all_special)
+            for value in (self.pad, self.eos, self.bos, self.unk, self.mask, self.cls, self.sep):
+                if value is not None:
+                    ids.add(value)
+            ids.update(self.sentinels)
+            ids.update(self.mode_tokens.values())
+            cached = np.array(sorted(ids), dtype=np.int32)
+            cached.setflags(write=False)
+            # Not a field: equality, hashing and repr ignore it (objectives call this per example).
+            object.__setattr__(self, "_special_array", cached)
+        return cached
 
     def non_special_ids(self) -> np.ndarray:
         """int32 array of every id a random replacement may produce."""
