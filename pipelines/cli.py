@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 __all__ = ["main"]
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmshards: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, _, function = COMMANDS[command][0].partition(":")
-    module = __import__(module_name, fromlist=["main"])
+    module = importlib.import_module(module_name)
     return getattr(module, function or "main")(rest)
 
 

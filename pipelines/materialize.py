@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, _BeamArgumentParser
 
@@ -197,7 +198,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
 
 
 def _bytes_per_example(plan: Plan) -> int:
-    length, _ = plan.objective.plan_chunk(__import__("numpy").random.default_rng(0))
+    length, _ = plan.objective.plan_chunk(np.random.default_rng(0))
     return max(1, 4 * length * len(plan.schema.token_columns))
 
 

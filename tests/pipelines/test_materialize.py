@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import glob
 import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -104,11 +105,9 @@ def test_manifest_counts_and_shards(clm_dataset, sample_texts):
                 path = os.path.join(out, f.path)
                 data = open(path, "rb").read()
                 assert len(data) == f.bytes
-                import hashlib
-
                 assert hashlib.sha256(data).hexdigest() == f.sha256
     tokenizer_bytes = open(out / "tokenizer.json", "rb").read()
-    assert manifest.tokenizer["sha256"] == __import__("hashlib").sha256(tokenizer_bytes).hexdigest()
+    assert manifest.tokenizer["sha256"] == hashlib.sha256(tokenizer_bytes).hexdigest()
     assert not os.path.exists(out / ".tmp")
     assert manifest.stats["train"]["document_lengths"]["count"] == manifest.splits["train"]["documents"]
 
