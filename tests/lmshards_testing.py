@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 
@@ -39,3 +41,21 @@ def encode_documents(texts, tokenizer_path) -> list[np.ndarray]:
 
     tok = Tokenizer.from_file(tokenizer_path)
     return [np.asarray(e.ids, dtype=np.int32) for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
+_BLOCKER = """
+import sys
+BLOCKED = set(sys.argv[1].split(","))
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked import of " + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def run_with_blocked_imports(code: str, blocked: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter where the top-level packages in ``blocked``
+    (comma-separated) cannot be imported; ``sys.argv[2:]`` holds ``args``."""
+    return subprocess.run([sys.executable, "-c", _BLOCKER + code, blocked, *args], capture_output=True, text=True,
+                          cwd=ROOT)

@@ -8,19 +8,12 @@ Dataflow worker or in a training job.
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
-from lmshards_testing import ROOT
+from lmshards_testing import run_with_blocked_imports
 
-PROBE = """
-import importlib, pkgutil, sys
-BLOCKED = set(sys.argv[1].split(","))
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError("blocked import of " + name)
-sys.meta_path.insert(0, Block())
+WALK = """
+import importlib, pkgutil
 for package in sys.argv[2].split(","):
     skip = set(filter(None, sys.argv[3].split(","))) if len(sys.argv) > 3 else set()
     module = importlib.import_module(package)
@@ -35,8 +28,7 @@ print("ok")
 
 
 def _probe(blocked: str, packages: str, skip: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROBE, blocked, packages, skip], capture_output=True, text=True,
-                          cwd=ROOT)
+    return run_with_blocked_imports(WALK, blocked, packages, skip)
 
 
 @pytest.mark.parametrize(
@@ -62,6 +54,5 @@ def test_the_probe_catches_a_leak():
 
 
 def test_loaders_package_imports_without_torch():
-    code = PROBE.split("for package")[0] + "import loaders, loaders.reader\nprint('ok')\n"
-    result = subprocess.run([sys.executable, "-c", code, "torch,apache_beam"], capture_output=True, text=True, cwd=ROOT)
+    result = run_with_blocked_imports("import loaders, loaders.reader\nprint('ok')\n", "torch,apache_beam")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

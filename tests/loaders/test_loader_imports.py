@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
-from conftest import ROOT
-
-BLOCKER = """
-import sys
-BLOCKED = set(sys.argv[1].split(","))
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError("blocked import of " + name)
-sys.meta_path.insert(0, Block())
-"""
+from lmshards_testing import run_with_blocked_imports
 
 
 def run(code: str, blocked: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCKER + code, blocked], capture_output=True, text=True, cwd=ROOT)
+    return run_with_blocked_imports(code, blocked)
 
 
 def test_numpy_side_of_loaders_imports_without_torch():
