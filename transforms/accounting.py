@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RejectedFractionError", "check_rejected_fraction", "document_counts", "rejected_fraction"]
+__all__ = [
+    "RejectedFractionError",
+    "UnreconciledCountsError",
+    "check_reconciled",
+    "check_rejected_fraction",
+    "document_counts",
+    "rejected_fraction",
+]
 
 REPAIRS = ("invalid_utf8_replaced", "nul_bytes_stripped", "long_documents_split", "split_pieces")
 
@@ -26,6 +33,14 @@ class RejectedFractionError(ValueError):
 
     Raised by WriteManifest before it writes anything, so the failed run leaves no
     manifest. The message is one line that starts with the flag.
+    """
+
+
+class UnreconciledCountsError(RuntimeError):
+    """The documents of a run do not add up: some were lost (or made up) between stages.
+
+    Raised by WriteManifest before it writes anything: a dataset that silently misses
+    documents must never look complete. The message is one line.
     """
 
 
@@ -81,4 +96,18 @@ def check_rejected_fraction(counts: dict[str, Any], max_fraction: float | None, 
         f"--max-rejected-fraction {max_fraction:g} exceeded: {fraction:.2%} of documents rejected "
         f"({counts['rejected']:,} of {counts['documents_read']:,} read: {reasons}); "
         f"no manifest written, the rejected records are in {rejected_path}"
+    )
+
+
+def check_reconciled(counts: dict[str, Any]) -> None:
+    """Raise :class:`UnreconciledCountsError` unless read = written + duplicates + rejected + filtered."""
+    if counts["reconciled"]:
+        return
+    accounted = counts["documents_written"] + counts["duplicates"] + counts["rejected"] + counts["filtered"]
+    missing = counts["documents_read"] - accounted
+    what = f"{missing:,} documents were lost" if missing > 0 else f"{-missing:,} documents were counted twice"
+    raise UnreconciledCountsError(
+        f"documents do not add up: read {counts['documents_read']:,} != written {counts['documents_written']:,} "
+        f"+ duplicates {counts['duplicates']:,} + rejected {counts['rejected']:,} + filtered {counts['filtered']:,} "
+        f"({what} between stages, a runner fault); no manifest written"
     )

@@ -1,14 +1,20 @@
-"""BuildExamples: apply the objective to each chunk, ``draws`` times.
+"""BuildExamples: apply the objective to each chunk, ``draws`` times, into columnar batches.
 
 Draw ``d`` of chunk ``C`` has the example key ``C-dD`` and draws its noise from
 ``example_rng(seed, key)`` only, like BERT's ``dupe_factor`` static masking: K draws give K
 differently noised copies of the same chunk.
 
-Per-example counters are taken here, where the special ids are known, and travel with the
-example under ``_stats`` (writers take only the schema's columns): ``chunk_tokens`` (the
-source tokens the example was made from) and ``padding_tokens`` are added to the
-objective's own counters. Short rows of fixed-length columns (a padded final chunk) are
+Per-example counters are taken here, where the special ids are known: the objective's own
+counters plus ``chunk_tokens`` (the source tokens the example was made from) and
+``padding_tokens``. Short rows of fixed-length columns (a padded final chunk) are
 right-padded with the pad id.
+
+Examples leave this stage as :class:`ExampleBatch` elements of up to :data:`BATCH_ROWS`
+rows of one split (columnar numpy buffers, one shuffle element instead of hundreds of
+dicts), each row with its shard hash and row-order key (:mod:`transforms.objectives.layout`)
+already computed; the counters leave summed, per split, on the :attr:`BuildExamples.STATS`
+output. Batching depends on bundles, but nothing written does: the writer sorts every
+shard's rows by their order key, and counters are integers that add up in any order.
 """
 
 from __future__ import annotations
@@ -17,18 +23,80 @@ import inspect
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.transforms.window import GlobalWindows
 
-from transforms.objectives.common import LazyGenerator
+from schemas.examples import ExampleSchema
+from transforms.objectives.common import LazyGenerator, digest_u64
 from transforms.objectives.counters import merge_counters
+from transforms.objectives.layout import SHARD_SALT, row_order_key, shard_key
+from transforms.shard_format import ExampleColumns
 
-__all__ = ["STATS_KEY", "BuildExamples", "example_key"]
+__all__ = ["BATCH_ROWS", "STATS_KEY", "BuildExamples", "ExampleBatch", "example_key"]
 
 STATS_KEY = "_stats"
+#: Rows per ExampleBatch a Build bundle emits (per split; the last batch of a bundle is shorter).
+BATCH_ROWS = 512
 
 
 def example_key(chunk_key: str, draw: int) -> str:
     """Key of draw ``draw`` of a chunk (no dots: it is also the WebDataset ``__key__``)."""
     return f"{chunk_key}-d{draw}"
+
+
+class ExampleBatch:
+    """Rows of one split on their way to the shard writers.
+
+    Attributes:
+        orders: ``(n, 16)`` uint8 row-order keys (:func:`transforms.objectives.layout.row_order_key`).
+        shard_hashes: ``(n,)`` uint64; a row's shard is ``shard_hashes % num_shards``.
+        chunk_tokens: ``(n,)`` int64 source tokens of each row.
+        columns: the rows' :class:`~transforms.shard_format.ExampleColumns`.
+    """
+
+    __slots__ = ("orders", "shard_hashes", "chunk_tokens", "columns")
+
+    def __init__(self, orders, shard_hashes, chunk_tokens, columns: ExampleColumns):
+        self.orders, self.shard_hashes, self.chunk_tokens, self.columns = orders, shard_hashes, chunk_tokens, columns
+
+    @property
+    def count(self) -> int:
+        return self.columns.count
+
+    def take(self, indices: np.ndarray) -> ExampleBatch:
+        return ExampleBatch(self.orders[indices], self.shard_hashes[indices], self.chunk_tokens[indices],
+                            self.columns.take(indices))
+
+    @classmethod
+    def concat(cls, parts: list[ExampleBatch], schema: ExampleSchema) -> ExampleBatch:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            np.concatenate([p.orders for p in parts]) if parts else np.zeros((0, 16), np.uint8),
+            np.concatenate([p.shard_hashes for p in parts]) if parts else np.zeros(0, np.uint64),
+            np.concatenate([p.chunk_tokens for p in parts]) if parts else np.zeros(0, np.int64),
+            ExampleColumns.concat([p.columns for p in parts], schema),
+        )
+
+    def sorted_by_order(self) -> ExampleBatch:
+        """Rows in ascending order of their 16-byte order keys (bytewise, like sorting ``bytes``)."""
+        high = self.orders[:, :8].copy().view(">u8").reshape(-1)
+        low = self.orders[:, 8:].copy().view(">u8").reshape(-1)
+        return self.take(np.lexsort((low, high)))
+
+    def encode(self) -> tuple:
+        """Bytes, ints, lists and dicts only: Beam's default coder handles them without pickling."""
+        return (self.orders.tobytes(), self.shard_hashes.tobytes(), self.chunk_tokens.tobytes(),
+                self.columns.encode())
+
+    @classmethod
+    def decode(cls, encoded: tuple, schema: ExampleSchema) -> ExampleBatch:
+        orders, hashes, tokens, columns = encoded
+        return cls(
+            np.frombuffer(orders, dtype=np.uint8).reshape(-1, 16),
+            np.frombuffer(hashes, dtype=np.uint64),
+            np.frombuffer(tokens, dtype=np.int64),
+            ExampleColumns.decode(columns, schema),
+        )
 
 
 class _Build(beam.DoFn):
@@ -42,6 +110,10 @@ class _Build(beam.DoFn):
         self._stats_takes_special = len(parameters) >= 2
         self._fixed = {c: self._schema.fixed_length(c) for c in self._schema.token_columns}
         self._fixed = {c: n for c, n in self._fixed.items() if n is not None}
+
+    def start_bundle(self):
+        self._rows: dict[str, list] = {}
+        self._stats: dict[str, dict[str, int]] = {}
 
     def _finish(self, example, chunk_tokens):
         if self._stats_takes_special:
@@ -60,23 +132,46 @@ class _Build(beam.DoFn):
         extra = {"chunk_tokens": chunk_tokens}
         if padding:
             extra["padding_tokens"] = padding
-        example[STATS_KEY] = merge_counters(counters, extra)
-        return example
+        return example, merge_counters(counters, extra)
+
+    def _batch(self, split):
+        rows = self._rows.pop(split)
+        keys = [example["key"] for example, _ in rows]
+        orders = np.frombuffer(b"".join(row_order_key(self._seed, key) for key in keys), dtype=np.uint8)
+        hashes = np.fromiter((digest_u64(shard_key(self._seed, key), salt=SHARD_SALT) for key in keys),
+                             dtype=np.uint64, count=len(keys))
+        tokens = np.fromiter((t for _, t in rows), dtype=np.int64, count=len(rows))
+        columns = ExampleColumns.from_examples([example for example, _ in rows], self._schema)
+        return split, ExampleBatch(orders.reshape(-1, 16), hashes, tokens, columns).encode()
 
     def process(self, chunk):
         split, chunk_key, plan, piece = chunk
         features = dict(piece.features)
         features["doc_lengths"] = piece.doc_lengths
+        rows = self._rows.setdefault(split, [])
+        stats = self._stats.get(split, {})
         for draw in range(self._draws):
             key = example_key(chunk_key, draw)
             example = self._objective.build(piece.tokens, LazyGenerator(self._seed, key), plan, self._special, features)
             example["key"] = key
-            yield split, self._finish(example, len(piece.tokens))
+            example, counters = self._finish(example, len(piece.tokens))
+            stats = merge_counters(stats, counters)
+            rows.append((example, len(piece.tokens)))
+        self._stats[split] = stats
         self._examples.inc(self._draws)
+        if len(rows) >= BATCH_ROWS:
+            yield self._batch(split)
+
+    def finish_bundle(self):
+        for split in sorted(self._rows):
+            yield GlobalWindows.windowed_value(self._batch(split))
+        for split, stats in sorted(self._stats.items()):
+            yield beam.pvalue.TaggedOutput(BuildExamples.STATS, GlobalWindows.windowed_value((split, stats)))
+        self._stats = {}
 
 
 class BuildExamples(beam.PTransform):
-    """``(split, chunk_key, plan, Piece)`` -> ``(split, example dict)``.
+    """``(split, chunk_key, plan, Piece)`` -> ``(split, encoded ExampleBatch)``, plus counters.
 
     Args:
         objective: object implementing :class:`transforms.objectives.base.Objective`.
@@ -84,7 +179,12 @@ class BuildExamples(beam.PTransform):
         schema: the :class:`schemas.examples.ExampleSchema` the examples are written with.
         seed: global seed.
         draws: independent noisings per chunk (>= 1).
+
+    Returns ``(batches, stats)``: ``stats`` holds ``(split, counters)`` elements (one per
+    bundle and split; sum them per split).
     """
+
+    STATS = "stats"
 
     def __init__(self, objective, special, schema, *, seed: int, draws: int = 1):
         super().__init__()
@@ -93,4 +193,5 @@ class BuildExamples(beam.PTransform):
         self._fn = _Build(objective, special, schema, seed, draws)
 
     def expand(self, chunks):
-        return chunks | "ApplyObjective" >> beam.ParDo(self._fn)
+        outputs = chunks | "ApplyObjective" >> beam.ParDo(self._fn).with_outputs(self.STATS, main="batches")
+        return outputs.batches, outputs[self.STATS]

@@ -15,8 +15,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
-from transforms.accounting import check_rejected_fraction, document_counts
-from transforms.objectives.counters import merge_counters
+from transforms.accounting import check_reconciled, check_rejected_fraction, document_counts
 from transforms.objectives.summary import summarize_objective
 from transforms.write import TMP_DIR, join_path, write_atomic
 
@@ -62,39 +61,39 @@ class _WriteManifest(beam.DoFn):
     def __init__(self, output, static):
         self._output, self._static = output, static
 
-    def process(self, _, shards, pack_stats, read_stats, reasons, rejected_files):
+    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files):
         static = self._static
         splits: dict[str, Any] = {}
         stats: dict[str, Any] = {}
         for split in static["splits"]:
-            rows = sorted((s for s in shards if s["shard"]["split"] == split), key=lambda s: s["shard"]["index"])
-            objective_stats: dict[str, int] = {}
-            for row in rows:
-                objective_stats = merge_counters(objective_stats, row["stats"])
+            rows = sorted((s for s in shards if s["split"] == split), key=lambda s: s["index"])
+            split_stats = objective_stats.get(split, {})
             packing = pack_stats.get(split, {})
             splits[split] = {
                 "documents": packing.get("documents", 0),
                 "duplicates": packing.get("duplicates", 0),
-                "examples": sum(r["shard"]["rows"] for r in rows),
-                "tokens": sum(r["shard"]["tokens"] for r in rows),
-                "padding_tokens": objective_stats.get("padding_tokens", 0),
+                "examples": sum(r["rows"] for r in rows),
+                "tokens": sum(r["tokens"] for r in rows),
+                "padding_tokens": split_stats.get("padding_tokens", 0),
                 "dropped_tokens": packing.get("dropped_tokens", 0),
                 "document_tokens": packing.get("doc_tokens_sum", 0) + packing.get("documents", 0),
                 "num_shards": len(rows),
-                "shards": [r["shard"] for r in rows],
+                "shards": rows,
             }
             stats[split] = {
                 "document_lengths": summarize_lengths(packing, "doc_tokens"),
-                "objective": dict(sorted(objective_stats.items())),
+                "objective": dict(sorted(split_stats.items())),
                 "objective_summary": summarize_objective(
-                    static["objective"]["name"], objective_stats, static["objective"]["params"]
+                    static["objective"]["name"], split_stats, static["objective"]["params"]
                 ),
             }
         written = sum(s["documents"] for s in splits.values())
         duplicates = sum(s["duplicates"] for s in splits.values())
         counts = document_counts(read_stats, reasons, written, duplicates)
         counts["rejected_files"] = sorted(rejected_files, key=lambda f: f["path"])
-        # Before anything is written: a run over the limit fails and leaves no manifest.
+        # Before anything is written: a run that lost documents, or is over the rejected limit,
+        # fails and leaves no manifest.
+        check_reconciled(counts)
         check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
                                 join_path(self._output, "rejected/rejected.jsonl"))
         for split, info in splits.items():
@@ -130,7 +129,8 @@ class WriteManifest(beam.PTransform):
         static: manifest parts known before the run (objective, config, tokenizer,
             schema, run, splits, formats).
 
-    Inputs: ``(shards, pack_stats, read_stats, reasons, rejected_files)``; the counts
+    Inputs: ``(shards, objective_stats, pack_stats, read_stats, reasons, rejected_files)``
+    (``objective_stats``: per split, the summed counters of BuildExamples); the counts
     follow :func:`transforms.accounting.document_counts`. When ``static["config"]`` has a
     ``max_rejected_fraction`` that the run exceeds, it raises
     :class:`~transforms.accounting.RejectedFractionError` and writes nothing.
@@ -141,7 +141,7 @@ class WriteManifest(beam.PTransform):
         self._output, self._static = output, static
 
     def expand(self, inputs):
-        shards, pack_stats, read_stats, reasons, rejected_files = inputs
+        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files = inputs
         pipeline = shards.pipeline
         return (
             pipeline
@@ -150,6 +150,7 @@ class WriteManifest(beam.PTransform):
             >> beam.ParDo(
                 _WriteManifest(self._output, self._static),
                 shards=beam.pvalue.AsList(shards),
+                objective_stats=beam.pvalue.AsDict(objective_stats),
                 pack_stats=beam.pvalue.AsDict(pack_stats),
                 read_stats=beam.pvalue.AsSingleton(read_stats),
                 reasons=beam.pvalue.AsDict(reasons),

@@ -133,7 +133,9 @@ class Pack(beam.PTransform):
         eos: EOS id appended to every document.
         last_chunk: ``drop`` or ``pad`` the split's final partial chunk (concat).
 
-    Output: ``(split, chunk_key, plan, Piece)``; :attr:`STATS`: ``(split, counters)``.
+    Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of ``(split, chunk_key,
+    plan, Piece)``, kept apart because flattening them would make the runner encode every
+    chunk (consumers apply the same transform to each), and ``(split, counters)``.
     """
 
     STATS = "stats"
@@ -160,13 +162,12 @@ class Pack(beam.PTransform):
                 self.STATS, main="chunks"
             )
         )
-        chunks = (packed.chunks, repacked.chunks) | "AllChunks" >> beam.Flatten()
         stats = (
             (packed[self.STATS], repacked[self.STATS])
             | "AllPackStats" >> beam.Flatten()
             | "SumPackStats" >> beam.CombinePerKey(CountersCombineFn())
         )
-        return chunks, stats
+        return (packed.chunks, repacked.chunks), stats
 
 
 class CountersCombineFn(beam.CombineFn):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -19,7 +19,17 @@ import pyarrow as pa
 
 from schemas.examples import ExampleSchema
 
-__all__ = ["ARROW_BATCH_ROWS", "HashingWriter", "examples_to_batch", "write_arrow", "write_tar", "npy_bytes"]
+__all__ = [
+    "ARROW_BATCH_ROWS",
+    "ExampleColumns",
+    "HashingWriter",
+    "examples_to_batch",
+    "npy_bytes",
+    "write_arrow",
+    "write_arrow_columns",
+    "write_tar",
+    "write_tar_columns",
+]
 
 #: Rows per Arrow record batch; fixed so that bytes never depend on the runner.
 ARROW_BATCH_ROWS = 1000
@@ -51,15 +61,152 @@ class HashingWriter(io.RawIOBase):
         self._raw.flush()
 
 
-def _token_array(values: Sequence[np.ndarray], fixed: int | None) -> pa.Array:
-    if fixed is not None:
-        flat = np.stack(values).astype(np.int32, copy=False).reshape(-1) if values else np.zeros(0, np.int32)
-        return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=pa.int32()), fixed)
-    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-    offsets = np.zeros(len(values) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(values).astype(np.int32, copy=False) if values else np.zeros(0, np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(flat, type=pa.int32()))
+class ExampleColumns:
+    """Examples of one schema stored column by column (numpy, no per-row objects).
+
+    The pipeline moves examples between stages and writes shards in this form: one
+    ``int32`` buffer plus row offsets per array column, one ``int32`` array per scalar
+    column, one list per string column. :meth:`encode` turns it into a tuple of bytes,
+    lists and ints that Beam's default coder encodes without pickling.
+
+    Attributes:
+        schema: the example schema.
+        count: number of rows.
+        arrays: array column -> ``(flat int32 values, int64 offsets of length count + 1)``.
+        scalars: scalar column -> int32 array of ``count`` values.
+        strings: string column -> list of ``count`` strings.
+    """
+
+    __slots__ = ("schema", "count", "arrays", "scalars", "strings")
+
+    def __init__(self, schema: ExampleSchema, count: int, arrays: dict, scalars: dict, strings: dict):
+        self.schema, self.count = schema, count
+        self.arrays, self.scalars, self.strings = arrays, scalars, strings
+
+    @classmethod
+    def from_examples(cls, examples: Sequence[dict[str, Any]], schema: ExampleSchema) -> ExampleColumns:
+        """Columns of ``examples`` (dicts of column -> value).
+
+        Raises:
+            ValueError: a fixed-length column has a row of another length.
+        """
+        arrays = {}
+        for name in schema.array_columns:
+            values = [np.asarray(example[name], dtype=np.int32) for example in examples]
+            lengths = np.fromiter((v.shape[0] for v in values), dtype=np.int64, count=len(values))
+            fixed = schema.fixed_length(name)
+            if fixed is not None and values and (lengths != fixed).any():
+                bad = int(lengths[np.argmax(lengths != fixed)])
+                raise ValueError(f"column {name!r} is fixed at {fixed} tokens, got a row of {bad}")
+            offsets = np.zeros(len(values) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            flat = np.concatenate(values) if values else np.zeros(0, np.int32)
+            arrays[name] = (flat, offsets)
+        scalars = {
+            name: np.fromiter((example[name] for example in examples), dtype=np.int32, count=len(examples))
+            for name in schema.scalar_columns
+        }
+        strings = {name: [str(example[name]) for example in examples] for name in schema.string_columns}
+        return cls(schema, len(examples), arrays, scalars, strings)
+
+    @classmethod
+    def concat(cls, parts: Sequence[ExampleColumns], schema: ExampleSchema) -> ExampleColumns:
+        """Rows of ``parts`` one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        arrays = {}
+        for name in schema.array_columns:
+            flats = [p.arrays[name][0] for p in parts]
+            lengths = [np.diff(p.arrays[name][1]) for p in parts]
+            merged = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+            offsets = np.zeros(len(merged) + 1, dtype=np.int64)
+            np.cumsum(merged, out=offsets[1:])
+            arrays[name] = (np.concatenate(flats) if flats else np.zeros(0, np.int32), offsets)
+        scalars = {
+            name: np.concatenate([p.scalars[name] for p in parts]) if parts else np.zeros(0, np.int32)
+            for name in schema.scalar_columns
+        }
+        strings = {name: [value for p in parts for value in p.strings[name]] for name in schema.string_columns}
+        return cls(schema, sum(p.count for p in parts), arrays, scalars, strings)
+
+    def take(self, indices: np.ndarray) -> ExampleColumns:
+        """The rows at ``indices``, in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        arrays = {}
+        for name, (flat, offsets) in self.arrays.items():
+            fixed = self.schema.fixed_length(name)
+            if fixed is not None:  # rows of equal length: a 2-D row gather
+                rows = flat.reshape(-1, fixed)[indices].reshape(-1)
+                arrays[name] = (rows, np.arange(len(indices) + 1, dtype=np.int64) * fixed)
+                continue
+            starts = offsets[:-1][indices]
+            lengths = offsets[1:][indices] - starts
+            new_offsets = np.zeros(len(indices) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=new_offsets[1:])
+            # Position p of output row r reads flat[starts[r] + (p - new_offsets[r])].
+            gather = np.arange(new_offsets[-1], dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
+            arrays[name] = (flat[gather], new_offsets)
+        scalars = {name: values[indices] for name, values in self.scalars.items()}
+        strings = {name: [values[i] for i in indices.tolist()] for name, values in self.strings.items()}
+        return ExampleColumns(self.schema, len(indices), arrays, scalars, strings)
+
+    def row(self, index: int) -> dict[str, Any]:
+        """Row ``index`` as an example dict (arrays are views)."""
+        example: dict[str, Any] = {}
+        for name, (flat, offsets) in self.arrays.items():
+            example[name] = flat[offsets[index] : offsets[index + 1]]
+        for name, values in self.scalars.items():
+            example[name] = int(values[index])
+        for name, values in self.strings.items():
+            example[name] = values[index]
+        return example
+
+    def record_batches(self, rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Arrow record batches of ``rows`` rows (default :data:`ARROW_BATCH_ROWS`; the last one shorter)."""
+        rows = rows or ARROW_BATCH_ROWS
+        for start in range(0, self.count, rows):
+            stop = min(start + rows, self.count)
+            arrays = []
+            for f in self.schema.schema:
+                name = f.name
+                if name in self.arrays:
+                    flat, offsets = self.arrays[name]
+                    values = pa.array(flat[offsets[start] : offsets[stop]], type=pa.int32())
+                    fixed = self.schema.fixed_length(name)
+                    if fixed is not None:
+                        arrays.append(pa.FixedSizeListArray.from_arrays(values, fixed))
+                    else:
+                        local = (offsets[start : stop + 1] - offsets[start]).astype(np.int32)
+                        arrays.append(pa.ListArray.from_arrays(pa.array(local, type=pa.int32()), values))
+                elif name in self.scalars:
+                    arrays.append(pa.array(self.scalars[name][start:stop], type=f.type))
+                else:
+                    arrays.append(pa.array(self.strings[name][start:stop], type=f.type))
+            yield pa.RecordBatch.from_arrays(arrays, schema=self.schema.schema)
+
+    def encode(self) -> tuple:
+        """A tuple of ints, bytes, lists and dicts (cheap for Beam's default coder)."""
+        return (
+            self.count,
+            {name: (flat.tobytes(), offsets.tobytes()) for name, (flat, offsets) in self.arrays.items()},
+            {name: values.tobytes() for name, values in self.scalars.items()},
+            dict(self.strings),
+        )
+
+    @classmethod
+    def decode(cls, encoded: tuple, schema: ExampleSchema) -> ExampleColumns:
+        """Inverse of :meth:`encode`."""
+        count, arrays, scalars, strings = encoded
+        return cls(
+            schema,
+            count,
+            {
+                name: (np.frombuffer(flat, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64))
+                for name, (flat, offsets) in arrays.items()
+            },
+            {name: np.frombuffer(values, dtype=np.int32) for name, values in scalars.items()},
+            {name: list(values) for name, values in strings.items()},
+        )
 
 
 def examples_to_batch(examples: Sequence[dict[str, Any]], schema: ExampleSchema) -> pa.RecordBatch:
@@ -68,27 +215,23 @@ def examples_to_batch(examples: Sequence[dict[str, Any]], schema: ExampleSchema)
     Raises:
         ValueError: a fixed-length column has a row of another length.
     """
-    arrays = []
-    for f in schema.schema:
-        values = [ex[f.name] for ex in examples]
-        if f.name in schema.array_columns:
-            fixed = schema.fixed_length(f.name)
-            if fixed is not None:
-                bad = next((len(v) for v in values if len(v) != fixed), None)
-                if bad is not None:
-                    raise ValueError(f"column {f.name!r} is fixed at {fixed} tokens, got a row of {bad}")
-            arrays.append(_token_array(values, fixed))
-        else:
-            arrays.append(pa.array(values, type=f.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema.schema)
+    columns = ExampleColumns.from_examples(examples, schema)
+    if columns.count == 0:
+        return pa.RecordBatch.from_pylist([], schema=schema.schema)
+    return next(columns.record_batches(columns.count))
+
+
+def write_arrow_columns(handle: BinaryIO, columns: ExampleColumns) -> None:
+    """Write the rows of ``columns`` as one Arrow IPC stream (uncompressed, fixed batch rows)."""
+    options = pa.ipc.IpcWriteOptions(compression=None)
+    with pa.ipc.new_stream(handle, columns.schema.schema, options=options) as writer:
+        for batch in columns.record_batches():
+            writer.write_batch(batch)
 
 
 def write_arrow(handle: BinaryIO, examples: Sequence[dict[str, Any]], schema: ExampleSchema) -> None:
     """Write ``examples`` as one Arrow IPC stream (uncompressed, fixed batch rows)."""
-    options = pa.ipc.IpcWriteOptions(compression=None)
-    with pa.ipc.new_stream(handle, schema.schema, options=options) as writer:
-        for start in range(0, len(examples), ARROW_BATCH_ROWS):
-            writer.write_batch(examples_to_batch(examples[start : start + ARROW_BATCH_ROWS], schema))
+    write_arrow_columns(handle, ExampleColumns.from_examples(examples, schema))
 
 
 _NPY_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
@@ -169,6 +312,15 @@ def write_tar(handle: BinaryIO, examples: Sequence[dict[str, Any]], schema: Exam
     The layout is ``tarfile``'s in stream mode: header, payload padded to 512 bytes, per
     member; two zero blocks; zero padding to a multiple of the 10240-byte record size.
     """
+    _write_tar_rows(handle, examples, schema)
+
+
+def write_tar_columns(handle: BinaryIO, columns: ExampleColumns) -> None:
+    """Write the rows of ``columns`` as a WebDataset tar stream (see :func:`write_tar`)."""
+    _write_tar_rows(handle, (columns.row(i) for i in range(columns.count)), columns.schema)
+
+
+def _write_tar_rows(handle: BinaryIO, examples, schema: ExampleSchema) -> None:
     buffer = bytearray()
     written = 0
     for example in examples:

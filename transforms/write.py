@@ -1,8 +1,9 @@
 """WriteShards and WriteRejected: the file-writing stages.
 
 WriteShards (DESIGN.md section 2.5): the shard of an example is a salted digest of its
-key modulo the split's shard count; a shard's examples are grouped, sorted by a seeded
-digest of their key (this is the global shuffle), and written once per format to a
+key modulo the split's shard count; batches are cut into per-shard pieces, a shard's
+pieces are grouped, its rows sorted by a seeded digest of their key (this is the global
+shuffle), and written once per format to a
 temporary name under ``OUT/.tmp/`` through ``FileSystems``, then renamed to the final
 name. A retried bundle rewrites the same bytes; a killed run leaves only temporary files
 and no manifest. Every shard index exists, empty shards included, so names are dense.
@@ -20,18 +21,15 @@ import uuid
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.transforms.window import GlobalWindows
 
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
-from transforms.build import STATS_KEY
-from transforms.objectives.counters import merge_counters
-from transforms.objectives.layout import row_order_key, shard_of
-from transforms.shard_format import HashingWriter, write_arrow, write_tar
+from transforms.build import ExampleBatch
+from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
 
-__all__ = ["WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
+__all__ = ["WriteRejected", "WriteShards", "batch_rows", "join_path", "shard_count", "write_atomic"]
 
-WRITERS = {"arrow": write_arrow, "webdataset": write_tar}
+WRITERS = {"arrow": write_arrow_columns, "webdataset": write_tar_columns}
 TMP_DIR = ".tmp"
 
 
@@ -64,148 +62,91 @@ def shard_count(split: str, examples: int, *, num_shards: int | None, bytes_per_
     return max(1, math.ceil(examples * bytes_per_example / shard_bytes))
 
 
-#: Examples per group sent to a shard writer (one shuffle element instead of this many).
-GROUP_ROWS = 512
+class _SplitByShard(beam.DoFn):
+    """Cuts each batch into one piece per shard its rows belong to (vectorized)."""
 
-
-def encode_group(rows: list[tuple[bytes, dict]], schema: ExampleSchema) -> tuple:
-    """Rows bound for one shard as one compact, pickle-free shuffle element.
-
-    Token and int-list columns travel as one int32 buffer plus lengths, scalars as one
-    int32 buffer, strings as lists; the rows' counters are summed here already.
-    """
-    columns = {}
-    for name in schema.array_columns:
-        values = [np.asarray(example[name], dtype=np.int32) for _, example in rows]
-        lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-        columns[name] = (np.concatenate(values).tobytes() if values else b"", lengths.tobytes())
-    for name in schema.scalar_columns:
-        columns[name] = (np.fromiter((example[name] for _, example in rows), dtype=np.int32).tobytes(), b"")
-    strings = {name: [example[name] for _, example in rows] for name in schema.string_columns}
-    stats: dict[str, int] = {}
-    for _, example in rows:
-        stats = merge_counters(stats, example[STATS_KEY])
-    return b"".join(order for order, _ in rows), columns, strings, stats
-
-
-def decode_group(group: tuple, schema: ExampleSchema) -> tuple[list[tuple[bytes, dict]], dict[str, int]]:
-    """Inverse of :func:`encode_group`: ``(rows, summed counters)``."""
-    orders, columns, strings, stats = group
-    count = len(orders) // 16
-    examples: list[dict] = [{} for _ in range(count)]
-    for name in schema.array_columns:
-        values, lengths = columns[name]
-        flat = np.frombuffer(values, dtype=np.int32)
-        offsets = np.concatenate([[0], np.cumsum(np.frombuffer(lengths, dtype=np.int64))])
-        for i, example in enumerate(examples):
-            example[name] = flat[offsets[i] : offsets[i + 1]]
-    for name in schema.scalar_columns:
-        for example, value in zip(examples, np.frombuffer(columns[name][0], dtype=np.int32)):
-            example[name] = int(value)
-    for name, values in strings.items():
-        for example, value in zip(examples, values):
-            example[name] = value
-    return [(orders[16 * i : 16 * i + 16], examples[i]) for i in range(count)], stats
-
-
-class _GroupByShard(beam.DoFn):
-    """Assigns each example its shard and batches the examples of a shard per bundle.
-
-    Batching changes nothing in the output: the writer sorts every shard's rows by their
-    order key; it only spares the shuffle one element (and one pickle) per example.
-    """
-
-    def __init__(self, schema: ExampleSchema, seed: int, sizing: dict):
-        self._schema, self._seed, self._sizing = schema, seed, sizing
-
-    def start_bundle(self):
-        self._groups: dict[tuple, list] = {}
+    def __init__(self, schema: ExampleSchema, sizing: dict):
+        self._schema, self._sizing = schema, sizing
 
     def process(self, element, counts):
-        split, example = element
+        split, encoded = element
+        batch = ExampleBatch.decode(encoded, self._schema)
         count = shard_count(split, counts[split], **self._sizing)
-        key = example["key"]
-        shard = (split, shard_of(self._seed, key, count), count)
-        rows = self._groups.setdefault(shard, [])
-        rows.append((row_order_key(self._seed, key), example))
-        if len(rows) >= GROUP_ROWS:
-            yield shard, encode_group(self._groups.pop(shard), self._schema)
-
-    def finish_bundle(self):
-        for shard, rows in sorted(self._groups.items()):
-            yield GlobalWindows.windowed_value((shard, encode_group(rows, self._schema)))
-        self._groups = {}
+        shards = (batch.shard_hashes % np.uint64(count)).astype(np.int64)
+        order = np.argsort(shards, kind="stable")
+        present, starts = np.unique(shards[order], return_index=True)
+        stops = list(starts[1:]) + [len(order)]
+        for shard, start, stop in zip(present.tolist(), starts.tolist(), stops):
+            yield (split, shard, count), batch.take(order[start:stop]).encode()
 
 
 class _WriteShard(beam.DoFn):
-    def __init__(self, output, schema: ExampleSchema, formats, objective, seed):
+    def __init__(self, output, schema: ExampleSchema, formats):
         self._output, self._schema, self._formats = output, schema, tuple(formats)
-        self._objective, self._seed = objective, seed
 
-    def process(self, element, counts):
-        (split, index, count), groups = element
-        rows: list[tuple[bytes, dict]] = []
-        stats: dict[str, int] = {}
-        for group in groups:
-            if group is None:  # the marker that makes empty shards exist
-                continue
-            group_rows, group_stats = decode_group(group, self._schema)
-            rows.extend(group_rows)
-            stats = merge_counters(stats, group_stats)
-        rows.sort(key=lambda row: row[0])
-        examples = [example for _, example in rows]
+    def process(self, element):
+        (split, index, count), pieces = element
+        parts = [ExampleBatch.decode(p, self._schema) for p in pieces if p is not None]  # None: the empty-shard marker
+        if parts:
+            batch = ExampleBatch.concat(parts, self._schema).sorted_by_order()
+        else:
+            batch = ExampleBatch.concat([], self._schema)
         files = {}
         for fmt in self._formats:
             relative = shard_name(split, fmt, index, count)
-            files[fmt] = write_atomic(self._output, relative, lambda h, w=WRITERS[fmt]: w(h, examples, self._schema))
-        tokens = int(stats.get("chunk_tokens", 0))
-        info = ShardInfo(split=split, index=index, rows=len(examples), tokens=tokens, files=files)
-        yield {"shard": info.to_json(), "stats": stats}
+            files[fmt] = write_atomic(self._output, relative, lambda h, w=WRITERS[fmt]: w(h, batch.columns))
+        info = ShardInfo(split=split, index=index, rows=batch.count, tokens=int(batch.chunk_tokens.sum()), files=files)
+        yield info.to_json()
 
 
 class WriteShards(beam.PTransform):
-    """``(split, example)`` -> written shard files; outputs one dict per shard.
+    """``(split, encoded ExampleBatch)`` -> written shard files; outputs one ShardInfo dict per shard.
 
     Args:
         output: dataset directory (any Beam filesystem).
         schema: the example schema.
         formats: ``arrow`` and/or ``webdataset``.
-        objective: the objective (per-example statistics).
-        seed: global seed (orders rows inside shards).
         num_shards: train shard count, or None to size shards by ``shard_bytes``.
         bytes_per_example: size estimate used with ``shard_bytes``.
         shard_bytes: target shard size.
+
+    Rows carry their shard hash and order key (see :class:`transforms.build.ExampleBatch`), so
+    neither the seed nor the objective is needed here.
     """
 
-    def __init__(self, output, schema, *, formats, objective, seed, num_shards, bytes_per_example, shard_bytes):
+    def __init__(self, output, schema, *, formats, num_shards, bytes_per_example, shard_bytes):
         super().__init__()
         self._output, self._schema, self._formats = output, schema, formats
-        self._objective, self._seed = objective, seed
         self._sizing = {"num_shards": num_shards, "bytes_per_example": bytes_per_example, "shard_bytes": shard_bytes}
 
-    def expand(self, examples):
-        sizing, seed = self._sizing, self._seed
-        counts = examples | "CountPerSplit" >> beam.combiners.Count.PerKey()
+    def expand(self, batches):
+        sizing = self._sizing
+        counts = (
+            batches
+            | "RowsPerBatch" >> beam.Map(lambda element: (element[0], batch_rows(element[1])))
+            | "CountPerSplit" >> beam.CombinePerKey(sum)
+        )
 
         def all_shards(element):
             split, examples = element
             count = shard_count(split, examples, **sizing)
             return [((split, i, count), None) for i in range(count)]
 
-        keyed = examples | "AssignShard" >> beam.ParDo(
-            _GroupByShard(self._schema, seed, sizing), counts=beam.pvalue.AsDict(counts)
+        keyed = batches | "AssignShard" >> beam.ParDo(
+            _SplitByShard(self._schema, sizing), counts=beam.pvalue.AsDict(counts)
         )
         empty = counts | "EveryShard" >> beam.FlatMap(all_shards)
         return (
             (keyed, empty)
             | "WithEmptyShards" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShardFiles"
-            >> beam.ParDo(
-                _WriteShard(self._output, self._schema, self._formats, self._objective, seed),
-                counts=beam.pvalue.AsDict(counts),
-            )
+            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats))
         )
+
+
+def batch_rows(encoded: tuple) -> int:
+    """Rows of an encoded :class:`~transforms.build.ExampleBatch` (without decoding it)."""
+    return encoded[3][0]
 
 
 class _WriteRejectedFile(beam.DoFn):

@@ -328,6 +328,8 @@ CONFIG_ERRORS = {
     "bad fraction": (["--max-rejected-fraction", "1.5"], "--max-rejected-fraction 1.5: must be in [0, 1]"),
     "bad max-doc-chars": (["--max-doc-chars", "0"], "--max-doc-chars 0: must be > 0"),
     "long-docs without a limit": (["--long-docs", "reject"], "--long-docs reject: needs --max-doc-chars"),
+    "multi-threading runner": (["--direct_running_mode", "multi_threading"],
+                               "--direct_running_mode=multi_threading: not supported"),
 }
 
 

@@ -16,14 +16,20 @@ import numpy as np
 
 from transforms.objectives.common import LazyGenerator, digest, digest_u64
 
-__all__ = ["PLAN_SALT", "plan_rng", "row_order_key", "shard_of"]
+__all__ = ["PLAN_SALT", "SHARD_SALT", "plan_rng", "row_order_key", "shard_key", "shard_of"]
 
 PLAN_SALT = 0x504C414E  # "PLAN"
+SHARD_SALT = b"lmshards-shard"
+
+
+def shard_key(seed: int, key: str) -> str:
+    """The string whose salted digest places example ``key`` (see :func:`shard_of`)."""
+    return f"{seed}:{key}"
 
 
 def shard_of(seed: int, key: str, num_shards: int) -> int:
     """Index of the shard that holds example ``key``."""
-    return digest_u64(f"{seed}:{key}", salt=b"lmshards-shard") % num_shards
+    return digest_u64(shard_key(seed, key), salt=SHARD_SALT) % num_shards
 
 
 def row_order_key(seed: int, key: str) -> bytes:
