@@ -203,9 +203,17 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
     }
 
 
-def _bytes_per_example(plan: Plan) -> int:
+def shard_sizing(plan: Plan) -> dict[str, int | None]:
+    """Arguments of :func:`transforms.objectives.layout.shard_count` (after split and tokens)."""
     length, _ = plan.objective.plan_chunk(np.random.default_rng(0))
-    return max(1, 4 * length * len(plan.schema.token_columns))
+    o = plan.options
+    return {
+        "num_shards": o.num_shards,
+        "tokens_per_example": max(1, length),
+        "draws": o.draws,
+        "bytes_per_example": max(1, 4 * length * len(plan.schema.token_columns)),
+        "shard_bytes": int(o.shard_size_mb * 2**20),
+    }
 
 
 def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None) -> None:
@@ -226,25 +234,28 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
     )
+    # Document tokens (EOS included) per split size the splits' shards before any example exists.
+    split_tokens = (
+        tokenized.documents
+        | "DocumentTokens" >> beam.Map(lambda element: (element[0][0], len(element[1][1]) // 4 + 1))
+        | "TokensPerSplit" >> beam.CombinePerKey(sum)
+    )
+    sizing = shard_sizing(plan)
     # The objective runs on both chunk outputs of Pack apart: a Flatten in between would make
     # the runner encode every chunk; the compact batches are flattened instead.
-    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws)
+    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
+                          sizing=sizing)
     bucket_chunks, repacked_chunks = chunks
-    batches, build_stats = bucket_chunks | "BuildExamples" >> build
-    rest_batches, rest_stats = repacked_chunks | "BuildRepackedExamples" >> build
+    batches, build_stats = (bucket_chunks, split_tokens) | "BuildExamples" >> build
+    rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build
     batches = (batches, rest_batches) | "AllBatches" >> beam.Flatten()
     objective_stats = (
         (build_stats, rest_stats)
         | "AllObjectiveStats" >> beam.Flatten()
         | "SumObjectiveStats" >> beam.CombinePerKey(CountersCombineFn())
     )
-    shards = batches | "WriteShards" >> WriteShards(
-        o.output,
-        plan.schema,
-        formats=o.formats,
-        num_shards=o.num_shards,
-        bytes_per_example=_bytes_per_example(plan),
-        shard_bytes=int(o.shard_size_mb * 2**20),
+    shards = (batches, split_tokens) | "WriteShards" >> WriteShards(
+        o.output, plan.schema, formats=o.formats, sizing=sizing
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output)

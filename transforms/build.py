@@ -9,12 +9,14 @@ counters plus ``chunk_tokens`` (the source tokens the example was made from) and
 ``padding_tokens``. Short rows of fixed-length columns (a padded final chunk) are
 right-padded with the pad id.
 
-Examples leave this stage as :class:`ExampleBatch` elements of up to :data:`BATCH_ROWS`
-rows of one split (columnar numpy buffers, one shuffle element instead of hundreds of
-dicts), each row with its shard hash and row-order key (:mod:`transforms.objectives.layout`)
-already computed; the counters leave summed, per split, on the :attr:`BuildExamples.STATS`
-output. Batching depends on bundles, but nothing written does: the writer sorts every
-shard's rows by their order key, and counters are integers that add up in any order.
+Each example's shard is decided here (:func:`transforms.objectives.layout.shard_of`, with
+the split's shard count from :func:`transforms.objectives.layout.shard_count`), and examples leave
+this stage as :class:`ExampleBatch` elements of up to :data:`BATCH_ROWS` rows of one
+shard (columnar numpy buffers, one shuffle element instead of hundreds of dicts), each row
+with its row-order key already computed; the counters leave summed, per split, on the
+:attr:`BuildExamples.STATS` output. Batching depends on bundles, but nothing written does:
+the writer sorts every shard's rows by their order key, and counters are integers that add
+up in any order.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ from apache_beam.transforms.window import GlobalWindows
 from schemas.examples import ExampleSchema
 from transforms.objectives.common import LazyGenerator, digest_u64
 from transforms.objectives.counters import merge_counters
-from transforms.objectives.layout import SHARD_SALT, row_order_key, shard_key
+from transforms.objectives.layout import SHARD_SALT, row_order_key, shard_count, shard_key
 from transforms.shard_format import ExampleColumns
 
 __all__ = ["BATCH_ROWS", "STATS_KEY", "BuildExamples", "ExampleBatch", "example_key"]
 
 STATS_KEY = "_stats"
-#: Rows per ExampleBatch a Build bundle emits (per split; the last batch of a bundle is shorter).
+#: Rows per ExampleBatch a Build bundle emits (per shard; the last ones of a bundle are shorter).
 BATCH_ROWS = 512
+#: Rows a Build bundle holds at most, over all shards, before it emits them.
+MAX_BUFFERED_ROWS = 4 * BATCH_ROWS
 
 
 def example_key(chunk_key: str, draw: int) -> str:
@@ -100,9 +104,9 @@ class ExampleBatch:
 
 
 class _Build(beam.DoFn):
-    def __init__(self, objective, special, schema, seed, draws):
+    def __init__(self, objective, special, schema, seed, draws, sizing):
         self._objective, self._special, self._schema = objective, special, schema
-        self._seed, self._draws = seed, draws
+        self._seed, self._draws, self._sizing = seed, draws, sizing
 
     def setup(self):
         self._examples = beam.metrics.Metrics.counter("lmshards", "examples")
@@ -112,8 +116,16 @@ class _Build(beam.DoFn):
         self._fixed = {c: n for c, n in self._fixed.items() if n is not None}
 
     def start_bundle(self):
-        self._rows: dict[str, list] = {}
+        self._rows: dict[tuple, list] = {}  # (split, shard, count) -> [(example, chunk tokens, shard hash)]
         self._stats: dict[str, dict[str, int]] = {}
+        self._counts: dict[str, int] = {}
+        self._buffered = 0
+
+    def _shard_count(self, split: str, split_tokens: dict) -> int:
+        count = self._counts.get(split)
+        if count is None:
+            count = self._counts[split] = shard_count(split, split_tokens.get(split, 0), **self._sizing)
+        return count
 
     def _finish(self, example, chunk_tokens):
         if self._stats_takes_special:
@@ -134,44 +146,53 @@ class _Build(beam.DoFn):
             extra["padding_tokens"] = padding
         return example, merge_counters(counters, extra)
 
-    def _batch(self, split):
-        rows = self._rows.pop(split)
-        keys = [example["key"] for example, _ in rows]
-        orders = np.frombuffer(b"".join(row_order_key(self._seed, key) for key in keys), dtype=np.uint8)
-        hashes = np.fromiter((digest_u64(shard_key(self._seed, key), salt=SHARD_SALT) for key in keys),
-                             dtype=np.uint64, count=len(keys))
-        tokens = np.fromiter((t for _, t in rows), dtype=np.int64, count=len(rows))
-        columns = ExampleColumns.from_examples([example for example, _ in rows], self._schema)
-        return split, ExampleBatch(orders.reshape(-1, 16), hashes, tokens, columns).encode()
+    def _batch(self, shard):
+        rows = self._rows.pop(shard)
+        orders = np.frombuffer(b"".join(row_order_key(self._seed, ex["key"]) for ex, _, _ in rows), dtype=np.uint8)
+        hashes = np.fromiter((h for _, _, h in rows), dtype=np.uint64, count=len(rows))
+        tokens = np.fromiter((t for _, t, _ in rows), dtype=np.int64, count=len(rows))
+        columns = ExampleColumns.from_examples([example for example, _, _ in rows], self._schema)
+        return shard, ExampleBatch(orders.reshape(-1, 16), hashes, tokens, columns).encode()
 
-    def process(self, chunk):
+    def process(self, chunk, split_tokens):
         split, chunk_key, plan, piece = chunk
         features = dict(piece.features)
         features["doc_lengths"] = piece.doc_lengths
-        rows = self._rows.setdefault(split, [])
+        count = self._shard_count(split, split_tokens)
         stats = self._stats.get(split, {})
+        full = []
         for draw in range(self._draws):
             key = example_key(chunk_key, draw)
             example = self._objective.build(piece.tokens, LazyGenerator(self._seed, key), plan, self._special, features)
             example["key"] = key
             example, counters = self._finish(example, len(piece.tokens))
             stats = merge_counters(stats, counters)
-            rows.append((example, len(piece.tokens)))
+            shard_hash = digest_u64(shard_key(self._seed, key), salt=SHARD_SALT)
+            shard = (split, shard_hash % count, count)
+            rows = self._rows.setdefault(shard, [])
+            rows.append((example, len(piece.tokens), shard_hash))
+            if len(rows) == BATCH_ROWS:
+                full.append(shard)
         self._stats[split] = stats
         self._examples.inc(self._draws)
-        if len(rows) >= BATCH_ROWS:
-            yield self._batch(split)
+        self._buffered += self._draws
+        if self._buffered >= MAX_BUFFERED_ROWS:  # many shards: bound memory, flush them all
+            full = sorted(self._rows)
+        for shard in full:
+            self._buffered -= len(self._rows[shard])
+            yield self._batch(shard)
 
     def finish_bundle(self):
-        for split in sorted(self._rows):
-            yield GlobalWindows.windowed_value(self._batch(split))
+        for shard in sorted(self._rows):
+            yield GlobalWindows.windowed_value(self._batch(shard))
+        self._buffered = 0
         for split, stats in sorted(self._stats.items()):
             yield beam.pvalue.TaggedOutput(BuildExamples.STATS, GlobalWindows.windowed_value((split, stats)))
         self._stats = {}
 
 
 class BuildExamples(beam.PTransform):
-    """``(split, chunk_key, plan, Piece)`` -> ``(split, encoded ExampleBatch)``, plus counters.
+    """``(split, chunk_key, plan, Piece)`` -> ``((split, shard, shard count), encoded ExampleBatch)``.
 
     Args:
         objective: object implementing :class:`transforms.objectives.base.Objective`.
@@ -179,6 +200,12 @@ class BuildExamples(beam.PTransform):
         schema: the :class:`schemas.examples.ExampleSchema` the examples are written with.
         seed: global seed.
         draws: independent noisings per chunk (>= 1).
+        sizing: keyword arguments of :func:`transforms.objectives.layout.shard_count` after ``split`` and
+            ``tokens`` (``num_shards``, ``tokens_per_example``, ``draws``, ``bytes_per_example``,
+            ``shard_bytes``).
+
+    Input: ``(chunks, split_tokens)``, the latter a PCollection of ``(split, document tokens)``
+    (one element per split, used as a side input to size the splits' shards).
 
     Returns ``(batches, stats)``: ``stats`` holds ``(split, counters)`` elements (one per
     bundle and split; sum them per split).
@@ -186,12 +213,15 @@ class BuildExamples(beam.PTransform):
 
     STATS = "stats"
 
-    def __init__(self, objective, special, schema, *, seed: int, draws: int = 1):
+    def __init__(self, objective, special, schema, *, seed: int, draws: int = 1, sizing: dict):
         super().__init__()
         if draws < 1:
             raise ValueError(f"--draws {draws}: must be >= 1")
-        self._fn = _Build(objective, special, schema, seed, draws)
+        self._fn = _Build(objective, special, schema, seed, draws, sizing)
 
-    def expand(self, chunks):
-        outputs = chunks | "ApplyObjective" >> beam.ParDo(self._fn).with_outputs(self.STATS, main="batches")
+    def expand(self, inputs):
+        chunks, split_tokens = inputs
+        outputs = chunks | "ApplyObjective" >> beam.ParDo(
+            self._fn, split_tokens=beam.pvalue.AsDict(split_tokens)
+        ).with_outputs(self.STATS, main="batches")
         return outputs.batches, outputs[self.STATS]

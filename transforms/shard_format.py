@@ -8,10 +8,12 @@ order, fields in name order inside an example).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import tarfile
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -36,29 +38,89 @@ ARROW_BATCH_ROWS = 1000
 
 
 class HashingWriter(io.RawIOBase):
-    """Pass-through writer that counts bytes and computes their sha256."""
+    """Pass-through writer that counts bytes and computes their sha256.
 
-    def __init__(self, raw: BinaryIO):
+    With ``background=True`` the bytes are gathered into blocks of :data:`BACKGROUND_BLOCK`
+    bytes that one helper thread writes to ``raw`` and hashes, in order, while the caller
+    goes on producing the next block (``hashlib`` and file writes release the GIL, so on a
+    machine with a spare core that work is free); at most :data:`BACKGROUND_BLOCKS` blocks
+    wait. :meth:`finish` (also called by :attr:`sha256`) waits for them and re-raises an error
+    of the helper thread.
+    """
+
+    def __init__(self, raw: BinaryIO, *, background: bool = False):
         super().__init__()
         self._raw = raw
-        self.sha256 = hashlib.sha256()
+        self._sha256 = hashlib.sha256()
         self.bytes = 0
+        self._background = background
+        self._block = bytearray()
+        self._pending: collections.deque = collections.deque()
+        self._pool: ThreadPoolExecutor | None = None
 
     def writable(self) -> bool:
         return True
 
+    def _write_and_hash(self, data) -> None:
+        self._raw.write(data)
+        self._sha256.update(data)
+
+    def _submit(self, data: bytes) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-hash")
+        while len(self._pending) >= BACKGROUND_BLOCKS:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(self._write_and_hash, data))
+
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self._raw.write(view)
-        self.sha256.update(view)
-        self.bytes += len(view)
-        return len(view)
+        size = len(view)
+        self.bytes += size
+        if not self._background:
+            self._write_and_hash(view)
+            return size
+        # Copied: the caller (pyarrow, for one) may reuse its buffer once write returns.
+        self._block += view
+        if len(self._block) >= BACKGROUND_BLOCK:
+            block, self._block = bytes(self._block), bytearray()
+            self._submit(block)
+        return size
+
+    def finish(self) -> None:
+        """Write and hash everything written so far; re-raise an error of the helper thread."""
+        if self._block:
+            block, self._block = bytes(self._block), bytearray()
+            self._submit(block)
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Wait for the helper thread and end it (errors are left to :meth:`finish`)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._pending.clear()
+
+    @property
+    def sha256(self):
+        """The running ``hashlib.sha256`` of all bytes written (after :meth:`finish`)."""
+        self.finish()
+        return self._sha256
 
     def tell(self) -> int:
         return self.bytes
 
     def flush(self) -> None:
-        self._raw.flush()
+        if not self._background:
+            self._raw.flush()
+
+
+#: Block size and queue depth of a background HashingWriter.
+BACKGROUND_BLOCK = 1 << 22
+BACKGROUND_BLOCKS = 4
 
 
 class ExampleColumns:

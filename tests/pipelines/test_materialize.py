@@ -267,3 +267,25 @@ def test_configuration_errors_fail_before_any_work(tmp_path, sample_glob, tokeni
     assert message in err.getvalue()
     assert len(err.getvalue().strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_shard_size_mb_sizes_each_split_from_its_document_tokens(tmp_path, sample_glob, tokenizer_path, sample_texts):
+    import math
+
+    target_mb = 0.1
+    manifest = materialize(tmp_path / "sized", "--input", sample_glob, "--tokenizer", tokenizer_path,
+                           "--objective", "clm", "--seq-len", str(SEQ_LEN), "--validation-fraction", "0.1",
+                           "--shard-size-mb", str(target_mb), "--formats", "arrow")
+    tokens = collections.Counter()  # document tokens + EOS per split, duplicates included (sized before dedup)
+    for text, ids in zip(sample_texts, encode_documents(sample_texts, tokenizer_path)):
+        tokens[assign_split(document_key(text), 0.1)] += len(ids) + 1
+    for split in ("train", "validation"):
+        estimated_examples = math.ceil(tokens[split] / SEQ_LEN)
+        expected = max(1, math.ceil(estimated_examples * 4 * SEQ_LEN / (target_mb * 2**20)))
+        shards = manifest.shards(split)
+        assert manifest.splits[split]["num_shards"] == len(shards) == expected
+        assert sum(s.rows for s in shards) == manifest.splits[split]["examples"]
+    train = manifest.shards("train")
+    assert len(train) >= 8
+    sizes = [s.files["arrow"].bytes for s in train]
+    assert max(sizes) < 1.5 * target_mb * 2**20 and min(sizes) > 0.5 * target_mb * 2**20

@@ -225,3 +225,39 @@ def test_tar_reads_with_webdataset(tmp_path):
     assert samples[1]["input_ids.npy"].tolist() == [9, 10, 11, 12]
     assert samples[2]["doc_lengths.npy"].tolist() == [2, 1, 1]
     assert int(samples[0]["prefix_length.npy"]) == 1
+
+
+def test_background_hashing_writer_same_bytes_and_digest(monkeypatch):
+    monkeypatch.setattr(shard_format, "BACKGROUND_BLOCK", 1000)
+    monkeypatch.setattr(shard_format, "BACKGROUND_BLOCKS", 2)
+    rng = np.random.default_rng(3)
+    pieces = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 3000, 50)]
+    reused = bytearray(700)  # a caller that reuses its buffer after each write, as pyarrow may
+    sink = io.BytesIO()
+    writer = HashingWriter(sink, background=True)
+    expected = bytearray()
+    for piece in pieces:
+        writer.write(piece)
+        reused[:] = piece[:700].ljust(700, b"x")
+        writer.write(reused)
+        expected += piece + bytes(reused)
+    assert writer.bytes == len(expected) == writer.tell()
+    writer.finish()
+    assert sink.getvalue() == bytes(expected)
+    assert writer.sha256.hexdigest() == hashlib.sha256(expected).hexdigest()
+
+
+def test_background_hashing_writer_reraises_write_errors(monkeypatch):
+    monkeypatch.setattr(shard_format, "BACKGROUND_BLOCK", 10)
+
+    class Full(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, data):
+            raise OSError("no space left on device")
+
+    writer = HashingWriter(Full(), background=True)
+    writer.write(b"0123456789abc")
+    with pytest.raises(OSError, match="no space left"):
+        writer.finish()

@@ -4,6 +4,8 @@ inside a shard, and seed a chunk's plan (pure; shared by the writer and the read
 - shard of an example: ``digest_u64(f"{seed}:{key}", salt=b"lmshards-shard") % num_shards``;
 - row order inside a shard: ascending ``digest(f"{seed}:{key}", salt=b"lmshards-order")``
   (this is the dataset's global shuffle);
+- the shard count of a split: ``--num-shards`` for train, otherwise sized by
+  ``--shard-size-mb`` from the split's document tokens (:func:`shard_count`);
 - a chunk's plan (chunk length, UL2 denoiser): drawn from
   ``example_rng(seed, chunk_key, PLAN_SALT)``, independent of the example's own noise.
 
@@ -12,14 +14,40 @@ Changing any of these changes the bytes of every dataset: they are part of the f
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from transforms.objectives.common import LazyGenerator, digest, digest_u64
 
-__all__ = ["PLAN_SALT", "SHARD_SALT", "plan_rng", "row_order_key", "shard_key", "shard_of"]
+__all__ = ["PLAN_SALT", "SHARD_SALT", "plan_rng", "row_order_key", "shard_count", "shard_key", "shard_of"]
 
 PLAN_SALT = 0x504C414E  # "PLAN"
 SHARD_SALT = b"lmshards-shard"
+
+
+def shard_count(
+    split: str,
+    tokens: int,
+    *,
+    num_shards: int | None,
+    tokens_per_example: int,
+    draws: int,
+    bytes_per_example: int,
+    shard_bytes: int,
+) -> int:
+    """Number of shards of a split.
+
+    ``num_shards`` for train when given; otherwise the smallest count that keeps shards
+    under ``shard_bytes``, estimated from the split's document tokens (EOS included): about
+    ``ceil(tokens / tokens_per_example) * draws`` examples of ``bytes_per_example`` bytes.
+    The estimate is known before any example is built, so every example's shard is decided
+    where it is made.
+    """
+    if split == "train" and num_shards:
+        return num_shards
+    examples = math.ceil(tokens / max(1, tokens_per_example)) * draws
+    return max(1, math.ceil(examples * bytes_per_example / shard_bytes))
 
 
 def shard_key(seed: int, key: str) -> str:
