@@ -6,12 +6,15 @@ system in a fresh subprocess (so peak RSS is its own) over one shuffled epoch:
 
 - ``memmap``: the ceiling: a plain loop gathering shuffled rows from an ``np.memmap`` of
   the flat ``(N, L)`` token file into a torch tensor, batch by batch (no DataLoader).
-- ``transfer-floor``: ready-made batch tensors through the same DataLoader: with workers,
-  the cost of handing batches to the main process, which no loader can go below.
+- ``transfer-floor``: ready-made batch tensors through a stock DataLoader: with workers,
+  the cost of torch's own hand-over of batches to the main process (a new shared-memory
+  segment per tensor). lmshards' loader goes below it by reusing shared memory
+  (``loaders/transport.py``).
 - ``memmap-dataloader``: the common map-style idiom over the same ``np.memmap`` (one row
   per ``__getitem__``, ``shuffle=True``, default collate) through the same DataLoader.
 - ``lmshards``: :class:`loaders.ShardedDataset` over the Arrow shards (shuffle on) through
-  :func:`loaders.make_dataloader`, collating ``input_ids`` only (like the baselines).
+  :func:`loaders.make_dataloader`, collating ``input_ids`` only, as stored (int32, like the
+  baselines), with :class:`loaders.StackCollator`.
 - ``lmshards+causal``: the same with the full :class:`loaders.CausalCollator` (labels,
   per-document position ids, ``cu_seqlens``).
 - ``lmshards-wds``: :class:`loaders.ShardedDataset` over the WebDataset tars.
@@ -213,15 +216,17 @@ def memmap_dataloader_batches(root, args, workers):
 
 
 def lmshards_batches(root, args, workers, *, fmt="arrow", full=False):
-    from loaders import ShardedDataset, make_dataloader
+    from loaders import ShardedDataset, StackCollator, make_dataloader
 
     columns = ["input_ids", "doc_lengths"] if full else ["input_ids"]  # read what the batch needs, like the peers
     dataset = ShardedDataset(os.path.join(root, "lmshards"), batch_size=args.batch_size, seed=args.seed, fmt=fmt,
                              verify="never", columns=columns)
     if full:
         loader = make_dataloader(dataset, num_workers=workers, documents="cu_seqlens")
+    elif fmt == "arrow":
+        loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]))
     else:
-        loader = make_dataloader(dataset, num_workers=workers, collate_fn=input_ids_only)
+        loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]))
     yield from loader
 
 

@@ -5,8 +5,8 @@
   exact global shuffle, rank/worker split, exact and elastic resume, dynamic noise.
 - :class:`MixtureDataset` (:mod:`loaders.mixture`): weighted mixtures of datasets.
 - :func:`make_dataloader` (:mod:`loaders.dataloader`): the resumable DataLoader.
-- Collators (:mod:`loaders.collate`), the epoch order (:mod:`loaders.order`), the split and
-  state (:mod:`loaders.state`).
+- Collators (:mod:`loaders.collate`), columnar batches (:mod:`loaders.batch`), the epoch
+  order (:mod:`loaders.order`), the split and state (:mod:`loaders.state`).
 
 torch is optional: ``import loaders`` and the numpy modules work without it; the
 torch-backed names below are imported on first use.
@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from loaders.batch import ExampleBatch, Ragged
 from loaders.collate import (
     IGNORE_INDEX,
     CausalCollator,
     MLMCollator,
     PrefixLMCollator,
     Seq2SeqCollator,
+    StackCollator,
     collator_for,
 )
 from loaders.errors import ShardIntegrityError, UnsupportedSchemaError
@@ -39,15 +41,18 @@ __all__ = [
     "CausalCollator",
     "DatasetReader",
     "EpochOrder",
+    "ExampleBatch",
     "LoaderState",
     "MLMCollator",
     "MixtureDataset",
     "PrefixLMCollator",
+    "Ragged",
     "RankSchedule",
     "ResumableDataLoader",
     "Seq2SeqCollator",
     "ShardIntegrityError",
     "ShardedDataset",
+    "StackCollator",
     "UnsupportedSchemaError",
     "collator_for",
     "iter_examples",

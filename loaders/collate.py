@@ -23,6 +23,13 @@ loss) and ``position_ids`` (int64), right-padded to the longest row (or a multip
   ``input_ids``/``attention_mask``, ``targets`` -> ``labels``, ``decoder_input_ids`` = labels
   shifted right behind ``decoder_start_id`` (T5: pad; BART: eos), ``decoder_attention_mask``.
 
+- :class:`StackCollator`: the named columns as stored, stacked (no labels or masks), for
+  trainers that build those on the device.
+
+Every collator takes a list of example dicts or an :class:`~loaders.batch.ExampleBatch`
+(``accepts_example_batch = True``): from the latter it reads whole columns (one ``(B, L)``
+array per fixed-length column) instead of one row at a time, with the same result.
+
 Tensors are built in numpy and wrapped with ``torch.from_numpy``; inside a DataLoader
 worker a batch's arrays are packed into one storage per dtype, which halves the cost of
 handing the batch to the main process. torch is imported when a collator runs, so this
@@ -36,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from loaders.batch import ExampleBatch, Ragged
 from loaders.errors import UnsupportedSchemaError
 
 __all__ = [
@@ -44,21 +52,54 @@ __all__ = [
     "MLMCollator",
     "PrefixLMCollator",
     "Seq2SeqCollator",
+    "StackCollator",
     "collator_for",
 ]
 
 IGNORE_INDEX = -100
+#: Inside a DataLoader worker, pack a batch's arrays into one storage per dtype (off when the
+#: loader's shared-memory ring copies them anyway).
+_PACK_IN_WORKER = True
 DOCUMENT_MODES = ("none", "cu_seqlens", "mask")
 
 
 def _require(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    if not examples:
+    if not len(examples):
         raise ValueError(f"{name}: empty batch")
-    missing = [c for c in columns if c not in examples[0]]
+    have = examples.columns if isinstance(examples, ExampleBatch) else examples[0]
+    missing = [c for c in columns if c not in have]
     if missing:
         raise UnsupportedSchemaError(
-            f"{name} needs columns {list(columns)}; the examples have {sorted(examples[0])} (missing {missing})"
+            f"{name} needs columns {list(columns)}; the examples have {sorted(have)} (missing {missing})"
         )
+
+
+def _rows(examples: Sequence[dict[str, Any]], name: str) -> np.ndarray | list[np.ndarray]:
+    """Column ``name``: a ``(B, L)`` array (a fixed-length column of an ExampleBatch) or a list of rows."""
+    if isinstance(examples, ExampleBatch):
+        column = examples.columns[name]
+        if isinstance(column, np.ndarray) and column.ndim == 2:
+            return column
+        if isinstance(column, Ragged):
+            return column.rows()
+        return [np.asarray(row) for row in column]
+    return [np.asarray(e[name]) for e in examples]
+
+
+def _lengths(rows: np.ndarray | list[np.ndarray]) -> list[int]:
+    if isinstance(rows, np.ndarray):
+        return [rows.shape[1]]  # every row: only the longest matters
+    return [len(row) for row in rows]
+
+
+def _scalars(examples: Sequence[dict[str, Any]], name: str, default: int) -> np.ndarray:
+    """An integer column as an int64 ``(B,)`` array (``default`` where absent)."""
+    if isinstance(examples, ExampleBatch):
+        column = examples.columns.get(name)
+        if column is None:
+            return np.full(len(examples), default, dtype=np.int64)
+        return np.asarray(column, dtype=np.int64)
+    return np.array([int(e.get(name, default)) for e in examples], dtype=np.int64)
 
 
 def _batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | None = None, what: str = "") -> int:
@@ -72,8 +113,16 @@ def _batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | Non
     return longest
 
 
-def _pad_rows(rows: Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
+def _pad_rows(rows: np.ndarray | Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
     out = np.empty((len(rows), length), dtype=np.int64)
+    if isinstance(rows, np.ndarray):  # (B, L') block: one pass
+        width = rows.shape[1]
+        out[:, :width] = rows
+        if width < length:
+            if value is None:
+                raise ValueError(f"{what}: rows need padding but no pad id was given")
+            out[:, width:] = value
+        return out
     if all(len(row) == length for row in rows):
         return np.stack(rows, out=out)  # one pass: gather and widen to int64
     for i, row in enumerate(rows):
@@ -96,7 +145,7 @@ def _tensors(arrays: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.utils.data import get_worker_info
 
-    if get_worker_info() is None:
+    if not _PACK_IN_WORKER or get_worker_info() is None:
         return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
     out = {k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)}
     by_dtype: dict[np.dtype, list[str]] = {}
@@ -122,6 +171,59 @@ def _real_length(example: dict[str, Any]) -> int:
     return sum(doc_lengths.tolist()) if isinstance(doc_lengths, np.ndarray) else int(sum(doc_lengths))
 
 
+def _real_lengths(examples: Sequence[dict[str, Any]], rows: np.ndarray | list[np.ndarray]) -> np.ndarray:
+    """Tokens before the padding of each row: the sum of ``doc_lengths`` (or the row length)."""
+    if isinstance(examples, ExampleBatch) and isinstance(rows, np.ndarray):
+        docs = examples.columns.get("doc_lengths")
+        if docs is None:
+            return np.full(len(examples), rows.shape[1], dtype=np.int64)
+        if isinstance(docs, Ragged):
+            total = np.zeros(docs.values.size + 1, dtype=np.int64)
+            np.cumsum(docs.values, out=total[1:])
+            return total[docs.offsets[1:]] - total[docs.offsets[:-1]]
+    return np.array([_real_length(e) for e in examples])
+
+
+def _document_segments(examples: Sequence[dict[str, Any]], real: np.ndarray,
+                       length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Segments of the flattened batch: each row's documents (non-empty ones), then its padding.
+
+    Returns ``(segment lengths, boundary)``; ``boundary`` marks a document that does not open its row.
+    """
+    docs = examples.columns.get("doc_lengths") if isinstance(examples, ExampleBatch) else None
+    if isinstance(docs, Ragged) or (isinstance(examples, ExampleBatch) and docs is None):
+        # vectorised: the same segments as the per-row loop below
+        if docs is None:
+            values, row_of = real, np.arange(len(examples))
+        else:
+            values = docs.values.astype(np.int64)
+            row_of = np.repeat(np.arange(len(examples)), docs.lengths())
+        keep = values > 0
+        values, row_of = values[keep], row_of[keep]
+        boundary = np.ones(values.size, dtype=bool)
+        boundary[0:1] = False
+        boundary[1:] = row_of[1:] == row_of[:-1]
+        padding = length - real
+        padded = np.flatnonzero(padding > 0)
+        if padded.size:
+            rows = np.concatenate([row_of, padded])
+            order = np.argsort(rows, kind="stable")  # a row's documents, then its padding
+            values = np.concatenate([values, padding[padded]])[order]
+            boundary = np.concatenate([boundary, np.zeros(padded.size, dtype=bool)])[order]
+        return values, boundary
+    pieces: list[int] = []
+    boundary_flags: list[bool] = []  # per segment: a document that does not open its row
+    for i, example in enumerate(examples):
+        row_docs = example.get("doc_lengths")
+        row_docs = [d for d in (row_docs.tolist() if row_docs is not None else [int(real[i])]) if d > 0]
+        pieces += row_docs
+        boundary_flags += [False] + [True] * (len(row_docs) - 1) if row_docs else []
+        if length > real[i]:
+            pieces.append(length - int(real[i]))
+            boundary_flags.append(False)
+    return np.array(pieces, dtype=np.int64), np.array(boundary_flags, dtype=bool)
+
+
 class CausalCollator:
     """Causal LM batches from ``input_ids`` (+ ``doc_lengths``), see the module docstring.
 
@@ -141,14 +243,16 @@ class CausalCollator:
         self.pad_id, self.documents, self.shift_labels = pad_id, documents, shift_labels
         self.mask_document_boundaries, self.pad_to_multiple_of = mask_document_boundaries, pad_to_multiple_of
 
+    accepts_example_batch = True
+
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["input_ids"])
-        rows = [np.asarray(e["input_ids"]) for e in examples]
-        length = _batch_length([len(r) for r in rows], self.pad_to_multiple_of)
+        rows = _rows(examples, "input_ids")
+        length = _batch_length(_lengths(rows), self.pad_to_multiple_of)
         input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
         batch = len(rows)
         t = np.arange(length)
-        real = np.array([_real_length(e) for e in examples])
+        real = _real_lengths(examples, rows)
         labels = np.empty((batch, length), dtype=np.int64)
         if self.shift_labels:
             labels[:, :-1] = input_ids[:, 1:]
@@ -165,22 +269,12 @@ class CausalCollator:
             out["position_ids"] = np.broadcast_to(t, (batch, length)).copy()
             return _tensors(out)
         # Segments over the flattened batch: each row's documents, then the row's padding.
-        pieces: list[int] = []
-        boundary_flags: list[bool] = []  # per segment: a document that does not open its row
-        for i, example in enumerate(examples):
-            docs = example.get("doc_lengths")
-            docs = [d for d in (docs.tolist() if docs is not None else [int(real[i])]) if d > 0]
-            pieces += docs
-            boundary_flags += [False] + [True] * (len(docs) - 1) if docs else []
-            if length > real[i]:
-                pieces.append(length - int(real[i]))
-                boundary_flags.append(False)
-        segment_lengths = np.array(pieces, dtype=np.int64)
+        segment_lengths, boundary_flags = _document_segments(examples, real, length)
         ends = np.cumsum(segment_lengths)
         starts = ends - segment_lengths
         out["position_ids"] = (np.arange(batch * length) - np.repeat(starts, segment_lengths)).reshape(batch, length)
         if self.mask_document_boundaries:
-            boundary = starts[np.array(boundary_flags, dtype=bool)]
+            boundary = starts[boundary_flags]
             labels.reshape(-1)[boundary - 1 if self.shift_labels else boundary] = IGNORE_INDEX
         if self.documents == "cu_seqlens":
             out["cu_seqlens"] = np.concatenate([[0], ends]).astype(np.int32)
@@ -204,13 +298,15 @@ class PrefixLMCollator:
     def __init__(self, pad_id: int | None = None, *, shift_labels: bool = True, pad_to_multiple_of: int | None = None):
         self.pad_id, self.shift_labels, self.pad_to_multiple_of = pad_id, shift_labels, pad_to_multiple_of
 
+    accepts_example_batch = True
+
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["input_ids"])
-        rows = [np.asarray(e["input_ids"]) for e in examples]
-        length = _batch_length([len(r) for r in rows], self.pad_to_multiple_of)
+        rows = _rows(examples, "input_ids")
+        length = _batch_length(_lengths(rows), self.pad_to_multiple_of)
         input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
-        real = np.array([_real_length(e) for e in examples])
-        prefix = np.array([int(e.get("prefix_length", 0)) for e in examples])
+        real = _real_lengths(examples, rows)
+        prefix = _scalars(examples, "prefix_length", 0)
         t = np.arange(length)
         q, k = t[None, :, None], t[None, None, :]
         allowed = ((k <= q) | (k < prefix[:, None, None])) & (k < real[:, None, None])
@@ -243,12 +339,14 @@ class MLMCollator:
     def __init__(self, pad_id: int, *, pad_to_multiple_of: int | None = None):
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
 
+    accepts_example_batch = True
+
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["input_ids", "labels"])
-        rows = [np.asarray(e["input_ids"]) for e in examples]
-        length = _batch_length([len(r) for r in rows], self.pad_to_multiple_of)
+        rows = _rows(examples, "input_ids")
+        length = _batch_length(_lengths(rows), self.pad_to_multiple_of)
         input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
-        labels = _pad_rows([np.asarray(e["labels"]) for e in examples], length, IGNORE_INDEX, "labels")
+        labels = _pad_rows(_rows(examples, "labels"), length, IGNORE_INDEX, "labels")
         attention = (input_ids != self.pad_id).astype(np.int64)
         return _tensors({
             "input_ids": input_ids,
@@ -275,12 +373,14 @@ class Seq2SeqCollator:
         self.inputs_length, self.targets_length = inputs_length, targets_length
         self.pad_to_multiple_of = pad_to_multiple_of
 
+    accepts_example_batch = True
+
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["inputs", "targets"])
-        inputs = [np.asarray(e["inputs"]) for e in examples]
-        targets = [np.asarray(e["targets"]) for e in examples]
-        in_len = _batch_length([len(r) for r in inputs], self.pad_to_multiple_of, self.inputs_length, "inputs")
-        out_len = _batch_length([len(r) for r in targets], self.pad_to_multiple_of, self.targets_length, "targets")
+        inputs = _rows(examples, "inputs")
+        targets = _rows(examples, "targets")
+        in_len = _batch_length(_lengths(inputs), self.pad_to_multiple_of, self.inputs_length, "inputs")
+        out_len = _batch_length(_lengths(targets), self.pad_to_multiple_of, self.targets_length, "targets")
         input_ids = _pad_rows(inputs, in_len, self.pad_id, "inputs")
         target_ids = _pad_rows(targets, out_len, self.pad_id, "targets")
         real_targets = target_ids != self.pad_id
@@ -296,6 +396,61 @@ class Seq2SeqCollator:
             "decoder_attention_mask": np.concatenate(
                 [np.ones((len(targets), 1), dtype=np.int64), real_targets[:, :-1].astype(np.int64)], axis=1),
         })
+
+
+class StackCollator:
+    """The named columns as stored, stacked into tensors: no labels, masks or positions.
+
+    For trainers that build those on the device (or need only the tokens). A fixed-length
+    column becomes ``(B, L)`` in its stored dtype (``input_ids``: int32); an integer column
+    ``(B,)`` int64; a variable-length one ``(B, longest)``, right-padded with ``pad_id``;
+    a string column (``key``) a list.
+
+    Args:
+        columns: the columns to stack (default ``input_ids``).
+        pad_id: padding of variable-length columns (needed only when rows differ in length).
+
+    Raises:
+        UnsupportedSchemaError: a column the examples do not have.
+    """
+
+    accepts_example_batch = True
+
+    def __init__(self, columns: Sequence[str] = ("input_ids",), *, pad_id: int | None = None):
+        if isinstance(columns, str) or not columns:
+            raise ValueError(f"columns must be a non-empty list of names, got {columns!r}")
+        self.columns, self.pad_id = tuple(columns), pad_id
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        _require(type(self).__name__, examples, self.columns)
+        out: dict[str, Any] = {}
+        for name in self.columns:
+            if isinstance(examples, ExampleBatch):
+                column = examples.columns[name]
+                values = column.rows() if isinstance(column, Ragged) else column
+            else:
+                values = [e[name] for e in examples]
+            if isinstance(values, np.ndarray):
+                out[name] = values.astype(np.int64) if values.ndim == 1 else values
+            elif all(isinstance(v, np.ndarray) for v in values):
+                out[name] = self._stack(name, values)
+            elif all(isinstance(v, (int, np.integer)) for v in values):
+                out[name] = np.array(values, dtype=np.int64)
+            else:
+                out[name] = list(values)
+        return _tensors(out)
+
+    def _stack(self, name: str, rows: list[np.ndarray]) -> np.ndarray:
+        length = max(len(row) for row in rows)
+        dtype = rows[0].dtype
+        if all(len(row) == length for row in rows):
+            return np.stack(rows).astype(dtype, copy=False)
+        if self.pad_id is None:
+            raise ValueError(f"{type(self).__name__}: rows of {name} need padding but no pad_id was given")
+        out = np.full((len(rows), length), self.pad_id, dtype=dtype)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row
+        return out
 
 
 def collator_for(dataset: Any, **kwargs: Any):

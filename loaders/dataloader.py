@@ -1,7 +1,9 @@
 """A ``torch.utils.data.DataLoader`` that keeps a :class:`~loaders.stream.ResumableStream`'s state.
 
-Workers read whole batches (a list of examples each) and collate them in the worker, so
-the main process only receives ready tensors (pinned when ``pin_memory``). The loader
+Workers read whole batches (a list of examples, or an
+:class:`~loaders.batch.ExampleBatch` for a collator that takes one) and collate them in the
+worker, so the main process only receives ready tensors (pinned when ``pin_memory``), in
+groups of consecutive batches through reused shared memory (:mod:`loaders.transport`). The loader
 counts the batches it hands to the trainer, which makes ``state_dict()`` exact whatever
 the number of workers or the prefetch depth: prefetched batches the trainer never saw
 are read again after a resume, none is skipped.
@@ -9,29 +11,54 @@ are read again after a resume, none is skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from loaders import collate
+from loaders.batch import accepts_example_batch
 from loaders.stream import ResumableStream
+from loaders.transport import RingReceiver, RingSender
 
 __all__ = ["ResumableDataLoader", "make_dataloader"]
 
 
 class _Batches(IterableDataset):
-    """The stream seen as an iterable of batches (lists of examples)."""
+    """The stream seen as an iterable of batches (lists of examples, or
+    :class:`~loaders.batch.ExampleBatch` objects for a collator that takes them)."""
 
-    def __init__(self, stream: ResumableStream):
+    def __init__(self, stream: ResumableStream, columnar: bool = False):
         super().__init__()
-        self.stream = stream
+        self.stream, self.columnar = stream, columnar
 
-    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
-        return self.stream.iter_batches()
+    def __iter__(self) -> Iterator[Sequence[dict[str, Any]]]:
+        return self.stream.iter_batches(columnar=self.columnar)
 
     def __len__(self) -> int:
         return self.stream.schedule().num_batches
+
+
+class _Groups(IterableDataset):
+    """What the inner DataLoader iterates: groups of collated batches, as transport items."""
+
+    def __init__(self, stream: ResumableStream, collate_fn: Callable, columnar: bool, group: int, slots: int):
+        super().__init__()
+        self.stream, self.collate_fn, self.columnar, self.group, self.slots = stream, collate_fn, columnar, group, slots
+
+    def __iter__(self) -> Iterator[tuple]:
+        info = get_worker_info()
+        sender = RingSender(info.id, self.slots) if info is not None and self.slots else None
+        if sender is not None:  # the ring packs each batch's tensors: collators need not
+            collate._PACK_IN_WORKER = False
+        for group in self.stream.iter_batch_groups(columnar=self.columnar, group=self.group):
+            batches = [self.collate_fn(batch) for batch in group]
+            yield sender.pack(batches) if sender is not None else ("plain", batches)
+
+
+def _identity(item: Any) -> Any:
+    return item
 
 
 class ResumableDataLoader(DataLoader):
@@ -39,15 +66,36 @@ class ResumableDataLoader(DataLoader):
 
     Build it with :func:`make_dataloader`. Its state is the dataset's state: after
     ``k`` batches of the current epoch it is ``(epoch, k * batch_size * world_size)``.
+
+    Batches travel in groups of ``group_batches`` consecutive ones (one DataLoader item per
+    group: fewer, larger hand-overs; worker ``w`` of ``K`` reads groups ``w, w+K, ...``).
+    With workers and ``shared_ring``, a group's tensors go through a ring of shared-memory
+    slots that each worker reuses (:mod:`loaders.transport`), and the main process copies
+    each batch out into memory of its own (pinned when ``pin_memory``).
     """
 
-    def __init__(self, dataset: ResumableStream, *, collate_fn: Callable | None, **kwargs: Any):
+    def __init__(self, dataset: ResumableStream, *, collate_fn: Callable | None, group_batches: int = 8,
+                 shared_ring: bool = True, **kwargs: Any):
+        if not isinstance(group_batches, int) or group_batches < 1:
+            raise ValueError(f"group_batches must be an int >= 1, got {group_batches!r}")
         self.stream = dataset
         dataset._counted_by_loader = True
         # Workers read the resume point from shared memory at each pass, so persistent
         # workers (which keep their copy of the dataset) follow set_epoch and load_state_dict.
         dataset._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
-        super().__init__(_Batches(dataset), batch_size=None, collate_fn=collate_fn or _to_tensors, **kwargs)
+        collate_fn = collate_fn or _to_tensors
+        columnar = accepts_example_batch(collate_fn)
+        super().__init__(_Batches(dataset, columnar), batch_size=None, collate_fn=collate_fn, **kwargs)
+        workers = kwargs.get("num_workers", 0)
+        prefetch = kwargs.get("prefetch_factor") or 2
+        slots = prefetch + 3 if shared_ring and workers > 0 else 0
+        inner = dict(kwargs, pin_memory=False)  # the receiver pins (a pinned ring arena would be a copy)
+        # like torch's DataLoader: no pinning without an accelerator (torch warns about it)
+        self._receiver_pin = bool(kwargs.get("pin_memory", False)) and torch.cuda.is_available()
+        self._inner = DataLoader(_Groups(dataset, collate_fn, columnar, group_batches, slots), batch_size=None,
+                                 collate_fn=_identity, **inner)
+        self.group_batches, self.shared_ring = group_batches, bool(slots)
+        self.transport_stats = {"ring": 0, "plain": 0}  # groups received each way (last pass)
 
     @property
     def batch_size_per_rank(self) -> int:
@@ -69,15 +117,22 @@ class ResumableDataLoader(DataLoader):
         stream = self.stream
         schedule = stream.schedule()
         stream._shared.copy_(torch.tensor([stream.epoch, stream.samples_consumed], dtype=torch.int64))
-        batches = super().__iter__()
+        receiver = RingReceiver(self._receiver_pin)
+        self.transport_stats = receiver.stats
+        items = iter(self._inner)
         last = schedule.num_batches - 1
         if last < 0:
             stream._finish_epoch()
+        pending: list[Any] = []
         for index in range(schedule.num_batches):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                raise RuntimeError(f"the loader ended after {index} of {schedule.num_batches} batches") from None
+            if not pending:
+                try:
+                    pending = receiver.unpack(next(items))
+                except StopIteration:
+                    raise RuntimeError(
+                        f"the loader ended after {index} of {schedule.num_batches} batches") from None
+                pending.reverse()
+            batch = pending.pop()
             if index < last:
                 stream._advance(schedule.batch_length(index))
             else:  # the epoch is consumed once its last batch is handed out
@@ -101,6 +156,8 @@ def make_dataloader(
     persistent_workers: bool = False,
     multiprocessing_context: Any = None,
     timeout: float = 0,
+    group_batches: int = 8,
+    shared_ring: bool = True,
     **collator_kwargs: Any,
 ) -> ResumableDataLoader:
     """A resumable DataLoader yielding collated batches of ``dataset.batch_size`` examples.
@@ -116,6 +173,9 @@ def make_dataloader(
         persistent_workers: keep workers alive across epochs.
         multiprocessing_context: passed to the DataLoader.
         timeout: passed to the DataLoader.
+        group_batches: consecutive batches handed over at once (one DataLoader item).
+        shared_ring: with workers, pass batches through a ring of reused shared-memory slots
+            per worker (:mod:`loaders.transport`) instead of a new segment per tensor.
 
     Raises:
         ValueError: bad arguments.
@@ -138,4 +198,5 @@ def make_dataloader(
             kwargs["prefetch_factor"] = prefetch_factor
     elif persistent_workers:
         raise ValueError("persistent_workers needs num_workers > 0")
-    return ResumableDataLoader(dataset, collate_fn=collate_fn, **kwargs)
+    return ResumableDataLoader(dataset, collate_fn=collate_fn, group_batches=group_batches, shared_ring=shared_ring,
+                               **kwargs)

@@ -130,10 +130,10 @@ class EpochOrder:
             base = first * self.block_size
             return base + self._block_permutation(first)[p - base]
         out = np.empty_like(p)
-        for block in np.unique(blocks):
-            here = blocks == block
-            base = int(block) * self.block_size
-            out[here] = base + self._block_permutation(int(block))[p[here] - base]
+        for block in np.flatnonzero(np.bincount(blocks - first)).tolist():  # not np.unique: it imports numpy.ma
+            here = blocks == block + first
+            base = (block + first) * self.block_size
+            out[here] = base + self._block_permutation(block + first)[p[here] - base]
         return out
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

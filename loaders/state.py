@@ -12,7 +12,10 @@ no torch):
   consumes exactly ``g in [s*W*b, (s+1)*W*b)`` whatever ``W`` and ``b`` are, as long as
   ``W*b`` (the global batch size) is kept.
 - DataLoader worker ``w`` of ``K`` produces the rank's batches ``k = w, w+K, ...``; PyTorch
-  collects worker batches round-robin, so the rank's stream does not depend on ``K``.
+  collects worker batches round-robin, so the rank's stream does not depend on ``K``. The
+  loader of :mod:`loaders.dataloader` hands batches over in groups of ``G`` consecutive ones
+  (``RankSchedule.group``): worker ``w`` then produces groups ``c = w, w+K, ...``, i.e. the
+  batches ``c*G .. c*G+G-1``; again the rank's stream depends on neither ``K`` nor ``G``.
 - The state is only ``(epoch, samples)``: ``samples`` global samples of the epoch already
   consumed (``= W * samples consumed per rank``). Resuming with another ``W'`` or ``K'``
   restarts the stream at ``g = samples``, which only needs ``samples % W' == 0`` (true
@@ -22,7 +25,7 @@ no torch):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -57,6 +60,7 @@ class RankSchedule:
         start: global samples of the epoch already consumed (multiple of ``W``).
         uneven: ``drop`` or ``wrap``.
         drop_last: drop the rank's last partial batch.
+        group: DataLoader workers take groups of this many consecutive batches (round-robin).
     """
 
     epoch_size: int
@@ -66,12 +70,15 @@ class RankSchedule:
     start: int = 0
     uneven: str = "wrap"
     drop_last: bool = False
+    group: int = 1
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} out of range for world_size {self.world_size}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.group < 1:
+            raise ValueError(f"group must be >= 1, got {self.group}")
         if self.start < 0 or self.start % self.world_size:
             raise ValueError(
                 f"cannot resume at global sample {self.start} with world_size {self.world_size}: it is not a multiple "
@@ -105,15 +112,37 @@ class RankSchedule:
         j = np.arange(first, first + self.batch_length(batch), dtype=np.int64)
         return self.start + self.rank + j * self.world_size
 
+    def batches_stream_indices(self, batches: Sequence[int]) -> tuple[np.ndarray, list[int]]:
+        """Global stream indices of several of the rank's batches at once, concatenated, and
+        each batch's length (the same as :meth:`batch_stream_indices` of each, vectorised)."""
+        lengths = [self.batch_length(b) for b in batches]
+        first = np.asarray(batches, dtype=np.int64) * self.batch_size
+        j = (first[:, None] + np.arange(self.batch_size, dtype=np.int64)[None, :]).reshape(-1)
+        if sum(lengths) < j.size:  # a short (last) batch
+            keep = np.arange(self.batch_size)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]
+            j = j[keep.reshape(-1)]
+        return self.start + self.rank + j * self.world_size, lengths
+
     def positions(self, stream_indices: np.ndarray) -> np.ndarray:
         """Epoch-order positions of global stream indices (``wrap`` reads the start again)."""
         return np.asarray(stream_indices, dtype=np.int64) % max(self.epoch_size, 1)
 
-    def worker_batches(self, worker: int, num_workers: int) -> range:
-        """The rank's batches that DataLoader worker ``worker`` of ``num_workers`` produces."""
+    def worker_groups(self, worker: int, num_workers: int) -> Iterator[range]:
+        """The groups of the rank's batches that DataLoader worker ``worker`` of ``num_workers``
+        produces, in order (each a range of batches; ``group`` 1: one batch each)."""
         if not 0 <= worker < max(num_workers, 1):
             raise ValueError(f"worker {worker} out of range for {num_workers} workers")
-        return range(worker, self.num_batches, max(num_workers, 1))
+        size, total = self.group, self.num_batches
+        return (range(c * size, min(c * size + size, total))
+                for c in range(worker, -(-total // size), max(num_workers, 1)))
+
+    def worker_batches(self, worker: int, num_workers: int) -> Iterator[int]:
+        """The rank's batches that DataLoader worker ``worker`` of ``num_workers`` produces, in order."""
+        if self.group == 1:
+            if not 0 <= worker < max(num_workers, 1):
+                raise ValueError(f"worker {worker} out of range for {num_workers} workers")
+            return iter(range(worker, self.num_batches, max(num_workers, 1)))
+        return (batch for batches in self.worker_groups(worker, num_workers) for batch in batches)
 
     def iter_worker(self, worker: int, num_workers: int) -> Iterator[np.ndarray]:
         """Global stream indices of each batch of one worker, in order."""
@@ -126,7 +155,7 @@ class RankSchedule:
         offset = g - self.start - self.rank
         j = offset // self.world_size
         mine = (offset >= 0) & (offset % self.world_size == 0) & (j < self.num_samples)
-        return mine & ((j // self.batch_size) % max(num_workers, 1) == worker)
+        return mine & ((j // self.batch_size // self.group) % max(num_workers, 1) == worker)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ the batches it yields and keeps this object's state current.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -160,17 +160,35 @@ class ResumableStream(IterableDataset):
             return int(epoch), int(samples)
         return self._epoch, self._samples
 
+    def read_batches(self, epoch: int, schedule: RankSchedule, worker: int, num_workers: int, *,
+                     columnar: bool = False) -> Iterator[Sequence[dict[str, Any]]]:
+        """The batches of one worker, in order (default: :meth:`read` of each).
+
+        ``columnar``: the consumer also takes :class:`~loaders.batch.ExampleBatch` batches,
+        which a subclass may then yield instead of lists (same examples, same order).
+        """
+        for stream_indices in schedule.iter_worker(worker, num_workers):
+            yield self.read(epoch, stream_indices, schedule, worker, num_workers)
+
     # -- iteration -------------------------------------------------------------------------
-    def iter_batches(self) -> Iterator[list[dict[str, Any]]]:
-        """This rank's (and, inside a DataLoader worker, this worker's) batches, as example lists."""
+    def iter_batches(self, *, columnar: bool = False) -> Iterator[Sequence[dict[str, Any]]]:
+        """This rank's (and, inside a DataLoader worker, this worker's) batches, as example lists
+        (or, with ``columnar``, possibly as :class:`~loaders.batch.ExampleBatch` objects)."""
+        for group in self.iter_batch_groups(columnar=columnar, group=1):
+            yield from group
+
+    def iter_batch_groups(self, *, columnar: bool = False, group: int = 1) -> Iterator[list[Sequence[dict[str, Any]]]]:
+        """Like :meth:`iter_batches`, in lists of ``group`` consecutive batches of the rank
+        (:attr:`RankSchedule.group`: inside a DataLoader worker, this worker's groups)."""
         epoch, start = self._resume_point()
         schedule = RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, start, self.uneven,
-                                self.drop_last)
+                                self.drop_last, group)
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self.start_iteration()
-        for stream_indices in schedule.iter_worker(worker, num_workers):
-            yield self.read(epoch, stream_indices, schedule, worker, num_workers)
+        batches = self.read_batches(epoch, schedule, worker, num_workers, columnar=columnar)
+        for batch_ids in schedule.worker_groups(worker, num_workers):
+            yield [next(batches) for _ in batch_ids]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._counted_by_loader or get_worker_info() is not None:
