@@ -241,20 +241,20 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)
-    # The objective runs on both chunk outputs of Pack apart: a Flatten in between would make
-    # the runner encode every chunk; the compact batches are flattened instead.
+    # The objective runs on both chunk outputs of Pack apart, and the few re-packed examples reach
+    # the shard writers as a side input: flattening either pair would make Beam's local runner
+    # copy every chunk or example through an extra stage.
     build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
                           sizing=sizing)
     bucket_chunks, repacked_chunks = chunks
     batches, build_stats = (bucket_chunks, split_tokens) | "BuildExamples" >> build
     rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build
-    batches = (batches, rest_batches) | "AllBatches" >> beam.Flatten()
     objective_stats = (
         (build_stats, rest_stats)
         | "AllObjectiveStats" >> beam.Flatten()
         | "SumObjectiveStats" >> beam.CombinePerKey(CountersCombineFn())
     )
-    shards = (batches, split_tokens) | "WriteShards" >> WriteShards(
+    shards = (batches, rest_batches, split_tokens) | "WriteShards" >> WriteShards(
         o.output, plan.schema, formats=o.formats, sizing=sizing
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()

@@ -57,28 +57,60 @@ def write_atomic(root: str, relative: str, write) -> ShardFile:
 class _WriteShard(beam.DoFn):
     def __init__(self, output, schema: ExampleSchema, formats):
         self._output, self._schema, self._formats = output, schema, tuple(formats)
+        self._extra_source, self._extra = None, {}
 
-    def process(self, element):
-        (split, index, count), pieces = element
-        parts = [ExampleBatch.decode(p, self._schema) for p in pieces if p is not None]  # None: the empty-shard marker
-        if parts:
-            batch = ExampleBatch.concat(parts, self._schema).sorted_by_order()
-        else:
-            batch = ExampleBatch.concat([], self._schema)
+    def write(self, split: str, index: int, count: int, parts: list) -> dict:
+        batch = ExampleBatch.concat(parts, self._schema).sorted_by_order()
         files = {}
         for fmt in self._formats:
             relative = shard_name(split, fmt, index, count)
             files[fmt] = write_atomic(self._output, relative, lambda h, w=WRITERS[fmt]: w(h, batch.columns))
         info = ShardInfo(split=split, index=index, rows=batch.count, tokens=int(batch.chunk_tokens.sum()), files=files)
-        yield info.to_json()
+        return info.to_json()
+
+    def extra_parts(self, extra: list, shard: tuple) -> list:
+        """Decoded pieces of ``shard`` among the side input's (indexed once per side-input value)."""
+        if extra is not self._extra_source:
+            self._extra_source, self._extra = extra, {}
+            for key, encoded in extra:
+                self._extra.setdefault(tuple(key), []).append(encoded)
+        return [ExampleBatch.decode(p, self._schema) for p in self._extra.get(shard, [])]
+
+    def process(self, element, extra):
+        shard, pieces = element
+        parts = [ExampleBatch.decode(p, self._schema) for p in pieces] + self.extra_parts(extra, tuple(shard))
+        yield self.write(*shard, parts)
+
+
+class _WriteOtherShards(_WriteShard):
+    """Writes, once the others are written, the shards that got no piece through the shuffle:
+    those with only side-input pieces, and empty ones (so shard names stay dense)."""
+
+    def __init__(self, output, schema: ExampleSchema, formats, sizing):
+        super().__init__(output, schema, formats)
+        self._sizing = sizing
+
+    def process(self, element, written, extra):
+        split, tokens = element
+        count = shard_count(split, tokens, **self._sizing)
+        present = {info["index"] for info in written if info["split"] == split}
+        for index in range(count):
+            if index not in present:
+                yield self.write(split, index, count, self.extra_parts(extra, (split, index, count)))
 
 
 class WriteShards(beam.PTransform):
     """Shard pieces -> written shard files; outputs one ShardInfo dict per shard.
 
-    Input: ``(pieces, split_tokens)``: ``((split, shard, count), encoded ExampleBatch)`` from
-    :class:`transforms.build.BuildExamples` and the ``(split, document tokens)`` it was sized
-    with (every shard index of a split is written, empty ones included).
+    Input: ``(pieces, extra_pieces, split_tokens)``: ``((split, shard, count), encoded
+    ExampleBatch)`` elements from :class:`transforms.build.BuildExamples`, the many that go
+    through the shuffle and the few (re-packed remainders) that reach every writer as a side
+    input, and the ``(split, document tokens)`` they were sized with.
+
+    Every shard index of a split is written: shards that got no shuffled piece (empty ones,
+    or ones with side-input pieces only) are written after the others. Nothing is flattened
+    into the shuffle: Beam's local runner copies every element of a Flatten whose inputs come
+    from different stages through an extra stage.
 
     Args:
         output: dataset directory (any Beam filesystem).
@@ -92,21 +124,19 @@ class WriteShards(beam.PTransform):
         self._output, self._schema, self._formats, self._sizing = output, schema, formats, sizing
 
     def expand(self, inputs):
-        pieces, split_tokens = inputs
-        sizing = self._sizing
-
-        def all_shards(element):
-            split, tokens = element
-            count = shard_count(split, tokens, **sizing)
-            return [((split, i, count), None) for i in range(count)]
-
-        empty = split_tokens | "EveryShard" >> beam.FlatMap(all_shards)
-        return (
-            (pieces, empty)
-            | "WithEmptyShards" >> beam.Flatten()
+        pieces, extra_pieces, split_tokens = inputs
+        extra = beam.pvalue.AsList(extra_pieces)
+        written = (
+            pieces
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats))
+            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats), extra=extra)
         )
+        others = split_tokens | "WriteOtherShards" >> beam.ParDo(
+            _WriteOtherShards(self._output, self._schema, self._formats, self._sizing),
+            written=beam.pvalue.AsList(written),
+            extra=extra,
+        )
+        return (written, others) | "AllShards" >> beam.Flatten()
 
 
 class _WriteRejectedFile(beam.DoFn):

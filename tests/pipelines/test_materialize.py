@@ -289,3 +289,28 @@ def test_shard_size_mb_sizes_each_split_from_its_document_tokens(tmp_path, sampl
     assert len(train) >= 8
     sizes = [s.files["arrow"].bytes for s in train]
     assert max(sizes) < 1.5 * target_mb * 2**20 and min(sizes) > 0.5 * target_mb * 2**20
+
+
+def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, tokenizer_path):
+    import tarfile
+
+    import pyarrow as pa
+
+    corpus = tmp_path / "tiny.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Document number {i} is short but has a few words."}) + "\n"
+                              for i in range(6)))
+    out = tmp_path / "out"
+    manifest = materialize(out, "--input", str(corpus), "--tokenizer", tokenizer_path, "--objective", "clm",
+                           "--seq-len", "16", "--num-shards", "12", "--formats", "arrow,webdataset")
+    shards = manifest.shards("train")
+    assert [s.index for s in shards] == list(range(12))
+    examples = manifest.splits["train"]["examples"]
+    assert 0 < examples < 12 and sum(s.rows for s in shards) == examples
+    empty = [s for s in shards if s.rows == 0]
+    assert len(empty) >= 12 - examples
+    for shard in empty:
+        table = pa.ipc.open_stream(open(out / shard.files["arrow"].path, "rb").read()).read_all()
+        assert table.num_rows == 0 and table.schema.names == ["key", "input_ids", "doc_lengths"]
+        with tarfile.open(out / shard.files["webdataset"].path) as tar:
+            assert tar.getmembers() == []
+        assert shard.tokens == 0
