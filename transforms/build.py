@@ -29,7 +29,6 @@ from apache_beam.transforms.window import GlobalWindows
 
 from schemas.examples import ExampleSchema
 from transforms.objectives.common import LazyGenerator, digest_u64
-from transforms.objectives.counters import merge_counters
 from transforms.objectives.layout import SHARD_SALT, row_order_key, shard_count, shard_key
 from transforms.shard_format import ExampleColumns
 
@@ -103,6 +102,19 @@ class ExampleBatch:
         )
 
 
+def _add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
+    """``total = merge_counters(total, counters)``, in place (once per example: no copies)."""
+    for name, value in counters.items():
+        if name not in total:
+            total[name] = int(value)
+        elif name.endswith("_min"):
+            total[name] = min(total[name], int(value))
+        elif name.endswith("_max"):
+            total[name] = max(total[name], int(value))
+        else:
+            total[name] += int(value)
+
+
 class _Build(beam.DoFn):
     def __init__(self, objective, special, schema, seed, draws, sizing):
         self._objective, self._special, self._schema = objective, special, schema
@@ -120,6 +132,7 @@ class _Build(beam.DoFn):
         self._stats: dict[str, dict[str, int]] = {}
         self._counts: dict[str, int] = {}
         self._buffered = 0
+        self._built = 0
 
     def _shard_count(self, split: str, split_tokens: dict) -> int:
         count = self._counts.get(split)
@@ -141,10 +154,11 @@ class _Build(beam.DoFn):
                 padded[: len(values)] = values
                 example[column] = padded
                 padding += length - len(values)
-        extra = {"chunk_tokens": chunk_tokens}
+        counters = dict(counters)
+        counters["chunk_tokens"] = counters.get("chunk_tokens", 0) + chunk_tokens
         if padding:
-            extra["padding_tokens"] = padding
-        return example, merge_counters(counters, extra)
+            counters["padding_tokens"] = counters.get("padding_tokens", 0) + padding
+        return example, counters
 
     def _batch(self, shard):
         rows = self._rows.pop(shard)
@@ -159,22 +173,21 @@ class _Build(beam.DoFn):
         features = dict(piece.features)
         features["doc_lengths"] = piece.doc_lengths
         count = self._shard_count(split, split_tokens)
-        stats = self._stats.get(split, {})
+        stats = self._stats.setdefault(split, {})
         full = []
         for draw in range(self._draws):
             key = example_key(chunk_key, draw)
             example = self._objective.build(piece.tokens, LazyGenerator(self._seed, key), plan, self._special, features)
             example["key"] = key
             example, counters = self._finish(example, len(piece.tokens))
-            stats = merge_counters(stats, counters)
+            _add_counters(stats, counters)
             shard_hash = digest_u64(shard_key(self._seed, key), salt=SHARD_SALT)
             shard = (split, shard_hash % count, count)
             rows = self._rows.setdefault(shard, [])
             rows.append((example, len(piece.tokens), shard_hash))
             if len(rows) == BATCH_ROWS:
                 full.append(shard)
-        self._stats[split] = stats
-        self._examples.inc(self._draws)
+        self._built += self._draws
         self._buffered += self._draws
         if self._buffered >= MAX_BUFFERED_ROWS:  # many shards: bound memory, flush them all
             full = sorted(self._rows)
@@ -186,6 +199,8 @@ class _Build(beam.DoFn):
         for shard in sorted(self._rows):
             yield GlobalWindows.windowed_value(self._batch(shard))
         self._buffered = 0
+        self._examples.inc(self._built)
+        self._built = 0
         for split, stats in sorted(self._stats.items()):
             yield beam.pvalue.TaggedOutput(BuildExamples.STATS, GlobalWindows.windowed_value((split, stats)))
         self._stats = {}

@@ -324,27 +324,36 @@ _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
 
 
+def _ustar_template() -> tuple[bytes, int]:
+    header = bytearray(_BLOCK)
+    header[100:108] = b"0000644\0"
+    header[108:116] = b"0000000\0"
+    header[116:124] = b"0000000\0"
+    header[136:148] = b"00000000000\0"
+    header[148:156] = b"        "  # the checksum counts its own field as spaces
+    header[156:157] = tarfile.REGTYPE
+    header[257:265] = tarfile.POSIX_MAGIC
+    return bytes(header), sum(header)
+
+
+_USTAR_TEMPLATE, _USTAR_SUM = _ustar_template()
+
+
 def _ustar_header(name: str, size: int) -> bytes:
     """A USTAR header for a regular file: mode 0644, uid/gid 0, mtime 0, no owner names.
 
-    Built directly (every other field is constant) because :mod:`tarfile`'s generic
-    header code dominated shard writing; the bytes are what ``tarfile`` writes for the
-    same member (checked in the tests).
+    Built directly (every other field is constant, and so is their share of the checksum)
+    because :mod:`tarfile`'s generic header code dominated shard writing; the bytes are what
+    ``tarfile`` writes for the same member (checked in the tests).
     """
     encoded = name.encode("utf-8")
     if len(encoded) > 100:
         raise ValueError(f"tar member name {name!r} is longer than 100 bytes")
-    header = bytearray(_BLOCK)
+    size_field = b"%011o\0" % size
+    header = bytearray(_USTAR_TEMPLATE)
     header[0 : len(encoded)] = encoded
-    header[100:108] = b"0000644\0"
-    header[108:116] = b"0000000\0"
-    header[116:124] = b"0000000\0"
-    header[124:136] = b"%011o\0" % size
-    header[136:148] = b"00000000000\0"
-    header[148:156] = b"        "
-    header[156:157] = tarfile.REGTYPE
-    header[257:265] = tarfile.POSIX_MAGIC
-    header[148:155] = b"%06o\0" % sum(header)
+    header[124:136] = size_field
+    header[148:155] = b"%06o\0" % (_USTAR_SUM + sum(encoded) + sum(size_field))
     return bytes(header)
 
 

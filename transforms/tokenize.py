@@ -37,6 +37,8 @@ __all__ = ["BATCH_SIZE", "Tokenize", "assign_split", "bucket_of", "document_key"
 BATCH_SIZE = 2048
 #: A batch is also sent once its texts hold this many characters (bounds memory for long documents).
 BATCH_CHARS = 1 << 23
+#: Texts in a bundle's first batch; each next batch doubles, up to the batch size.
+FIRST_BATCH = 128
 TRAIN, VALIDATION = "train", "validation"
 
 
@@ -128,6 +130,9 @@ class _TokenizeBatch(beam.DoFn):
         self._buffer = []
         self._buffer_chars = 0
         self._pending = collections.deque()
+        # Batches ramp up (128, 256, ... texts) so the encoder starts while the first full batch
+        # would still be read; batching never changes an encoding.
+        self._limit = min(self._batch_size, FIRST_BATCH)
 
     def _encode(self, texts):
         if self._features:
@@ -164,8 +169,9 @@ class _TokenizeBatch(beam.DoFn):
     def process(self, text):
         self._buffer.append(text)
         self._buffer_chars += len(text)
-        if len(self._buffer) >= self._batch_size or self._buffer_chars >= BATCH_CHARS:
+        if len(self._buffer) >= self._limit or self._buffer_chars >= BATCH_CHARS:
             self._submit()
+            self._limit = min(self._batch_size, 2 * self._limit)
             while len(self._pending) > 1:
                 yield from self._emit(*self._pending.popleft())
 

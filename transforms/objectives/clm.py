@@ -22,7 +22,12 @@ __all__ = ["CLM", "CLMConfig", "pad_to"]
 
 
 def pad_to(tokens: np.ndarray, length: int, pad: int) -> np.ndarray:
-    """``tokens`` right-padded with ``pad`` to ``length`` (ValueError if longer)."""
+    """``tokens`` right-padded with ``pad`` to ``length`` (ValueError if longer).
+
+    An int32 array of exactly ``length`` tokens is returned as it is (not copied).
+    """
+    if len(tokens) == length and isinstance(tokens, np.ndarray) and tokens.dtype == np.int32:
+        return tokens
     if len(tokens) > length:
         raise ValueError(f"{len(tokens)} tokens do not fit in {length}")
     out = np.full(length, pad, dtype=np.int32)
@@ -76,7 +81,7 @@ class CLM:
         }
 
     def stats(self, example: dict[str, Any]) -> dict[str, int]:
-        real = int(np.sum(example["doc_lengths"]))
+        real = int(np.asarray(example["doc_lengths"]).sum())
         return {"examples": 1, "tokens": real, "padding_tokens": self.config.seq_len - real,
                 "documents_segments": int(len(example["doc_lengths"]))}
 
