@@ -182,6 +182,23 @@ def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, 
         assert on_disk.deterministic_view() == reference.deterministic_view(), name
 
 
+def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, monkeypatch, clm_dataset, sample_glob,
+                                                           tokenizer_path):
+    """Tiny tokenizer batches and example batches (and the flush of many shards' buffers) give the
+    same bytes as the defaults: batching follows bundles, the written data must not."""
+    import transforms.build as build
+    import transforms.tokenize as tokenize
+
+    reference_out, reference = clm_dataset
+    monkeypatch.setattr(build, "BATCH_ROWS", 3)
+    monkeypatch.setattr(build, "MAX_BUFFERED_ROWS", 7)
+    monkeypatch.setattr(tokenize, "FIRST_BATCH", 1)
+    out = tmp_path / "small-batches"
+    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path, "--batch-size", "5"))
+    assert file_digests(out) == file_digests(reference_out)
+    assert manifest.deterministic_view() == reference.deterministic_view()
+
+
 def test_another_seed_changes_the_order_not_the_content(tmp_path, clm_dataset, sample_glob, tokenizer_path):
     reference_out, reference = clm_dataset
     manifest = materialize(tmp_path / "seed1", *_base_args(sample_glob, tokenizer_path, "--seed", "1"))
