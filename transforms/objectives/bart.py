@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.common import SpecialIds
+from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range, index_range
 from transforms.objectives.mlm import STATS_KEY, draw_non_special
 
 __all__ = [
@@ -72,6 +72,11 @@ MASK_LENGTHS = ("span-poisson", "word", "subword")
 
 
 def _ceil(value: float) -> int:
+    """``ceil(round(value, 9))``; Python's ``round`` to 9 digits moves a value by at most
+    5e-10, so it can only change the ceiling within 1e-9 of an integer: skip it elsewhere."""
+    ceiling = math.ceil(value)
+    if ceiling == value or (ceiling - value > 1e-9 and value - (ceiling - 1) > 1e-9):
+        return ceiling
     return math.ceil(round(value, 9))
 
 
@@ -155,9 +160,48 @@ class _Noisy:
     ids: np.ndarray  # int32 token ids, <s> ... </s>
     word_start: np.ndarray  # bool: a word (or, without word starts, a token) starts here
     barrier: np.ndarray  # bool: framing, special or already-noised token: never masked, ends spans
+    flags: bool = True  # False once no later pass reads the flags: they are no longer kept aligned
 
     def take(self, keep: np.ndarray) -> None:
-        self.ids, self.word_start, self.barrier = self.ids[keep], self.word_start[keep], self.barrier[keep]
+        self.ids = self.ids[keep]
+        if self.flags:
+            self.word_start, self.barrier = self.word_start[keep], self.barrier[keep]
+
+
+def _sentence_order(
+    size: int, sentence_starts: np.ndarray | None, p: float, rng: np.random.Generator, counters: dict[str, int]
+) -> np.ndarray | None:
+    """Gather index that re-orders ``ceil(n * p)`` of the ``n`` sentences (fairseq
+    ``permute_sentences``); None when there are fewer than two sentences (no draw)."""
+    if sentence_starts is None or size == 0:
+        counters["sentences"] = int(size > 0)  # the chunk is one sentence (none when empty)
+        return None
+    starts = sentence_starts.nonzero()[0]
+    if not sentence_starts[0]:  # a sentence always starts at token 0
+        starts = np.concatenate([np.zeros(1, dtype=starts.dtype), starts])
+    n = starts.size
+    counters["sentences"] = int(n)
+    if n < 2:
+        return None
+    k = _ceil(n * p)
+    chosen = rng.permutation(n)[:k]
+    identity = index_range(n)
+    ordering = identity.copy()
+    ordering[chosen] = chosen[rng.permutation(k)]
+    counters["permuted_sentences"] = int(np.count_nonzero(ordering != identity))
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = size
+    ends -= starts
+    lengths = ends[ordering]
+    moved_starts = starts[ordering]
+    # token t of the new order comes from start(sentence) + (t - new offset(sentence))
+    offsets = lengths.cumsum()
+    offsets -= lengths
+    moved_starts -= offsets
+    index = moved_starts.repeat(lengths)
+    index += index_range(size)
+    return index
 
 
 def _permute_sentences(
@@ -169,20 +213,9 @@ def _permute_sentences(
     counters: dict[str, int],
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Re-order ``ceil(n * p)`` of the ``n`` sentences (fairseq ``permute_sentences``)."""
-    starts = np.flatnonzero(sentence_starts) if sentence_starts is not None else np.zeros(0, np.int64)
-    starts = np.union1d([0], starts) if tokens.size else starts
-    n = starts.size
-    counters["sentences"] = int(n)
-    if n < 2:
+    index = _sentence_order(tokens.size, sentence_starts, p, rng, counters)
+    if index is None:
         return tokens, flags
-    k = _ceil(n * p)
-    chosen = rng.permutation(n)[:k]
-    ordering = np.arange(n)
-    ordering[chosen] = chosen[rng.permutation(k)]
-    counters["permuted_sentences"] = int((ordering != np.arange(n)).sum())
-    lengths = np.diff(starts, append=tokens.size)[ordering]
-    offsets = np.cumsum(lengths) - lengths
-    index = np.arange(tokens.size) - np.repeat(offsets, lengths) + np.repeat(starts[ordering], lengths)
     return tokens[index], [f[index] for f in flags]
 
 
@@ -191,11 +224,11 @@ def _span_lengths(budget: int, config: BartConfig, rng: np.random.Generator) -> 
     if config.mask_length != "span-poisson":
         return np.ones(budget, dtype=np.int64)
     cdf = poisson_span_cdf(config.poisson_lambda)
-    lengths = np.zeros(0, dtype=np.int64)
-    while lengths.sum() < budget:  # fairseq draws ``budget`` at a time until they suffice
-        lengths = np.concatenate([lengths, np.searchsorted(cdf, rng.random(budget), side="right")])
-    cum = np.cumsum(lengths)
-    last = int(np.searchsorted(cum, budget))  # first span reaching the budget
+    lengths = cdf.searchsorted(rng.random(budget), side="right")
+    while np.add.reduce(lengths) < budget:  # fairseq draws ``budget`` at a time until they suffice
+        lengths = np.concatenate([lengths, cdf.searchsorted(rng.random(budget), side="right")])
+    cum = lengths.cumsum()
+    last = int(cum.searchsorted(budget))  # first span reaching the budget
     lengths = lengths[: last + 1].copy()
     lengths[last] = budget - (cum[last - 1] if last else 0)
     return lengths
@@ -208,10 +241,12 @@ def _span_ends(word_start: np.ndarray, barrier: np.ndarray, starts: np.ndarray, 
     the end is the ``length``-th word boundary after the start, or the first barrier if
     that comes sooner. The last position (``</s>``) must be a barrier.
     """
-    boundaries = np.flatnonzero(word_start | barrier)
-    barriers = np.flatnonzero(barrier)
-    word_end = boundaries[np.minimum(np.searchsorted(boundaries, starts) + lengths, boundaries.size - 1)]
-    return np.minimum(word_end, barriers[np.searchsorted(barriers, starts, side="right")])
+    boundaries = np.logical_or(word_start, barrier).nonzero()[0]
+    barriers = np.asarray(barrier).nonzero()[0]
+    word_end = boundaries.searchsorted(starts)
+    word_end += lengths
+    np.minimum(word_end, boundaries.size - 1, out=word_end)
+    return np.minimum(boundaries[word_end], barriers[barriers.searchsorted(starts, side="right")])
 
 
 def _mask_spans(
@@ -222,42 +257,56 @@ def _mask_spans(
     special: SpecialIds,
     rng: np.random.Generator,
     counters: dict[str, int],
+    pool: np.ndarray | None = None,
 ) -> None:
-    """Mask, replace or delete ``lengths.size`` word spans (all > 0) at random word starts."""
-    pool = np.flatnonzero(src.word_start & ~src.barrier)
+    """Mask, replace or delete ``lengths.size`` word spans (all > 0) at random word starts.
+
+    ``pool``, when given, is ``flatnonzero(src.word_start & ~src.barrier)`` (the caller has it).
+    """
+    if pool is None:
+        pool = np.greater(src.word_start, src.barrier).nonzero()[0]  # word_start & ~barrier
     m = lengths.size
     starts = rng.choice(pool, size=m, replace=False) if m else pool[:0]
     is_random = rng.random(m) < config.mask_random
     ends = _span_ends(src.word_start, src.barrier, starts, lengths)
-
-    def union(first: np.ndarray, last: np.ndarray) -> np.ndarray:
-        depth = np.zeros(src.ids.size + 1, dtype=np.int64)
-        np.add.at(depth, first, 1)
-        np.add.at(depth, last, -1)
-        return np.cumsum(depth[:-1]) > 0
-
-    covered = union(starts, ends)
-    counters["masked_words"] = counters.get("masked_words", 0) + int((covered & src.word_start).sum())
-    counters["masked_tokens"] = counters.get("masked_tokens", 0) + int(covered.sum())
+    size = src.ids.size
+    positions = index_range(size)
+    # reach[i]: furthest end of the spans started at or before i; i is covered when reach[i] > i.
+    reach = np.zeros(size, dtype=np.int64)
+    reach[starts] = ends
+    np.maximum.accumulate(reach, out=reach)
+    covered = reach > positions
+    counters["masked_words"] = counters.get("masked_words", 0) + int(np.count_nonzero(covered & src.word_start))
+    counters["masked_tokens"] = counters.get("masked_tokens", 0) + int(np.count_nonzero(covered))
     if replace_length == 0:
         src.take(~covered)
         return
+    keep = None
     if replace_length == 1:
         # A start inside another span's tail is deleted with it: overlapping spans merge into one mask.
         replaced, random_positions = starts, starts[is_random]
-        keep = ~union(starts + 1, ends)
+        keep = np.empty(size, dtype=bool)  # delete what a span covers after its first token
+        keep[0] = True
+        np.less_equal(reach[:-1], positions[1:], out=keep[1:])
     else:
-        replaced, keep = covered, np.ones(src.ids.size, dtype=bool)
+        replaced = covered
         # Where spans overlap, fairseq's token-by-token walk lets the span that started
-        # first write last, so its random flag decides the token.
-        random_flag = np.zeros(src.ids.size, dtype=bool)
-        for first in np.argsort(starts)[::-1]:
-            random_flag[starts[first] : ends[first]] = is_random[first]
-        random_positions = np.flatnonzero(random_flag)
+        # first write last, so its random flag decides the token: the earliest-started span
+        # covering i is the first, in start order, whose end passes i.
+        order = starts.argsort()
+        furthest = np.maximum.accumulate(ends[order])
+        covered_positions = covered.nonzero()[0]
+        winner = furthest.searchsorted(covered_positions, side="right")
+        random_positions = covered_positions[is_random[order][winner]]
     src.ids[replaced] = special.mask
-    src.ids[random_positions] = draw_non_special(rng, special, random_positions.size)
-    src.barrier[replaced] = True
-    counters["random_tokens"] += int(keep[random_positions].sum())
+    src.ids[random_positions] = draw_non_special(rng, special, random_positions.size)  # draws nothing for none
+    if src.flags:
+        src.barrier[replaced] = True
+    if keep is None:  # nothing deleted
+        counters["random_tokens"] += int(random_positions.size)
+        return
+    if random_positions.size:
+        counters["random_tokens"] += int(np.count_nonzero(keep[random_positions]))
     src.take(keep)
 
 
@@ -268,19 +317,27 @@ def _insert(
     if n <= 0:
         return
     size = src.ids.size + n
-    positions = rng.choice(size - 2, size=n, replace=False) + 1
+    if n == 1 and type(rng) is np.random.Generator:
+        # choice(m, size=1, replace=False) is one bounded draw, the same as integers(0, m)
+        positions = np.array([int(rng.integers(0, size - 2)) + 1], dtype=np.int64)
+    else:
+        positions = rng.choice(size - 2, size=n, replace=False) + 1
     is_random = rng.random(n) < config.mask_random
-    new = np.zeros(size, dtype=bool)
-    new[positions] = True
+    old = np.empty(size, dtype=bool)
+    old.fill(True)
+    old[positions] = False
     ids = np.empty(size, dtype=np.int32)
-    ids[~new] = src.ids
+    ids[old] = src.ids
     ids[positions] = special.mask
-    ids[positions[is_random]] = draw_non_special(rng, special, int(is_random.sum()))
-    word_start, barrier = np.ones(size, dtype=bool), np.ones(size, dtype=bool)
-    word_start[~new], barrier[~new] = src.word_start, src.barrier
-    src.ids, src.word_start, src.barrier = ids, word_start, barrier
+    random_count = int(np.count_nonzero(is_random))
+    ids[positions[is_random]] = draw_non_special(rng, special, random_count)  # draws nothing for none
+    src.ids = ids
+    if src.flags:
+        word_start, barrier = np.ones(size, dtype=bool), np.ones(size, dtype=bool)
+        word_start[old], barrier[old] = src.word_start, src.barrier
+        src.word_start, src.barrier = word_start, barrier
     counters["inserted"] += n
-    counters["random_tokens"] += int(is_random.sum())
+    counters["random_tokens"] += random_count
 
 
 _COUNTERS = (
@@ -307,20 +364,23 @@ def _checked_tokens(
     word_starts: np.ndarray | None,
     sentence_starts: np.ndarray | None,
 ) -> np.ndarray:
-    """The chunk as int32 after checking the special ids, its length, ids and features."""
+    """The chunk (any integer dtype) after checking the special ids, its length, ids and features."""
     if special.bos is None or special.mask is None:
         raise ValueError(f"bart needs bos and mask ids, got bos={special.bos} mask={special.mask}")
     tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
     if tokens.size > config.raw_length:
         raise ValueError(f"chunk of {tokens.size} tokens exceeds the raw length {config.raw_length}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= special.vocab_size):
+    if tokens.size and ids_out_of_range(tokens, special.vocab_size):
         raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
     for name, value in (("word_starts", word_starts), ("sentence_starts", sentence_starts)):
         if value is not None and np.shape(value) != tokens.shape:
             raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {np.shape(value)}")
-    return tokens.astype(np.int32)
+    return tokens
+
+
+_HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(129))
 
 
 def bart_with_stats(
@@ -343,44 +403,65 @@ def bart_with_stats(
     ``inserts_dropped``, ``deleted`` (tokens removed: targets - inputs + inserted), ``rotated``.
     """
     tokens = _checked_tokens(tokens, config, special, word_starts, sentence_starts)
-    targets = np.concatenate([[special.bos], tokens, [special.eos]]).astype(np.int32)
+    rng = generator_of(rng)
+    size = tokens.size
+    targets = np.empty(size + 2, dtype=np.int32)
+    targets[0], targets[-1] = special.bos, special.eos
+    targets[1:-1] = tokens
     counters = dict.fromkeys(_COUNTERS, 0)
     counters["examples"] = 1
 
+    # The source being noised: ids framed by <s> ... </s>, and per token whether a word
+    # starts there and whether it is a barrier (framing, special, later: already noised).
     whole_words = word_starts is not None and config.mask_length != "subword"
-    starts = np.asarray(word_starts, dtype=bool) if whole_words else np.ones(tokens.size, dtype=bool)
-    special_mask = np.isin(tokens, special.special_array())
+    index = None
     if config.permute_sentences > 0:
         sentence_flags = None if sentence_starts is None else np.asarray(sentence_starts, dtype=bool)
-        tokens, (starts, special_mask) = _permute_sentences(
-            tokens, [starts, special_mask], sentence_flags, config.permute_sentences, rng, counters
-        )
-    edge = np.array([True])
-    src = _Noisy(
-        ids=np.concatenate([[special.bos], tokens, [special.eos]]).astype(np.int32),
-        word_start=np.concatenate([~edge, starts, ~edge]),
-        barrier=np.concatenate([edge, special_mask, edge]),
-    )
-    words = int((src.word_start & ~src.barrier).sum())
+        index = _sentence_order(size, sentence_flags, config.permute_sentences, rng, counters)
+    ids = targets.copy()
+    if index is not None:
+        targets[1:-1].take(index, out=ids[1:-1], mode="clip")  # in range: clip only skips the buffered check
+    word_start = np.empty(size + 2, dtype=bool)
+    word_start[0] = word_start[-1] = False
+    if not whole_words:
+        word_start[1:-1] = True
+    elif index is None:
+        word_start[1:-1] = word_starts
+    else:
+        word_start[1:-1] = np.asarray(word_starts, dtype=bool)[index]
+    barrier = np.empty(size + 2, dtype=bool)
+    barrier[0] = barrier[-1] = True
+    special.special_flags().take(ids[1:-1], out=barrier[1:-1], mode="clip")  # ids are checked to be in range
+    # Only the token masking/deletion passes read the flags after the span pass.
+    flags = config.token_mask > 0 or config.token_delete > 0
+    src = _Noisy(ids=ids, word_start=word_start, barrier=barrier, flags=flags)
+    pool = np.greater(word_start, barrier).nonzero()[0]  # word starts that are not barriers
+    words = pool.size
     counters["words"] = words
 
     if config.mask > 0 and words:
         budget = _ceil(words * config.mask)
         lengths = _span_lengths(budget, config, rng)
         counters["mask_budget"] = budget
-        for k, count in zip(*np.unique(lengths, return_counts=True), strict=True):
-            counters[f"span_len_hist_{k}"] = int(count)
-        zero = int((lengths == 0).sum())
+        histogram = np.bincount(lengths).tolist()
+        for k, count in enumerate(histogram):
+            if count:
+                counters[_HISTOGRAM_NAMES[k] if k < len(_HISTOGRAM_NAMES) else f"span_len_hist_{k}"] = count
+        zero = histogram[0] if histogram else 0
         counters["masked_spans"], counters["zero_length_spans"] = int(lengths.size - zero), zero
-        _mask_spans(src, lengths[lengths > 0], config.replace_length, config, special, rng, counters)
+        nonzero = lengths[lengths > 0] if zero else lengths
+        _mask_spans(src, nonzero, config.replace_length, config, special, rng, counters, pool)
         allowed = max(0, min(zero, config.seq_len - src.ids.size))
         counters["inserts_dropped"] = zero - allowed
         _insert(src, allowed, config, special, rng, counters)
+        pool = None
     for share, replace_length in ((config.token_mask, -1), (config.token_delete, 0)):
         if share > 0 and words:
-            eligible = int((src.word_start & ~src.barrier).sum())
-            count = min(eligible, _ceil(words * share))
-            _mask_spans(src, np.ones(count, dtype=np.int64), replace_length, config, special, rng, counters)
+            if pool is None:
+                pool = np.greater(src.word_start, src.barrier).nonzero()[0]
+            count = min(pool.size, _ceil(words * share))
+            _mask_spans(src, np.ones(count, dtype=np.int64), replace_length, config, special, rng, counters, pool)
+            pool = None
     if config.insert > 0:
         _insert(src, _ceil(src.ids.size * config.insert), config, special, rng, counters)
     if config.rotate > 0 and rng.random() < config.rotate:
@@ -392,7 +473,7 @@ def bart_with_stats(
     inputs = src.ids
     counters["tokens"] = counters["source_tokens"] = int(targets.size)
     counters["input_tokens"] = int(inputs.size)
-    counters["mask_tokens"] = int((inputs == special.mask).sum())
+    counters["mask_tokens"] = int(np.count_nonzero(inputs == special.mask))
     counters["deleted"] = int(targets.size - inputs.size + counters["inserted"])
     return {"inputs": inputs, "targets": targets}, counters
 

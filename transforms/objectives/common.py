@@ -4,6 +4,11 @@ Owns: stable digests of keys (never Python's ``hash()``), per-example random
 generators seeded from (seed, digest of the example key, extra ints), and the
 :class:`SpecialIds` record that tells an objective which token ids are special.
 
+Objectives run once per example, so the per-call costs here matter: seeding takes a
+shortcut that yields the very same stream as ``np.random.default_rng([...])``,
+:class:`SpecialIds` builds its lookup tables once, and :func:`index_range` hands out
+slices of one shared ``arange``.
+
 Determinism contract (DESIGN.md section 3): an example's noise is a pure function of
 ``(seed, example key, config)``; nothing here depends on arrival order, process or time.
 """
@@ -11,6 +16,7 @@ Determinism contract (DESIGN.md section 3): an example's noise is a pure functio
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +27,9 @@ __all__ = [
     "digest",
     "digest_u64",
     "example_rng",
+    "generator_of",
+    "ids_out_of_range",
+    "index_range",
     "unit_interval",
 ]
 
@@ -44,16 +53,102 @@ def unit_interval(data: bytes | str, *, salt: bytes = b"") -> float:
     return (digest_u64(data, salt=salt) >> 11) / float(1 << 53)
 
 
+_RNG_HASH = hashlib.blake2b(digest_size=8, person=b"lmshards-rng".ljust(16, b"\0"))
+
+
+def _entropy(values: list[int]) -> int | list[int]:
+    """``values`` as one int whose 32-bit words are the words of each value in turn.
+
+    ``SeedSequence`` turns a list of ints into the concatenation of each int's 32-bit words
+    (at least one word each); one int with the same words seeds it identically, and skips
+    the list's per-element conversion. A last value of 0 would lose its word: keep the list.
+    """
+    if values[-1] == 0:
+        return values
+    packed, shift = 0, 0
+    for value in values:
+        packed |= value << shift
+        shift += 32 * max(1, (value.bit_length() + 31) // 32)
+    return packed
+
+
+def _seed_hash_constants() -> tuple[tuple[int, int], ...]:
+    # SeedSequence.generate_state hashes pool word i % pool_size with a running constant:
+    # ``w ^= c; c *= MULT; w *= c; w ^= w >> 16`` (32-bit). The constants do not depend on the data.
+    constants, current = [], 0x8B51F9DD  # INIT_B
+    for _ in range(8):
+        following = (current * 0x58F38DED) & 0xFFFFFFFF  # MULT_B
+        constants.append((current, following))
+        current = following
+    return tuple(constants)
+
+
+_STATE_HASH = _seed_hash_constants()
+
+
+class _SeedSequence(np.random.SeedSequence):
+    """``SeedSequence`` whose ``generate_state(4, np.uint64)`` (what ``PCG64`` asks for) runs
+    as a few Python int operations on the mixed pool instead of numpy's general routine,
+    which costs more than the rest of seeding. Same words, same generator; anything else
+    goes to the base class."""
+
+    def generate_state(self, n_words, dtype=np.uint32):
+        if n_words != 4 or dtype is not np.uint64 or self.pool_size != 4 or sys.byteorder != "little":
+            return super().generate_state(n_words, dtype)
+        pool = self.pool.tolist()
+        words = []
+        for index, (xor, multiplier) in enumerate(_STATE_HASH):
+            word = ((pool[index & 3] ^ xor) * multiplier) & 0xFFFFFFFF
+            words.append(word ^ (word >> 16))
+        return np.array([words[i] | words[i + 1] << 32 for i in range(0, 8, 2)], dtype=np.uint64)
+
+
 def example_rng(seed: int, key: bytes | str, *extra: int) -> np.random.Generator:
     """A generator seeded by ``(seed, u64(digest(key)), *extra)``.
 
     Every example draws its noise from its own generator, so output never depends on
-    the order in which a runner delivers elements.
+    the order in which a runner delivers elements. Same stream as
+    ``np.random.default_rng([seed, digest_u64(key, salt=b"lmshards-rng"), *extra])``.
     """
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    entropy = [seed & _MASK64, digest_u64(key, salt=b"lmshards-rng"), *(int(e) & _MASK64 for e in extra)]
-    return np.random.default_rng(entropy)
+    hasher = _RNG_HASH.copy()
+    hasher.update(key.encode("utf-8") if isinstance(key, str) else key)
+    key_u64 = int.from_bytes(hasher.digest(), "little")
+    if not extra and seed <= 0xFFFFFFFF and key_u64:  # the pipeline's case: words [seed, key_lo, key_hi]
+        entropy: int | list[int] = seed | key_u64 << 32
+    else:
+        entropy = _entropy([seed & _MASK64, key_u64, *(int(e) & _MASK64 for e in extra)])
+    return np.random.Generator(np.random.PCG64(_SeedSequence(entropy)))
+
+
+def index_range(size: int) -> np.ndarray:
+    """Read-only ``np.arange(size)`` (int64): a slice of one shared array, so objectives
+    need not allocate the same ranges for every example."""
+    global _INDEX_RANGE
+    if size > _INDEX_RANGE.size:  # only ever grows, so a slice is always complete
+        grown = np.arange(max(size, 2 * _INDEX_RANGE.size), dtype=np.int64)
+        grown.setflags(write=False)
+        _INDEX_RANGE = grown
+    return _INDEX_RANGE[:size]
+
+
+_INDEX_RANGE = np.arange(1024, dtype=np.int64)
+_INDEX_RANGE.setflags(write=False)
+
+
+def ids_out_of_range(tokens: np.ndarray, vocab_size: int) -> bool:
+    """Whether some id of a non-empty integer array lies outside ``[0, vocab_size)``.
+
+    One pass instead of ``min`` and ``max``: read as unsigned, negative ids are huge.
+    """
+    dtype = tokens.dtype
+    if dtype.kind == "i":
+        tokens = tokens.view(_UNSIGNED.get(dtype) or dtype.str.replace("i", "u"))
+    return int(np.maximum.reduce(tokens)) >= vocab_size
+
+
+_UNSIGNED = {np.dtype(np.int32): np.dtype(np.uint32), np.dtype(np.int64): np.dtype(np.uint64)}
 
 
 class LazyGenerator:
@@ -69,11 +164,27 @@ class LazyGenerator:
         self._args = (seed, key, *extra)
         self._generator: np.random.Generator | None = None
 
+    def generator(self) -> np.random.Generator:
+        """The seeded generator (seeded now if it was not yet)."""
+        generator = self._generator
+        if generator is None:
+            generator = self._generator = example_rng(*self._args)
+        return generator
+
     def __getattr__(self, name: str):
         generator = self._generator
         if generator is None:
             generator = self._generator = example_rng(*self._args)
         return getattr(generator, name)
+
+
+def generator_of(rng: np.random.Generator) -> np.random.Generator:
+    """The generator behind ``rng``: a :class:`LazyGenerator` is seeded and unwrapped.
+
+    Objectives that draw on every example call this once, so that each draw skips the
+    lazy wrapper's attribute forwarding; the stream is the same.
+    """
+    return rng.generator() if type(rng) is LazyGenerator else rng
 
 
 @dataclass(frozen=True)
@@ -121,6 +232,62 @@ class SpecialIds:
             cached.setflags(write=False)
             # Not a field: equality, hashing and repr ignore it (objectives call this per example).
             object.__setattr__(self, "_special_array", cached)
+        return cached
+
+    def sentinel_array(self) -> np.ndarray:
+        """int64 array of :attr:`sentinels` in order; read-only, built once."""
+        cached = self.__dict__.get("_sentinel_array")
+        if cached is None:
+            cached = np.array(self.sentinels, dtype=np.int64)
+            cached.setflags(write=False)
+            object.__setattr__(self, "_sentinel_array", cached)
+        return cached
+
+    def sentinel_range(self) -> tuple[int, int] | None:
+        """``(lowest, highest)`` sentinel id when the sentinels are exactly the ids of that
+        range (T5's descending ``<extra_id_k>`` ids too), so a range test can replace ``np.isin``;
+        None otherwise (no sentinels, gaps, repeats)."""
+        cached = self.__dict__.get("_sentinel_range", False)
+        if cached is False:
+            ids = set(self.sentinels)
+            cached = None
+            if ids and max(ids) - min(ids) + 1 == len(ids) == len(self.sentinels):
+                cached = (int(min(ids)), int(max(ids)))
+            object.__setattr__(self, "_sentinel_range", cached)
+        return cached
+
+    def special_flags(self) -> np.ndarray:
+        """bool array over the vocabulary, True at every special id (``flags[tokens]`` is
+        ``np.isin(tokens, special_array())`` for ids in ``[0, vocab_size)``); read-only, built once."""
+        cached = self.__dict__.get("_special_flags")
+        if cached is None:
+            cached = np.zeros(max(self.vocab_size, 0), dtype=bool)
+            special = self.special_array()
+            cached[special[(special >= 0) & (special < self.vocab_size)]] = True
+            cached.setflags(write=False)
+            object.__setattr__(self, "_special_flags", cached)
+        return cached
+
+    def non_special_ranks(self) -> tuple[int, np.ndarray]:
+        """``(n, shifted)``: the number of non-special ids, and the sorted in-vocabulary special
+        ids minus their rank, so that the j-th non-special id is
+        ``j + searchsorted(shifted, j, side="right")``; read-only, built once."""
+        cached = self.__dict__.get("_non_special_ranks")
+        if cached is None:
+            specials = self.special_array()
+            specials = specials[(specials >= 0) & (specials < self.vocab_size)]
+            shifted = specials.astype(np.int64) - np.arange(specials.size)
+            shifted.setflags(write=False)
+            cached = (int(self.vocab_size - specials.size), shifted)
+            object.__setattr__(self, "_non_special_ranks", cached)
+        return cached
+
+    def non_special_rank_list(self) -> list[int]:
+        """The ``shifted`` array of :meth:`non_special_ranks` as a list (for ``bisect``); built once."""
+        cached = self.__dict__.get("_non_special_rank_list")
+        if cached is None:
+            cached = self.non_special_ranks()[1].tolist()
+            object.__setattr__(self, "_non_special_rank_list", cached)
         return cached
 
     def non_special_ids(self) -> np.ndarray:

@@ -46,13 +46,15 @@ from the schema) leave it out. :mod:`transforms.objectives.bart` does the same.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.common import SpecialIds
+from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range
 
 __all__ = [
     "IGNORE_INDEX",
@@ -144,6 +146,31 @@ def exact_split(count: int, ratios: tuple[float, ...], rng: np.random.Generator)
     return np.diff(cuts, prepend=0)
 
 
+_SCALAR_DRAWS = 4  # up to this many random ids, scalar draws (same stream) are cheaper
+
+
+def _round9(value: float) -> float:
+    # numpy's ``np.round(value, 9)`` on float64: multiply by 1e9, round half to even, divide.
+    return float(round(value * 1e9)) / 1e9
+
+
+@functools.lru_cache(maxsize=64)
+def _cumulative_ratios(*ratios: float) -> tuple[float, ...]:
+    """``np.cumsum(ratios)`` as Python floats (the same doubles)."""
+    return tuple(np.cumsum(ratios).tolist())
+
+
+def _split_counts(count: int, cumulative: tuple[float, ...], u: float) -> list[int]:
+    """:func:`exact_split` after its draw, in plain floats: the same IEEE operations on the
+    same doubles (``cumulative`` is ``np.cumsum(ratios)``), without numpy's per-call cost."""
+    parts, previous = [], 0
+    for index, share in enumerate(cumulative):
+        cut = count if index == len(cumulative) - 1 else min(math.floor(_round9(count * share) + u), count)
+        parts.append(cut - previous)
+        previous = cut
+    return parts
+
+
 def draw_non_special(rng: np.random.Generator, special: SpecialIds, size: int) -> np.ndarray:
     """Draw ``size`` ids uniformly from ``special.non_special_ids()`` without building it.
 
@@ -153,25 +180,35 @@ def draw_non_special(rng: np.random.Generator, special: SpecialIds, size: int) -
     Raises:
         ValueError: every id of the vocabulary is special.
     """
-    specials = special.special_array()
-    specials = specials[(specials >= 0) & (specials < special.vocab_size)]
-    n_free = special.vocab_size - specials.size
+    n_free, shifted = special.non_special_ranks()
     if n_free <= 0:
         raise ValueError(f"no non-special id in a vocabulary of {special.vocab_size} ids")
+    if size == 0:  # drawing no ids leaves the generator untouched: skip the call
+        return np.empty(0, dtype=np.int32)
+    if size <= _SCALAR_DRAWS and n_free <= 0xFFFFFFFF and type(rng) is np.random.Generator:
+        # A vector of bounded ints is drawn one 32-bit value after another, exactly as that
+        # many scalar draws are; for a few ids the scalar calls cost less than one vector call.
+        bounds = special.non_special_rank_list()
+        ids = []
+        for _ in range(size):
+            rank = int(rng.integers(0, n_free))
+            ids.append(rank + bisect.bisect_right(bounds, rank))
+        return np.array(ids, dtype=np.int32)
     rank = rng.integers(0, n_free, size=size)
-    shifted = specials.astype(np.int64) - np.arange(specials.size)
-    return (rank + np.searchsorted(shifted, rank, side="right")).astype(np.int32)
+    rank += shifted.searchsorted(rank, side="right")
+    return rank.astype(np.int32)
 
 
 def _check_tokens(tokens: np.ndarray, special: SpecialIds, limit: int) -> np.ndarray:
+    """The chunk after checking it (any integer dtype: its ids are in range, so casts are exact)."""
     tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
     if tokens.size > limit:
         raise ValueError(f"chunk of {tokens.size} tokens exceeds the raw length {limit}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= special.vocab_size):
+    if tokens.size and ids_out_of_range(tokens, special.vocab_size):
         raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
-    return tokens.astype(np.int32)
+    return tokens
 
 
 def _check_flags(flags: np.ndarray | None, tokens: np.ndarray, name: str) -> np.ndarray | None:
@@ -180,31 +217,34 @@ def _check_flags(flags: np.ndarray | None, tokens: np.ndarray, name: str) -> np.
     flags = np.asarray(flags)
     if flags.shape != tokens.shape:
         raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {flags.shape}")
-    return flags.astype(bool)
+    return flags.astype(bool, copy=False)  # only read
 
 
 def _select_whole_words(
     candidates: np.ndarray, word_starts: np.ndarray, budget: int, rng: np.random.Generator
 ) -> np.ndarray:
     """Positions of whole words taken greedily in random order without overflowing ``budget``."""
-    starts = word_starts[candidates].copy()
+    starts = word_starts[candidates]  # a new array
     starts[0] = True
-    starts[1:] |= np.diff(candidates) != 1  # a special token in between ends the word
-    word_of = np.cumsum(starts) - 1
+    gaps = candidates[1:] - candidates[:-1]
+    starts[1:] |= gaps != 1  # a special token in between ends the word
+    word_of = starts.cumsum()
+    word_of -= 1
     word_len = np.bincount(word_of)
     order = rng.permutation(word_len.size)
     lengths = word_len[order]
     taken = np.zeros(word_len.size, dtype=bool)
-    fits = np.cumsum(lengths) <= budget
-    prefix = int(np.argmin(fits)) if not fits.all() else fits.size
+    # the longest prefix of the order that fits (lengths are >= 1, so the sums increase)
+    cumulative = lengths.cumsum()
+    prefix = int(cumulative.searchsorted(budget, side="right"))
     taken[order[:prefix]] = True
-    room = budget - int(lengths[:prefix].sum())
+    room = budget - (int(cumulative[prefix - 1]) if prefix else 0)
     rest_order, rest_len = order[prefix:], lengths[prefix:]
     while room > 0:  # HF skips a word that would overflow and keeps scanning
-        fitting = np.flatnonzero(rest_len <= room)
-        if fitting.size == 0:
+        fitting = rest_len <= room
+        first = int(fitting.argmax()) if fitting.size else 0
+        if fitting.size == 0 or not fitting[first]:
             break
-        first = fitting[0]
         taken[rest_order[first]] = True
         room -= int(rest_len[first])
         rest_order, rest_len = rest_order[first + 1 :], rest_len[first + 1 :]
@@ -231,14 +271,22 @@ def mlm_with_stats(
     word_starts = _check_flags(word_starts, tokens, "word_starts")
     if config.whole_word_mask and word_starts is None:
         raise ValueError("whole_word_mask=True needs the word_starts feature")
+    # Special positions: a lookup per id (ids are checked to be in the vocabulary); the
+    # framing ids are special by definition (they are in special.special_array()).
     if config.frame:
         if special.cls is None or special.sep is None:
             raise ValueError(f"frame=True needs cls and sep ids, got cls={special.cls} sep={special.sep}")
+        is_special = np.empty(tokens.size + 2, dtype=bool)
+        is_special[0] = is_special[-1] = True
+        special.special_flags().take(tokens, out=is_special[1:-1], mode="clip")  # ids are checked to be in range
         tokens = np.concatenate([[special.cls], tokens, [special.sep]]).astype(np.int32)
         if word_starts is not None:
             word_starts = np.concatenate([[False], word_starts, [False]])
+    else:
+        is_special = special.special_flags().take(tokens, mode="clip")  # ids are checked to be in range
+    rng = generator_of(rng)
 
-    candidates = np.flatnonzero(~np.isin(tokens, special.special_array()))
+    candidates = np.logical_not(is_special, out=is_special).nonzero()[0]
     n = candidates.size
     budget = min(n, max(1, round_half_up(n * config.mlm_probability))) if n else 0
     if config.whole_word_mask and n:
@@ -247,18 +295,22 @@ def mlm_with_stats(
     else:
         selected = candidates[rng.permutation(n)[:budget]]
 
-    ratios = (config.mask_ratio, config.random_ratio, config.keep_ratio)
-    n_mask, n_random, n_keep = (int(c) for c in exact_split(selected.size, ratios, rng))
-    input_ids = np.full(config.seq_len, special.pad, dtype=np.int32)
-    labels = np.full(config.seq_len, IGNORE_INDEX, dtype=np.int32)
-    input_ids[: tokens.size] = tokens
+    # exact_split(selected.size, ratios, rng), computed in floats after its one draw
+    cumulative = _cumulative_ratios(config.mask_ratio, config.random_ratio, config.keep_ratio)
+    n_mask, n_random, n_keep = _split_counts(selected.size, cumulative, rng.random())
+    size = tokens.size
+    input_ids = np.empty(config.seq_len, dtype=np.int32)
+    input_ids[:size] = tokens
+    input_ids[size:] = special.pad
+    labels = np.empty(config.seq_len, dtype=np.int32)
+    labels.fill(IGNORE_INDEX)
     labels[selected] = tokens[selected]
     input_ids[selected[:n_mask]] = special.mask
     input_ids[selected[n_mask : n_mask + n_random]] = draw_non_special(rng, special, n_random)
     counters = {
         "examples": 1,
-        "tokens": int(tokens.size),
-        "padding_tokens": int(config.seq_len - tokens.size),
+        "tokens": int(size),
+        "padding_tokens": int(config.seq_len - size),
         "maskable_tokens": int(n),
         "selected": int(selected.size),
         "masked": n_mask,

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.common import SpecialIds
+from transforms.objectives.common import SpecialIds, generator_of
 
 __all__ = ["PrefixLM", "PrefixLMConfig", "draw_prefix_length", "prefix_lm"]
 
@@ -53,7 +53,7 @@ def draw_prefix_length(length: int, rng: np.random.Generator) -> int:
         raise ValueError(f"prefix-LM needs at least 1 token, got {length}")
     if length == 1:
         return 1
-    return int(rng.integers(1, length))
+    return int(generator_of(rng).integers(1, length))
 
 
 def prefix_lm(
@@ -89,10 +89,15 @@ def prefix_lm(
         doc_lengths = np.array([length], dtype=np.int32)
     else:
         doc_lengths = np.asarray(doc_lengths, dtype=np.int32)
-        if doc_lengths.ndim != 1 or int(doc_lengths.sum()) != length or (doc_lengths <= 0).any():
+        if (
+            doc_lengths.ndim != 1
+            or int(doc_lengths.sum()) != length
+            or (doc_lengths.size and int(doc_lengths.min()) <= 0)
+        ):
             raise ValueError(f"doc_lengths {doc_lengths.tolist()} must be positive and add up to {length} tokens")
-    input_ids = np.full(config.seq_len, special.pad, dtype=np.int32)
+    input_ids = np.empty(config.seq_len, dtype=np.int32)
     input_ids[:length] = tokens
+    input_ids[length:] = special.pad
     return {
         "input_ids": input_ids,
         "prefix_length": draw_prefix_length(length, rng),
@@ -132,7 +137,8 @@ class PrefixLM:
 
     def stats(self, example: dict[str, Any]) -> dict[str, int]:
         """Counters: examples, tokens, prefix and suffix (loss) tokens, padding tokens."""
-        length = int(np.sum(example["doc_lengths"]))
+        doc_lengths = example["doc_lengths"]
+        length = int(doc_lengths.sum() if isinstance(doc_lengths, np.ndarray) else np.sum(doc_lengths))
         prefix_length = int(example["prefix_length"])
         return {
             "examples": 1,

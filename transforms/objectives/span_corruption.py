@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.common import SpecialIds
+from transforms.objectives.common import SpecialIds, generator_of, index_range
 
 __all__ = [
     "SPAN_LENGTH_HISTOGRAM_CAP",
@@ -62,6 +62,7 @@ __all__ = [
     "span_corruption",
     "span_counters",
     "span_length_histogram",
+    "special_span_histogram",
 ]
 
 SPAN_LENGTH_HISTOGRAM_CAP = 64
@@ -138,6 +139,12 @@ def noise_counts(length: int, noise_density: float, mean_noise_span_length: floa
     num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
     num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
     return num_noise, min(num_spans, num_noise, length - num_noise)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_noise_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    # Pure in its arguments and called once per example with the same few lengths.
+    return noise_counts(length, noise_density, mean_noise_span_length)
 
 
 def encoded_lengths(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
@@ -311,17 +318,98 @@ def _sentinel_array(special: SpecialIds, needed: int, context: str) -> np.ndarra
     return np.asarray(special.sentinels[:needed], dtype=np.int64)
 
 
+def _composition_bounds(total: int, parts: int, rng: np.random.Generator, out: np.ndarray) -> None:
+    """Write ``[0, *cumsum(_random_composition(total, parts, rng))]`` into ``out``, drawing
+    exactly what :func:`_random_composition` draws."""
+    out[0], out[parts] = 0, total
+    if parts > 1:
+        cuts = rng.choice(total - 1, size=parts - 1, replace=False, shuffle=False)
+        cuts.sort()
+        np.add(cuts, 1, out=out[1:parts])
+
+
+def _corrupt(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    noise_density: float,
+    mean_noise_span_length: float,
+    special: SpecialIds,
+    lead: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`corrupt_spans` with ``lead`` free slots before the inputs (UL2's mode token).
+
+    Same draws and output as ``apply_noise_mask(tokens, random_spans_noise_mask(...))``,
+    gathered straight from the cumulative run lengths ``keep`` and ``noise`` (from 0):
+    run ``k`` of kept tokens starts at ``keep[k] + noise[k]`` in the chunk, and noise run
+    ``k`` at ``keep[k + 1] + noise[k]``. The inputs are blocks "kept run k, sentinel k",
+    the targets blocks "sentinel k, noise run k"; one gather fills both, each block from
+    its run's first token minus one slot, and the sentinels overwrite their slots.
+    """
+    length = tokens.shape[0]
+    num_noise, num_spans = _cached_noise_counts(length, noise_density, mean_noise_span_length)
+    sentinels = special.sentinel_array()
+    if num_spans > sentinels.shape[0]:
+        context = f"span corruption of {length} tokens (r={noise_density}, mu={mean_noise_span_length})"
+        _sentinel_array(special, num_spans, context)  # raises
+    eos = special.eos
+    if num_spans == 0:
+        inputs = np.empty(lead + length + 1, dtype=np.int32)
+        inputs[lead:-1] = tokens
+        inputs[-1] = eos
+        return inputs, np.array([eos], dtype=np.int32)
+    num_keep = length - num_noise
+    bounds = np.empty((2, num_spans + 1), dtype=np.int64)  # rows: keep, noise
+    _composition_bounds(num_noise, num_spans, rng, bounds[1])  # noise lengths are drawn first
+    _composition_bounds(num_keep, num_spans, rng, bounds[0])
+    inputs_body = num_keep + num_spans
+    # block sizes: kept run + 1 (inputs), then noise run + 1 (targets)
+    blocks = bounds[:, 1:] - bounds[:, :-1]
+    blocks += 1
+    # gather offsets (source minus destination): inputs block k starts at keep[k] + k and
+    # reads from noise[k] + keep[k]; targets block k starts at inputs_body + noise[k] + k and
+    # reads from keep[k + 1] - 1 + noise[k].
+    shifted = bounds - index_range(num_spans + 1)
+    offsets = np.empty((2, num_spans), dtype=np.int64)
+    offsets[0] = shifted[1, :-1]
+    np.subtract(shifted[0, 1:], inputs_body, out=offsets[1])
+    gather = offsets.reshape(-1).repeat(blocks.reshape(-1))
+    gather += index_range(gather.shape[0])
+    body = tokens[gather]
+    span_sentinels = sentinels[:num_spans]
+
+    inputs = np.empty(lead + inputs_body + 1, dtype=np.int32)
+    inputs[lead:-1] = body[:inputs_body]
+    sentinel_slots = bounds[0, 1:] + index_range(num_spans)  # keep[k + 1] + k
+    if lead:
+        sentinel_slots += lead
+    inputs[sentinel_slots] = span_sentinels
+    inputs[-1] = eos
+    targets = np.empty(num_noise + num_spans + 1, dtype=np.int32)
+    targets[:-1] = body[inputs_body:]
+    targets[bounds[1, :-1] + index_range(num_spans)] = span_sentinels  # noise[k] + k
+    targets[-1] = eos
+    return inputs, targets
+
+
 def corrupt_spans(
     tokens: np.ndarray,
     rng: np.random.Generator,
     noise_density: float,
     mean_noise_span_length: float,
     special: SpecialIds,
+    *,
+    lead: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Draw T5's noise mask for ``tokens`` and apply it (shared by span corruption and UL2).
 
+    The result equals ``apply_noise_mask(tokens, random_spans_noise_mask(len(tokens), ...),
+    sentinels, eos)`` with the same draws, computed without the mask.
+
+    Args:
+        lead: free slots left at the start of ``inputs`` (UL2 writes its mode token there).
+
     Returns:
-        ``(inputs, targets)`` as :func:`apply_noise_mask`.
+        ``(inputs, targets)`` as :func:`apply_noise_mask`, ``inputs`` after ``lead`` slots.
 
     Raises:
         ValueError: tokens not 1-D, or fewer sentinels than noise spans.
@@ -329,11 +417,7 @@ def corrupt_spans(
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
         raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
-    num_spans = noise_counts(tokens.shape[0], noise_density, mean_noise_span_length)[1]
-    context = f"span corruption of {tokens.shape[0]} tokens (r={noise_density}, mu={mean_noise_span_length})"
-    sentinels = _sentinel_array(special, num_spans, context)
-    mask = random_spans_noise_mask(tokens.shape[0], noise_density, mean_noise_span_length, rng)
-    return apply_noise_mask(tokens, mask, sentinels, special.eos)
+    return _corrupt(tokens, generator_of(rng), noise_density, mean_noise_span_length, special, lead)
 
 
 def span_corruption(
@@ -378,17 +462,48 @@ def _span_counts(
     return (("raw_tokens", raw), ("noise_tokens", num_noise), ("noise_spans", num_spans))
 
 
+_HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
+
+
+def _span_lengths_in_targets(targets: np.ndarray, is_sentinel) -> list[int]:
+    """Bucket counts (index = capped span length) of the spans of ``targets``.
+
+    ``is_sentinel(body)`` flags the sentinel positions of the targets without their EOS.
+    """
+    body = targets[:-1]
+    starts = is_sentinel(body).nonzero()[0]
+    if starts.shape[0] == 0:
+        return []
+    # A span runs from its sentinel to the next one (or to the EOS), sentinel excluded.
+    lengths = np.empty_like(starts)
+    lengths[:-1] = starts[1:]
+    lengths[-1] = body.shape[0]
+    lengths -= starts
+    lengths -= 1
+    np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP, out=lengths)
+    return np.bincount(lengths).tolist()
+
+
 def span_length_histogram(targets: np.ndarray, sentinels: np.ndarray) -> dict[str, int]:
     """``span_len_hist_<k>`` counters from targets (bucket ``SPAN_LENGTH_HISTOGRAM_CAP`` is ">= cap")."""
-    body = targets[:-1]
     if len(sentinels) and sentinels[-1] - sentinels[0] == len(sentinels) - 1 and np.all(np.diff(sentinels) == 1):
         # The usual case: sentinels are consecutive ids, so a range test replaces np.isin.
-        starts = np.flatnonzero((body >= sentinels[0]) & (body <= sentinels[-1]))
+        low, high = sentinels[0], sentinels[-1]
+        buckets = _span_lengths_in_targets(targets, lambda body: (body >= low) & (body <= high))
     else:
-        starts = np.flatnonzero(np.isin(body, sentinels))
-    lengths = np.diff(starts, append=len(targets) - 1) - 1
-    buckets = np.bincount(np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP))
-    return {f"span_len_hist_{k}": int(count) for k, count in enumerate(buckets) if count}
+        buckets = _span_lengths_in_targets(targets, lambda body: np.isin(body, sentinels))
+    return {_HISTOGRAM_NAMES[k]: count for k, count in enumerate(buckets) if count}
+
+
+def special_span_histogram(targets: np.ndarray, special: SpecialIds) -> list[int]:
+    """Bucket counts of :func:`span_length_histogram` for ``special.sentinels``, without
+    converting the sentinels per call (a range test whenever they are a range of ids)."""
+    bounds = special.sentinel_range()
+    if bounds is not None:
+        low, high = bounds
+        return _span_lengths_in_targets(targets, lambda body: (body >= low) & (body <= high))
+    sentinels = special.sentinel_array()
+    return _span_lengths_in_targets(targets, lambda body: np.isin(body, sentinels))
 
 
 class SpanCorruption:
@@ -456,7 +571,8 @@ class SpanCorruption:
         counters["inputs_tokens"] = len(example["inputs"])
         counters["targets_tokens"] = len(example["targets"])
         if special is not None:
-            counters.update(span_length_histogram(np.asarray(example["targets"]), np.asarray(special.sentinels)))
+            buckets = special_span_histogram(np.asarray(example["targets"]), special)
+            counters.update({_HISTOGRAM_NAMES[k]: count for k, count in enumerate(buckets) if count})
         return counters
 
     def schema_kwargs(self) -> dict[str, Any]:

@@ -39,10 +39,11 @@ import numpy as np
 
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.span_corruption import (
+    SPAN_LENGTH_HISTOGRAM_CAP,
     SpanCorruptionConfig,
     corrupt_spans,
     span_counters,
-    span_length_histogram,
+    special_span_histogram,
 )
 
 __all__ = [
@@ -275,6 +276,45 @@ def _mode_id(denoiser: Denoiser, special: SpecialIds) -> int:
     return special.mode_tokens[denoiser.mode_token]
 
 
+def _apply(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    denoiser: Denoiser,
+    lengths: DenoiserLengths,
+    mode: int,
+    special: SpecialIds,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`apply_denoiser` for a checked 1-D chunk and a resolved mode id."""
+    if denoiser.kind == "span":
+        inputs, targets = corrupt_spans(
+            tokens, rng, denoiser.noise_density, denoiser.mean_noise_span_length, special, lead=1
+        )
+        inputs[0] = mode
+        return inputs, targets
+    length = tokens.shape[0]
+    suffix_length = int(rng.integers(1, min(length - 1, lengths.max_suffix) + 1)) if length >= 2 else 0
+    split = length - suffix_length
+    eos = special.eos
+    inputs = np.empty(split + 2, dtype=np.int32)
+    inputs[0] = mode
+    inputs[1:-1] = tokens[:split]
+    inputs[-1] = eos
+    targets = np.empty(suffix_length + 1, dtype=np.int32)
+    targets[:-1] = tokens[split:]
+    targets[-1] = eos
+    return inputs, targets
+
+
+def _checked_chunk(tokens: np.ndarray, denoiser: Denoiser, lengths: DenoiserLengths) -> np.ndarray:
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or tokens.shape[0] > lengths.raw_length:
+        raise ValueError(
+            f"denoiser {denoiser.name!r} takes a 1-D chunk of at most {lengths.raw_length} tokens, "
+            f"got shape {tokens.shape}"
+        )
+    return tokens
+
+
 def apply_denoiser(
     tokens: np.ndarray,
     rng: np.random.Generator,
@@ -287,22 +327,8 @@ def apply_denoiser(
     Raises:
         ValueError: too many tokens, a missing mode token or too few sentinels.
     """
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or tokens.shape[0] > lengths.raw_length:
-        raise ValueError(
-            f"denoiser {denoiser.name!r} takes a 1-D chunk of at most {lengths.raw_length} tokens, "
-            f"got shape {tokens.shape}"
-        )
-    mode = np.array([_mode_id(denoiser, special)], dtype=np.int32)
-    if denoiser.kind == "span":
-        inputs, targets = corrupt_spans(tokens, rng, denoiser.noise_density, denoiser.mean_noise_span_length, special)
-        return np.concatenate([mode, inputs]), targets
-    length = tokens.shape[0]
-    suffix_length = int(rng.integers(1, min(length - 1, lengths.max_suffix) + 1)) if length >= 2 else 0
-    eos = np.array([special.eos], dtype=np.int32)
-    split = length - suffix_length
-    inputs = np.concatenate([mode, tokens[:split].astype(np.int32), eos])
-    return inputs, np.concatenate([tokens[split:].astype(np.int32), eos])
+    tokens = _checked_chunk(tokens, denoiser, lengths)
+    return _apply(tokens, rng, denoiser, lengths, _mode_id(denoiser, special), special)
 
 
 class UL2:
@@ -332,6 +358,11 @@ class UL2:
         weights = np.array([d.weight for d in self.denoisers], dtype=np.float64)
         self._cumulative = np.cumsum(weights / weights.sum())
         self._index = {d.name: i for i, d in enumerate(self.denoisers)}
+        self._histogram_names = tuple(
+            tuple(f"denoiser/{d.name}/span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
+            for d in self.denoisers
+        )
+        self._counter_cache: dict[tuple[int, int, int], dict[str, int]] = {}
 
     @property
     def mode_tokens(self) -> tuple[str, ...]:
@@ -358,38 +389,35 @@ class UL2:
         """
         if not 0 <= plan < len(self.denoisers):
             raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {plan!r}")
-        denoiser = self.denoisers[plan]
-        inputs, targets = apply_denoiser(tokens, rng, denoiser, self.lengths[plan], special)
+        denoiser, lengths = self.denoisers[plan], self.lengths[plan]
+        tokens = _checked_chunk(tokens, denoiser, lengths)
+        inputs, targets = _apply(tokens, rng, denoiser, lengths, _mode_id(denoiser, special), special)
         if self.config.layout == ENCODER_DECODER_LAYOUT:
             return {"inputs": inputs, "targets": targets, "denoiser": denoiser.name}
-        total = len(inputs) + len(targets)
-        input_ids = np.full(self.seq_len, special.pad, dtype=np.int32)
-        input_ids[: len(inputs)] = inputs
-        input_ids[len(inputs) : total] = targets
+        prefix_length = inputs.shape[0]
+        total = prefix_length + targets.shape[0]
+        input_ids = np.empty(self.seq_len, dtype=np.int32)
+        input_ids[:prefix_length] = inputs
+        input_ids[prefix_length:total] = targets
+        input_ids[total:] = special.pad
         return {
             "input_ids": input_ids,
-            "prefix_length": len(inputs),
+            "prefix_length": prefix_length,
             "doc_lengths": np.array([total], dtype=np.int32),
             "denoiser": denoiser.name,
         }
 
-    def stats(self, example: dict[str, Any], special: SpecialIds | None = None) -> dict[str, int]:
-        """Counters overall and per denoiser (``denoiser/<name>/<counter>``).
+    def _length_counters(self, index: int, inputs_tokens: int, targets_tokens: int) -> dict[str, int]:
+        """Every counter of :meth:`stats` but the histogram, for an example of these lengths.
 
-        Counters: examples, raw_tokens, noise_tokens (span noise, or the S suffix),
-        noise_spans, inputs_tokens, targets_tokens; all recomputed from the example's
-        lengths and its ``denoiser`` name. The decoder layout adds ``padding_tokens``.
-        Passing ``special`` adds, for span denoisers, the ``denoiser/<name>/span_len_hist_<k>``
-        histogram (it needs the sentinel ids).
+        They depend only on the denoiser and the two lengths, which repeat from example to
+        example: cached (a ValueError, for lengths the denoiser cannot make, is not).
         """
-        name = example["denoiser"]
-        index = self._index[name]
+        key = (index, inputs_tokens, targets_tokens)
+        cached = self._counter_cache.get(key)
+        if cached is not None:
+            return cached
         denoiser, lengths = self.denoisers[index], self.lengths[index]
-        if self.config.layout == DECODER_LAYOUT:
-            inputs_tokens = int(example["prefix_length"])
-            targets_tokens = int(np.sum(example["doc_lengths"])) - inputs_tokens
-        else:
-            inputs_tokens, targets_tokens = len(example["inputs"]), len(example["targets"])
         if denoiser.kind == "span":
             counts = span_counters(
                 inputs_tokens - 1,
@@ -404,15 +432,42 @@ class UL2:
         counts["examples"] = 1
         counts["inputs_tokens"] = inputs_tokens
         counts["targets_tokens"] = targets_tokens
-        if special is not None and denoiser.kind == "span":
-            if self.config.layout == DECODER_LAYOUT:
+        counters = dict(counts)
+        counters.update({f"denoiser/{denoiser.name}/{key}": value for key, value in counts.items()})
+        if len(self._counter_cache) >= 1 << 16:
+            self._counter_cache.clear()
+        self._counter_cache[key] = counters
+        return counters
+
+    def stats(self, example: dict[str, Any], special: SpecialIds | None = None) -> dict[str, int]:
+        """Counters overall and per denoiser (``denoiser/<name>/<counter>``).
+
+        Counters: examples, raw_tokens, noise_tokens (span noise, or the S suffix),
+        noise_spans, inputs_tokens, targets_tokens; all recomputed from the example's
+        lengths and its ``denoiser`` name. The decoder layout adds ``padding_tokens``.
+        Passing ``special`` adds, for span denoisers, the ``denoiser/<name>/span_len_hist_<k>``
+        histogram (it needs the sentinel ids).
+        """
+        index = self._index[example["denoiser"]]
+        decoder = self.config.layout == DECODER_LAYOUT
+        if decoder:
+            inputs_tokens = int(example["prefix_length"])
+            doc_lengths = example["doc_lengths"]
+            total = doc_lengths.sum() if isinstance(doc_lengths, np.ndarray) else np.sum(doc_lengths)
+            targets_tokens = int(total) - inputs_tokens
+        else:
+            inputs_tokens, targets_tokens = len(example["inputs"]), len(example["targets"])
+        counters = dict(self._length_counters(index, inputs_tokens, targets_tokens))
+        if special is not None and self.denoisers[index].kind == "span":
+            if decoder:
                 targets = np.asarray(example["input_ids"])[inputs_tokens : inputs_tokens + targets_tokens]
             else:
                 targets = np.asarray(example["targets"])
-            counts.update(span_length_histogram(targets, np.asarray(special.sentinels)))
-        counters = {key: value for key, value in counts.items() if not key.startswith("span_len_hist_")}
-        counters.update({f"denoiser/{name}/{key}": value for key, value in counts.items()})
-        if self.config.layout == DECODER_LAYOUT:  # rows are padded to seq_len here, not by the writer
+            names = self._histogram_names[index]
+            for length, count in enumerate(special_span_histogram(targets, special)):
+                if count:
+                    counters[names[length]] = count
+        if decoder:  # rows are padded to seq_len here, not by the writer
             counters["padding_tokens"] = self.seq_len - inputs_tokens - targets_tokens
         return counters
 
