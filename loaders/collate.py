@@ -38,7 +38,7 @@ module imports without it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,7 +60,21 @@ IGNORE_INDEX = -100
 #: Inside a DataLoader worker, pack a batch's arrays into one storage per dtype (off when the
 #: loader's shared-memory ring copies them anyway).
 _PACK_IN_WORKER = True
+#: Inside a DataLoader worker whose shared-memory ring takes this module's collators' outputs:
+#: ``allocate(shape, dtype)`` -> where to build an output array (None: a new array). Set by the
+#: loader while it reads and collates a group (:meth:`loaders.transport.RingSender.allocate`), so
+#: that the outputs are built in the group's slot instead of being copied there.
+_ALLOCATE: Callable[[tuple[int, ...], Any], np.ndarray | None] | None = None
 DOCUMENT_MODES = ("none", "cu_seqlens", "mask")
+
+
+def _empty(shape: tuple[int, ...], dtype: Any = np.int64) -> np.ndarray:
+    """An uninitialised C-contiguous output array (in the ring's slot when :data:`_ALLOCATE` says so)."""
+    if _ALLOCATE is not None:
+        out = _ALLOCATE(shape, dtype)
+        if out is not None:
+            return out
+    return np.empty(shape, dtype=dtype)
 
 
 def _require(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -114,7 +128,7 @@ def _batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | Non
 
 
 def _pad_rows(rows: np.ndarray | Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
-    out = np.empty((len(rows), length), dtype=np.int64)
+    out = _empty((len(rows), length))
     if isinstance(rows, np.ndarray):  # (B, L') block: one pass
         width = rows.shape[1]
         out[:, :width] = rows
@@ -244,6 +258,7 @@ class CausalCollator:
         self.mask_document_boundaries, self.pad_to_multiple_of = mask_document_boundaries, pad_to_multiple_of
 
     accepts_example_batch = True
+    retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["input_ids"])
@@ -253,26 +268,30 @@ class CausalCollator:
         batch = len(rows)
         t = np.arange(length)
         real = _real_lengths(examples, rows)
-        labels = np.empty((batch, length), dtype=np.int64)
+        labels = _empty((batch, length))
         if self.shift_labels:
             labels[:, :-1] = input_ids[:, 1:]
             labels[:, -1] = IGNORE_INDEX
         else:
             labels[:] = input_ids
         if (real == length).all():  # packed rows without padding: the common case
-            attention = np.ones((batch, length), dtype=np.int64)
+            attention = _empty((batch, length))
+            attention.fill(1)
         else:
             attention = (t[None, :] < real[:, None]).astype(np.int64)
             labels[t[None, :] + int(self.shift_labels) >= real[:, None]] = IGNORE_INDEX
         out: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+        positions = _empty((batch, length))
         if self.documents == "none":
-            out["position_ids"] = np.broadcast_to(t, (batch, length)).copy()
+            positions[...] = t
+            out["position_ids"] = positions
             return _tensors(out)
         # Segments over the flattened batch: each row's documents, then the row's padding.
         segment_lengths, boundary_flags = _document_segments(examples, real, length)
         ends = np.cumsum(segment_lengths)
         starts = ends - segment_lengths
-        out["position_ids"] = (np.arange(batch * length) - np.repeat(starts, segment_lengths)).reshape(batch, length)
+        np.subtract(np.arange(batch * length), np.repeat(starts, segment_lengths), out=positions.reshape(-1))
+        out["position_ids"] = positions
         if self.mask_document_boundaries:
             boundary = starts[boundary_flags]
             labels.reshape(-1)[boundary - 1 if self.shift_labels else boundary] = IGNORE_INDEX
@@ -299,6 +318,7 @@ class PrefixLMCollator:
         self.pad_id, self.shift_labels, self.pad_to_multiple_of = pad_id, shift_labels, pad_to_multiple_of
 
     accepts_example_batch = True
+    retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["input_ids"])
@@ -340,6 +360,7 @@ class MLMCollator:
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
 
     accepts_example_batch = True
+    retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["input_ids", "labels"])
@@ -374,6 +395,7 @@ class Seq2SeqCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
 
     accepts_example_batch = True
+    retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         _require(type(self).__name__, examples, ["inputs", "targets"])
@@ -415,6 +437,7 @@ class StackCollator:
     """
 
     accepts_example_batch = True
+    retains_examples = False
 
     def __init__(self, columns: Sequence[str] = ("input_ids",), *, pad_id: int | None = None):
         if isinstance(columns, str) or not columns:

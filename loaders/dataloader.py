@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from loaders import collate
-from loaders.batch import accepts_example_batch
+from loaders.batch import accepts_example_batch, keeps_no_examples
 from loaders.stream import ResumableStream
 from loaders.transport import RingReceiver, RingSender
 
@@ -49,16 +49,63 @@ class _Groups(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple]:
         info = get_worker_info()
+        if info is not None:
+            _keep_worker_heap()
         sender = RingSender(info.id, self.slots) if info is not None and self.slots else None
-        if sender is not None:  # the ring packs each batch's tensors: collators need not
-            collate._PACK_IN_WORKER = False
-        for group in self.stream.iter_batch_groups(columnar=self.columnar, group=self.group):
-            batches = [self.collate_fn(batch) for batch in group]
-            yield sender.pack(batches) if sender is not None else ("plain", batches)
+        if sender is None:
+            for group in self.stream.iter_batch_groups(columnar=self.columnar, group=self.group):
+                yield ("plain", [self.collate_fn(batch) for batch in group])
+            return
+        collate._PACK_IN_WORKER = False  # the ring packs each batch's tensors: collators need not
+        # A collator that keeps nothing of its examples gets them gathered straight into the
+        # group's slot (a column it returns as is then travels without another copy), and the
+        # collators of loaders.collate build their outputs there.
+        in_slot = keeps_no_examples(self.collate_fn)
+        allocate = sender.allocate if self.columnar and in_slot else None
+        groups = self.stream.iter_batch_groups(columnar=self.columnar, group=self.group, allocate=allocate)
+        try:
+            collate._ALLOCATE = sender.allocate if in_slot else None
+            while True:
+                sender.reserve()
+                group = next(groups, None)
+                if group is None:
+                    return
+                yield sender.pack([self.collate_fn(batch) for batch in group])
+        finally:
+            collate._ALLOCATE = None
 
 
 def _identity(item: Any) -> Any:
     return item
+
+
+_HEAP_KEPT = False
+
+
+def _keep_worker_heap() -> None:
+    """In a DataLoader worker (glibc): keep freed memory in the heap instead of returning it to the OS.
+
+    A worker collates a whole group before handing it over, so each group allocates and frees
+    many megabytes of arrays. glibc gives the heap's free top back to the OS past its trim
+    threshold (and serves arrays over its mmap threshold from fresh mappings), so every group
+    would fault all its pages in again: the page faults cost more than the collating. Here both
+    thresholds are raised (to 256 MiB and 32 MiB) in the worker process only; its resident memory
+    then stays at its peak. A no-op where glibc's ``mallopt`` is not available.
+    """
+    global _HEAP_KEPT
+    if _HEAP_KEPT:
+        return
+    _HEAP_KEPT = True
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    mallopt(m_trim_threshold, 256 << 20)
+    mallopt(m_mmap_threshold, 32 << 20)
 
 
 class ResumableDataLoader(DataLoader):
@@ -70,8 +117,10 @@ class ResumableDataLoader(DataLoader):
     Batches travel in groups of ``group_batches`` consecutive ones (one DataLoader item per
     group: fewer, larger hand-overs; worker ``w`` of ``K`` reads groups ``w, w+K, ...``).
     With workers and ``shared_ring``, a group's tensors go through a ring of shared-memory
-    slots that each worker reuses (:mod:`loaders.transport`), and the main process copies
-    each batch out into memory of its own (pinned when ``pin_memory``).
+    slots that each worker reuses (:mod:`loaders.transport`): the trainer's batches are views of
+    a slot (copied into pinned memory when ``pin_memory``). With the collators of
+    :mod:`loaders.collate` (``retains_examples = False``) a worker gathers the rows and builds
+    the outputs in the slot itself, so a batch is not copied again on its way.
     """
 
     def __init__(self, dataset: ResumableStream, *, collate_fn: Callable | None, group_batches: int = 8,
@@ -124,6 +173,7 @@ class ResumableDataLoader(DataLoader):
         if last < 0:
             stream._finish_epoch()
         pending: list[Any] = []
+        full = schedule.batch_size  # every batch but the last is full
         for index in range(schedule.num_batches):
             if not pending:
                 try:
@@ -134,7 +184,7 @@ class ResumableDataLoader(DataLoader):
                 pending.reverse()
             batch = pending.pop()
             if index < last:
-                stream._advance(schedule.batch_length(index))
+                stream._advance(full)
             else:  # the epoch is consumed once its last batch is handed out
                 stream._finish_epoch()
             yield batch

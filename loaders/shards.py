@@ -24,7 +24,9 @@ import bisect
 import functools
 import io
 import os
+import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -128,6 +130,11 @@ class ArrowShard:
 
 
 _FIXED, _LIST, _INT, _STRING, _OTHER = range(5)
+#: Column dtypes gathered with torch's index_select (see :meth:`SegmentTable._take`).
+_TORCH_GATHER_DTYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "int32", "int64", "float16",
+                                                       "float32", "float64"))
+#: ``allocate(shape, dtype)`` -> an uninitialised C-contiguous array, or None (see :meth:`SegmentTable.gather`).
+Allocate = Callable[[tuple[int, ...], np.dtype], "np.ndarray | None"]
 
 
 class _Strings(tuple):
@@ -194,6 +201,7 @@ class SegmentTable:
         self._views: dict[str, list] = {}
         self._kinds: dict[str, int] = {}
         self._windows: dict[str, tuple[np.ndarray, np.ndarray, int] | None] = {}
+        self._torch_windows: dict[str, Any] = {}  # name -> torch view of the window (False: numpy only)
         self._shards: list[ArrowShard] = []  # keeps registered maps alive
 
     def registered(self, shard: int) -> bool:
@@ -214,6 +222,7 @@ class SegmentTable:
             self._views.setdefault(name, []).extend(views)
         self._shards.append(shard)
         self._windows.clear()  # rebuilt over the new set of segments
+        self._torch_windows.clear()
 
     def locate(self, shard_ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(segment, row in segment)`` of registered ``(shard, row)`` pairs (vectorised)."""
@@ -242,8 +251,34 @@ class SegmentTable:
         self._windows[name] = found
         return found
 
-    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...]) -> ExampleBatch:
-        """The examples at ``(segments[i], rows[i])`` as one :class:`ExampleBatch` (copies the rows)."""
+    def _take(self, name: str, values: np.ndarray, index: np.ndarray, target: np.ndarray) -> None:
+        """``target[:] = values[index]`` without numpy's intermediate array: torch's ``index_select``
+        writes into ``target`` directly (numpy's fancy indexing has no ``out``, and ``np.take``
+        would make the overlapping window contiguous first)."""
+        import torch
+
+        source = self._torch_windows.get(name)
+        if source is None:
+            if values.dtype not in _TORCH_GATHER_DTYPES:
+                source = False
+            else:
+                with warnings.catch_warnings():  # read-only window: torch warns; it is only read
+                    warnings.simplefilter("ignore", UserWarning)
+                    source = torch.from_numpy(values)
+            self._torch_windows[name] = source
+        if source is False:
+            target[...] = values[index]
+            return
+        torch.index_select(source, 0, torch.from_numpy(index), out=torch.from_numpy(target))
+
+    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...],
+               allocate: Allocate | None = None) -> ExampleBatch:
+        """The examples at ``(segments[i], rows[i])`` as one :class:`ExampleBatch` (copies the rows).
+
+        ``allocate(shape, dtype)``: where to put a fixed-length column (an uninitialised
+        C-contiguous array, or None for a new one), so that the rows are copied only once
+        on their way to a DataLoader worker's shared memory (:meth:`loaders.transport.RingSender.allocate`).
+        """
         n = len(segments)
         out: dict[str, Any] = {}
         pairs: list[tuple[int, int]] | None = None
@@ -253,13 +288,22 @@ class SegmentTable:
                 window = self._window(name)
                 if window is not None:
                     values, first, width = window
-                    out[name] = values[first[segments] + rows * width]  # one copy of the whole batch
+                    index = first[segments] + rows * width
+                    target = allocate((n, width), values.dtype) if allocate is not None else None
+                    if target is None:
+                        out[name] = values[index]  # one copy of the whole batch
+                    else:
+                        self._take(name, values, index, target)
+                        out[name] = target
                     continue
             if pairs is None:
                 pairs = list(zip(segments.tolist(), rows.tolist(), strict=True))
             if kind == _FIXED:
                 first_view = views[0]
-                values = np.empty((n, first_view.shape[1]), dtype=first_view.dtype)
+                shape = (n, first_view.shape[1])
+                values = allocate(shape, first_view.dtype) if allocate is not None else None
+                if values is None:
+                    values = np.empty(shape, dtype=first_view.dtype)
                 for i, (segment, row) in enumerate(pairs):
                     values[i] = views[segment][row]
                 out[name] = values
@@ -494,10 +538,11 @@ class ShardSet:
                 raise IndexError(f"rows out of range of their shards: {rows.tolist()}")
         return table.locate(shard_ids, rows)
 
-    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...]) -> ExampleBatch:
+    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...],
+               allocate: Allocate | None = None) -> ExampleBatch:
         """The examples at ``(segment, row)`` pairs from :meth:`segments` (see :meth:`SegmentTable.gather`)."""
         assert self._table is not None, "call segments() first"
-        return self._table.gather(segments, rows, columns)
+        return self._table.gather(segments, rows, columns, allocate)
 
     def tar_rows(self, index: int, wanted: set[int] | None) -> dict[int, dict[str, Any]]:
         """Rows of tar shard ``index`` (see :func:`read_tar_rows`)."""
