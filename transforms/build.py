@@ -29,6 +29,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from schemas.examples import ExampleSchema
 from transforms.objectives.common import LazyGenerator, digest_u64
+from transforms.objectives.counters import add_counters
 from transforms.objectives.layout import SHARD_SALT, row_order_key, shard_count, shard_key
 from transforms.shard_format import ExampleColumns
 
@@ -102,19 +103,6 @@ class ExampleBatch:
         )
 
 
-def _add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
-    """``total = merge_counters(total, counters)``, in place (once per example: no copies)."""
-    for name, value in counters.items():
-        if name not in total:
-            total[name] = int(value)
-        elif name.endswith("_min"):
-            total[name] = min(total[name], int(value))
-        elif name.endswith("_max"):
-            total[name] = max(total[name], int(value))
-        else:
-            total[name] += int(value)
-
-
 class _Build(beam.DoFn):
     def __init__(self, objective, special, schema, seed, draws, sizing):
         self._objective, self._special, self._schema = objective, special, schema
@@ -180,7 +168,7 @@ class _Build(beam.DoFn):
             example = self._objective.build(piece.tokens, LazyGenerator(self._seed, key), plan, self._special, features)
             example["key"] = key
             example, counters = self._finish(example, len(piece.tokens))
-            _add_counters(stats, counters)
+            add_counters(stats, counters)
             shard_hash = digest_u64(shard_key(self._seed, key), salt=SHARD_SALT)
             shard = (split, shard_hash % count, count)
             rows = self._rows.setdefault(shard, [])

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["log2_bin", "merge_counters", "length_counters"]
+__all__ = ["add_counters", "log2_bin", "merge_counters", "length_counters"]
+
+
+def add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
+    """Combine ``counters`` into ``total`` in place (no copy: for per-example accumulation)."""
+    for name, value in counters.items():
+        if name not in total:
+            total[name] = int(value)
+        elif name.endswith("_min"):
+            total[name] = min(total[name], int(value))
+        elif name.endswith("_max"):
+            total[name] = max(total[name], int(value))
+        else:
+            total[name] = total[name] + int(value)
 
 
 def merge_counters(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     """Combine two counter dicts into a new one."""
     out = dict(a)
-    for name, value in b.items():
-        if name not in out:
-            out[name] = int(value)
-        elif name.endswith("_min"):
-            out[name] = min(out[name], int(value))
-        elif name.endswith("_max"):
-            out[name] = max(out[name], int(value))
-        else:
-            out[name] = out[name] + int(value)
+    add_counters(out, b)
     return out
 
 
