@@ -205,6 +205,12 @@ class ExampleColumns:
             lengths = offsets[1:][indices] - starts
             new_offsets = np.zeros(len(indices) + 1, dtype=np.int64)
             np.cumsum(lengths, out=new_offsets[1:])
+            if len(indices) and new_offsets[-1] >= 64 * len(indices):
+                # Long rows: copying row slices beats building an index per value.
+                ends = starts + lengths
+                rows = [flat[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+                arrays[name] = (np.concatenate(rows).astype(np.int32, copy=False), new_offsets)
+                continue
             # Position p of output row r reads flat[starts[r] + (p - new_offsets[r])].
             gather = np.arange(new_offsets[-1], dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
             arrays[name] = (flat[gather], new_offsets)

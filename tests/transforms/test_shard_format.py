@@ -261,3 +261,27 @@ def test_background_hashing_writer_reraises_write_errors(monkeypatch):
     writer.write(b"0123456789abc")
     with pytest.raises(OSError, match="no space left"):
         writer.finish()
+
+
+@pytest.mark.parametrize("max_len", [3, 300])  # short rows: one vectorized gather; long rows: row slices
+def test_example_columns_take_concat_and_encode_round_trip(max_len):
+    from transforms.shard_format import ExampleColumns
+
+    schema = example_schema("seq2seq", denoiser=True)
+    rng = np.random.default_rng(max_len)
+    examples = [{"key": f"k{i}", "inputs": rng.integers(0, 1000, rng.integers(0, max_len)).astype(np.int32),
+                 "targets": rng.integers(0, 1000, rng.integers(1, max_len)).astype(np.int32),
+                 "denoiser": "RSX"[i % 3]} for i in range(40)]
+    columns = ExampleColumns.from_examples(examples, schema)
+    order = rng.permutation(40)[:25]
+    taken = columns.take(order)
+    assert taken.count == 25
+    for row, i in enumerate(order):
+        got = taken.row(row)
+        assert got["key"] == examples[i]["key"] and got["denoiser"] == examples[i]["denoiser"]
+        assert got["inputs"].tolist() == examples[i]["inputs"].tolist()
+        assert got["targets"].tolist() == examples[i]["targets"].tolist()
+        assert got["inputs"].dtype == np.int32
+    both = ExampleColumns.concat([taken, ExampleColumns.decode(columns.encode(), schema)], schema)
+    assert both.count == 65 and both.row(25)["inputs"].tolist() == examples[0]["inputs"].tolist()
+    assert both.row(64)["key"] == "k39"
