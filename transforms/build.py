@@ -47,6 +47,13 @@ def example_key(chunk_key: str, draw: int) -> str:
     return f"{chunk_key}-d{draw}"
 
 
+def _order_of(orders: np.ndarray) -> np.ndarray:
+    """Stable ascending order of ``(n, 16)`` uint8 keys compared bytewise."""
+    high = orders[:, :8].copy().view(">u8").reshape(-1)
+    low = orders[:, 8:].copy().view(">u8").reshape(-1)
+    return np.lexsort((low, high))
+
+
 class ExampleBatch:
     """Rows of one split on their way to the shard writers.
 
@@ -83,9 +90,25 @@ class ExampleBatch:
 
     def sorted_by_order(self) -> ExampleBatch:
         """Rows in ascending order of their 16-byte order keys (bytewise, like sorting ``bytes``)."""
-        high = self.orders[:, :8].copy().view(">u8").reshape(-1)
-        low = self.orders[:, 8:].copy().view(">u8").reshape(-1)
-        return self.take(np.lexsort((low, high)))
+        return self.take(_order_of(self.orders))
+
+    @classmethod
+    def merge_sorted(cls, parts: list[ExampleBatch], schema: ExampleSchema) -> ExampleBatch:
+        """The rows of all ``parts`` in ascending order of their order keys, copied once."""
+        if len(parts) <= 1:
+            return cls.concat(parts, schema).sorted_by_order()
+        orders = np.concatenate([p.orders for p in parts])
+        order = _order_of(orders)
+        part = np.repeat(np.arange(len(parts)), [p.count for p in parts])[order]
+        starts = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.count for p in parts], out=starts[1:])
+        row = order - starts[part]
+        return cls(
+            orders[order],
+            np.concatenate([p.shard_hashes for p in parts])[order],
+            np.concatenate([p.chunk_tokens for p in parts])[order],
+            ExampleColumns.gather([p.columns for p in parts], part, row, schema),
+        )
 
     def encode(self) -> tuple:
         """Bytes, ints, lists and dicts only: Beam's default coder handles them without pickling."""

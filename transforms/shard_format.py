@@ -191,6 +191,31 @@ class ExampleColumns:
         strings = {name: [value for p in parts for value in p.strings[name]] for name in schema.string_columns}
         return cls(schema, sum(p.count for p in parts), arrays, scalars, strings)
 
+    @classmethod
+    def gather(cls, parts: Sequence[ExampleColumns], part: np.ndarray, row: np.ndarray,
+               schema: ExampleSchema) -> ExampleColumns:
+        """Row ``row[i]`` of ``parts[part[i]]`` as row ``i``: one copy of every value (not a
+        concatenation and then a reordering, which copies everything twice)."""
+        if len(parts) == 1:
+            return parts[0].take(row)
+        arrays = {}
+        pairs = list(zip(part.tolist(), row.tolist()))
+        for name in schema.array_columns:
+            flats = [p.arrays[name][0] for p in parts]
+            offsets = [p.arrays[name][1] for p in parts]
+            views = [flats[p][offsets[p][r] : offsets[p][r + 1]] for p, r in pairs]
+            lengths = np.fromiter((v.shape[0] for v in views), dtype=np.int64, count=len(views))
+            new_offsets = np.zeros(len(views) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=new_offsets[1:])
+            flat = np.concatenate(views).astype(np.int32, copy=False) if views else np.zeros(0, np.int32)
+            arrays[name] = (flat, new_offsets)
+        starts = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.count for p in parts], out=starts[1:])
+        flat_index = starts[part] + row
+        scalars = {name: np.concatenate([p.scalars[name] for p in parts])[flat_index] for name in schema.scalar_columns}
+        strings = {name: [parts[p].strings[name][r] for p, r in pairs] for name in schema.string_columns}
+        return cls(schema, len(pairs), arrays, scalars, strings)
+
     def take(self, indices: np.ndarray) -> ExampleColumns:
         """The rows at ``indices``, in that order."""
         indices = np.asarray(indices, dtype=np.int64)

@@ -60,7 +60,7 @@ class _WriteShard(beam.DoFn):
         self._extra_source, self._extra = None, {}
 
     def write(self, split: str, index: int, count: int, parts: list) -> dict:
-        batch = ExampleBatch.concat(parts, self._schema).sorted_by_order()
+        batch = ExampleBatch.merge_sorted(parts, self._schema)
         files = {}
         for fmt in self._formats:
             relative = shard_name(split, fmt, index, count)

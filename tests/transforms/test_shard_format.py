@@ -285,3 +285,27 @@ def test_example_columns_take_concat_and_encode_round_trip(max_len):
     both = ExampleColumns.concat([taken, ExampleColumns.decode(columns.encode(), schema)], schema)
     assert both.count == 65 and both.row(25)["inputs"].tolist() == examples[0]["inputs"].tolist()
     assert both.row(64)["key"] == "k39"
+
+
+@pytest.mark.parametrize("max_len", [3, 300])
+def test_example_columns_gather_equals_concat_then_take(max_len):
+    from transforms.shard_format import ExampleColumns
+
+    schema = example_schema("seq2seq", denoiser=True)
+    rng = np.random.default_rng(7 + max_len)
+    parts = []
+    for size in (5, 0, 9, 4):
+        examples = [{"key": f"k{size}-{i}", "inputs": rng.integers(0, 99, rng.integers(0, max_len)).astype(np.int32),
+                     "targets": rng.integers(0, 99, rng.integers(1, max_len)).astype(np.int32),
+                     "denoiser": "RSX"[i % 3]} for i in range(size)]
+        parts.append(ExampleColumns.from_examples(examples, schema))
+    starts = np.cumsum([0] + [p.count for p in parts])
+    order = rng.permutation(starts[-1])
+    part = np.searchsorted(starts, order, side="right") - 1
+    gathered = ExampleColumns.gather(parts, part, order - starts[part], schema)
+    expected = ExampleColumns.concat(parts, schema).take(order)
+    assert gathered.count == expected.count == 18
+    for i in range(18):
+        a, b = gathered.row(i), expected.row(i)
+        assert a["key"] == b["key"] and a["denoiser"] == b["denoiser"]
+        assert a["inputs"].tolist() == b["inputs"].tolist() and a["targets"].tolist() == b["targets"].tolist()
