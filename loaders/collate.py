@@ -127,6 +127,16 @@ def _batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | Non
     return longest
 
 
+def _padded_input_ids(collator, examples: Sequence[dict[str, Any]], required: list[str]) -> tuple:
+    """Check ``required`` columns; ``(input_ids rows, (B, L) int64 input_ids padded with the collator's
+    pad_id to the batch length)`` (rounded up to its ``pad_to_multiple_of``)."""
+    name = type(collator).__name__
+    _require(name, examples, required)
+    rows = _rows(examples, "input_ids")
+    length = _batch_length(_lengths(rows), collator.pad_to_multiple_of)
+    return rows, _pad_rows(rows, length, collator.pad_id, name)
+
+
 def _pad_rows(rows: np.ndarray | Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
     out = _empty((len(rows), length))
     if isinstance(rows, np.ndarray):  # (B, L') block: one pass
@@ -261,10 +271,8 @@ class CausalCollator:
     retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _require(type(self).__name__, examples, ["input_ids"])
-        rows = _rows(examples, "input_ids")
-        length = _batch_length(_lengths(rows), self.pad_to_multiple_of)
-        input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
+        rows, input_ids = _padded_input_ids(self, examples, ["input_ids"])
+        length = input_ids.shape[1]
         batch = len(rows)
         t = np.arange(length)
         real = _real_lengths(examples, rows)
@@ -321,10 +329,8 @@ class PrefixLMCollator:
     retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _require(type(self).__name__, examples, ["input_ids"])
-        rows = _rows(examples, "input_ids")
-        length = _batch_length(_lengths(rows), self.pad_to_multiple_of)
-        input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
+        rows, input_ids = _padded_input_ids(self, examples, ["input_ids"])
+        length = input_ids.shape[1]
         real = _real_lengths(examples, rows)
         prefix = _scalars(examples, "prefix_length", 0)
         t = np.arange(length)
@@ -363,17 +369,15 @@ class MLMCollator:
     retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _require(type(self).__name__, examples, ["input_ids", "labels"])
-        rows = _rows(examples, "input_ids")
-        length = _batch_length(_lengths(rows), self.pad_to_multiple_of)
-        input_ids = _pad_rows(rows, length, self.pad_id, type(self).__name__)
+        _, input_ids = _padded_input_ids(self, examples, ["input_ids", "labels"])
+        length = input_ids.shape[1]
         labels = _pad_rows(_rows(examples, "labels"), length, IGNORE_INDEX, "labels")
         attention = (input_ids != self.pad_id).astype(np.int64)
         return _tensors({
             "input_ids": input_ids,
             "attention_mask": attention,
             "labels": np.where(attention == 1, labels, IGNORE_INDEX),
-            "position_ids": np.broadcast_to(np.arange(length), (len(rows), length)).copy(),
+            "position_ids": np.broadcast_to(np.arange(length), input_ids.shape).copy(),
         })
 
 

@@ -73,30 +73,13 @@ class ExampleBatch:
     def count(self) -> int:
         return self.columns.count
 
-    def take(self, indices: np.ndarray) -> ExampleBatch:
-        return ExampleBatch(self.orders[indices], self.shard_hashes[indices], self.chunk_tokens[indices],
-                            self.columns.take(indices))
-
-    @classmethod
-    def concat(cls, parts: list[ExampleBatch], schema: ExampleSchema) -> ExampleBatch:
-        if len(parts) == 1:
-            return parts[0]
-        return cls(
-            np.concatenate([p.orders for p in parts]) if parts else np.zeros((0, 16), np.uint8),
-            np.concatenate([p.shard_hashes for p in parts]) if parts else np.zeros(0, np.uint64),
-            np.concatenate([p.chunk_tokens for p in parts]) if parts else np.zeros(0, np.int64),
-            ExampleColumns.concat([p.columns for p in parts], schema),
-        )
-
-    def sorted_by_order(self) -> ExampleBatch:
-        """Rows in ascending order of their 16-byte order keys (bytewise, like sorting ``bytes``)."""
-        return self.take(_order_of(self.orders))
-
     @classmethod
     def merge_sorted(cls, parts: list[ExampleBatch], schema: ExampleSchema) -> ExampleBatch:
-        """The rows of all ``parts`` in ascending order of their order keys, copied once."""
-        if len(parts) <= 1:
-            return cls.concat(parts, schema).sorted_by_order()
+        """The rows of all ``parts`` in ascending order of their order keys (bytewise, like sorting
+        ``bytes``), copied once."""
+        if not parts:
+            return cls(np.zeros((0, 16), np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.int64),
+                       ExampleColumns.from_examples([], schema))
         orders = np.concatenate([p.orders for p in parts])
         order = _order_of(orders)
         part = np.repeat(np.arange(len(parts)), [p.count for p in parts])[order]

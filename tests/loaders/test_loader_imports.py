@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-
 from lmshards_testing import run_with_blocked_imports
-
-
-def run(code: str, blocked: str) -> subprocess.CompletedProcess:
-    return run_with_blocked_imports(code, blocked)
 
 
 def test_numpy_side_of_loaders_imports_without_torch():
@@ -19,7 +13,7 @@ def test_numpy_side_of_loaders_imports_without_torch():
         "try:\n    loaders.ShardedDataset\nexcept ImportError as e:\n    assert 'torch' in str(e)\n"
         "print('ok')\n"
     )
-    result = run(code, "torch,apache_beam,webdataset")
+    result = run_with_blocked_imports(code, "torch,apache_beam,webdataset")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
@@ -32,5 +26,5 @@ def test_loaders_import_only_objectives_and_shard_format_from_transforms():
         "assert not bad, bad\n"
         "print('ok')\n"
     )
-    result = run(code, "apache_beam")
+    result = run_with_blocked_imports(code, "apache_beam")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -328,23 +328,39 @@ def _composition_bounds(total: int, parts: int, rng: np.random.Generator, out: n
         np.add(cuts, 1, out=out[1:parts])
 
 
-def _corrupt(
+def corrupt_spans(
     tokens: np.ndarray,
     rng: np.random.Generator,
     noise_density: float,
     mean_noise_span_length: float,
     special: SpecialIds,
+    *,
     lead: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`corrupt_spans` with ``lead`` free slots before the inputs (UL2's mode token).
+    """Draw T5's noise mask for ``tokens`` and apply it (shared by span corruption and UL2).
 
-    Same draws and output as ``apply_noise_mask(tokens, random_spans_noise_mask(...))``,
-    gathered straight from the cumulative run lengths ``keep`` and ``noise`` (from 0):
-    run ``k`` of kept tokens starts at ``keep[k] + noise[k]`` in the chunk, and noise run
-    ``k`` at ``keep[k + 1] + noise[k]``. The inputs are blocks "kept run k, sentinel k",
-    the targets blocks "sentinel k, noise run k"; one gather fills both, each block from
-    its run's first token minus one slot, and the sentinels overwrite their slots.
+    The result equals ``apply_noise_mask(tokens, random_spans_noise_mask(len(tokens), ...),
+    sentinels, eos)`` with the same draws, computed without the mask.
+
+    Args:
+        lead: free slots left at the start of ``inputs`` (UL2 writes its mode token there).
+
+    Returns:
+        ``(inputs, targets)`` as :func:`apply_noise_mask`, ``inputs`` after ``lead`` slots.
+
+    Raises:
+        ValueError: tokens not 1-D, or fewer sentinels than noise spans.
     """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
+    rng = generator_of(rng)
+    # Same draws and output as ``apply_noise_mask(tokens, random_spans_noise_mask(...))``,
+    # gathered straight from the cumulative run lengths ``keep`` and ``noise`` (from 0):
+    # run ``k`` of kept tokens starts at ``keep[k] + noise[k]`` in the chunk, and noise run
+    # ``k`` at ``keep[k + 1] + noise[k]``. The inputs are blocks "kept run k, sentinel k",
+    # the targets blocks "sentinel k, noise run k"; one gather fills both, each block from
+    # its run's first token minus one slot, and the sentinels overwrite their slots.
     length = tokens.shape[0]
     num_noise, num_spans = _cached_noise_counts(length, noise_density, mean_noise_span_length)
     sentinels = special.sentinel_array()
@@ -389,35 +405,6 @@ def _corrupt(
     targets[bounds[1, :-1] + index_range(num_spans)] = span_sentinels  # noise[k] + k
     targets[-1] = eos
     return inputs, targets
-
-
-def corrupt_spans(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    noise_density: float,
-    mean_noise_span_length: float,
-    special: SpecialIds,
-    *,
-    lead: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Draw T5's noise mask for ``tokens`` and apply it (shared by span corruption and UL2).
-
-    The result equals ``apply_noise_mask(tokens, random_spans_noise_mask(len(tokens), ...),
-    sentinels, eos)`` with the same draws, computed without the mask.
-
-    Args:
-        lead: free slots left at the start of ``inputs`` (UL2 writes its mode token there).
-
-    Returns:
-        ``(inputs, targets)`` as :func:`apply_noise_mask`, ``inputs`` after ``lead`` slots.
-
-    Raises:
-        ValueError: tokens not 1-D, or fewer sentinels than noise spans.
-    """
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
-    return _corrupt(tokens, generator_of(rng), noise_density, mean_noise_span_length, special, lead)
 
 
 def span_corruption(
