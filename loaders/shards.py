@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import functools
 import io
+import math
 import os
 import warnings
 import weakref
@@ -38,7 +39,7 @@ from loaders.errors import ShardIntegrityError
 from loaders.files import DatasetLocation, verify_file
 from schemas.manifest import Manifest, ShardInfo
 
-__all__ = ["FORMATS", "ArrowShard", "SegmentTable", "ShardSet", "read_tar_rows"]
+__all__ = ["FORMATS", "ArrowShard", "SegmentTable", "ShardSet", "decode_npy", "read_tar_rows"]
 
 FORMATS = ("arrow", "webdataset")
 
@@ -336,10 +337,45 @@ class _Window:
                                     "strides": (dtype.itemsize, dtype.itemsize), "version": 3}
 
 
+@functools.lru_cache(maxsize=256)
+def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
+    """(dtype, shape, fortran order) of a ``.npy`` header; None when numpy must decode it itself."""
+    try:
+        stream = io.BytesIO(header)
+        version = np.lib.format.read_magic(stream)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(stream)
+    except ValueError:
+        return None
+    return None if dtype.hasobject else (dtype, shape, fortran)
+
+
+def decode_npy(payload: bytes) -> np.ndarray:
+    """A ``.npy`` member as a (read-only) array over ``payload``, never unpickled.
+
+    A shard's members share a handful of headers (one per column and shape), so each header
+    is parsed once and every other member is a ``frombuffer`` view; anything unusual (object
+    dtypes, which raise, malformed headers) goes through ``np.lib.format.read_array``.
+    """
+    if payload[:6] == b"\x93NUMPY" and len(payload) >= 10:
+        size = 10 + int.from_bytes(payload[8:10], "little") if payload[6] == 1 else \
+            12 + int.from_bytes(payload[8:12], "little")
+        parsed = _npy_header(bytes(payload[:size]))
+        if parsed is not None:
+            dtype, shape, fortran = parsed
+            count = math.prod(shape)
+            if len(payload) - size != count * dtype.itemsize:
+                raise ValueError(f"{len(payload) - size} bytes of array data, the header {shape} {dtype} "
+                                 f"needs {count * dtype.itemsize}")
+            value = np.frombuffer(payload, dtype=dtype, count=count, offset=size)
+            return value.reshape(shape, order="F" if fortran else "C")
+    return np.lib.format.read_array(io.BytesIO(payload), allow_pickle=False)
+
+
 def _decode_member(shard: str, key: str, suffix: str, payload: bytes) -> tuple[str, Any]:
     field, _, ext = suffix.rpartition(".")
     if ext == "npy":
-        value = np.lib.format.read_array(io.BytesIO(payload), allow_pickle=False)
+        value = decode_npy(payload)
         return field, (value.item() if value.ndim == 0 else value)
     if ext == "txt":
         return field, payload.decode("utf-8")
