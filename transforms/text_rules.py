@@ -2,7 +2,9 @@
 
 BART's sentence permutation needs sentence boundaries. fairseq splits on the id of "."
 in its GPT-2 dictionary, which ties it to one tokenizer; we find boundaries in the text
-and map them to tokens through the encoder's character offsets instead.
+and map them to tokens instead: through the tokens' UTF-8 byte lengths for a byte-level
+BPE tokenizer (its tokens spell the text's bytes exactly), else through the encoder's
+character offsets.
 
 Rule: a sentence starts at the first non-space character of the document, after a blank
 line, and after ``.``, ``!``, ``?`` or ``…`` (optionally followed by closing quotes or
@@ -16,7 +18,7 @@ import re
 
 import numpy as np
 
-__all__ = ["sentence_start_chars", "token_flags_from_chars"]
+__all__ = ["byte_positions", "sentence_start_chars", "token_flags"]
 
 _SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s+(?=\S)")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n\s*")
@@ -37,17 +39,28 @@ def sentence_start_chars(text: str) -> np.ndarray:
     return np.unique(np.asarray(starts, dtype=np.int64))
 
 
-def token_flags_from_chars(token_starts: np.ndarray, char_positions: np.ndarray) -> np.ndarray:
-    """True for the token holding each character position.
+def token_flags(token_ends: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """True for the token holding each position: the first token that ends after it.
 
-    That is the last token starting at or before it (byte-level BPE and Metaspace tokens
-    begin with the space before a word, so ``" This"`` holds the start of ``This``); of
-    several tokens with the same start (the bytes of one character), the first.
+    ``token_ends`` are the tokens' end offsets (exclusive, non-decreasing) and
+    ``positions`` the places to flag, both in the same unit: UTF-8 bytes of a byte-level
+    tokenizer (so the token holding a character's first byte is flagged, also when the
+    character's bytes are split over several tokens) or characters from an encoder's
+    offsets. Byte-level BPE and Metaspace tokens begin with the space before a word, so
+    ``" This"`` holds the start of ``This``. A position no token covers (a character the
+    normalizer dropped) flags the next token; one after the last token flags nothing.
     """
-    flags = np.zeros(len(token_starts), dtype=bool)
-    if len(token_starts) == 0 or len(char_positions) == 0:
+    flags = np.zeros(len(token_ends), dtype=bool)
+    if len(token_ends) == 0 or len(positions) == 0:
         return flags
-    token_starts = np.asarray(token_starts)
-    index = np.maximum(np.searchsorted(token_starts, char_positions, side="right") - 1, 0)
-    flags[np.searchsorted(token_starts, token_starts[index], side="left")] = True
+    index = np.searchsorted(np.asarray(token_ends), positions, side="right")
+    flags[index[index < len(flags)]] = True
     return flags
+
+
+def byte_positions(text: str, encoded: bytes, chars: np.ndarray) -> np.ndarray:
+    """UTF-8 byte offsets (in ``encoded``, the text's UTF-8 bytes) of the characters at ``chars``."""
+    if len(encoded) == len(text):  # ASCII: bytes are characters
+        return chars
+    lead = np.flatnonzero((np.frombuffer(encoded, dtype=np.uint8) & 0xC0) != 0x80)  # first byte of each character
+    return lead[chars]

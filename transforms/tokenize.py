@@ -9,7 +9,8 @@ The tokenizer.json is loaded once per DoFn instance in ``setup`` (through
   below ``validation_fraction``, else ``train``;
 - its bucket: another salted digest of the key modulo ``num_buckets``;
 - optional per-token features: ``word_starts`` (a token whose pre-tokenizer word differs
-  from the previous token's) and ``sentence_starts`` (see :mod:`transforms.text_rules`).
+  from the previous token's) and ``sentence_starts`` (see :mod:`transforms.text_rules`;
+  for a byte-level BPE tokenizer from the tokens' byte lengths, else from the offsets).
 
 A text that encodes to no token is rejected with reason ``no_tokens``.
 """
@@ -29,8 +30,8 @@ from apache_beam.transforms.window import GlobalWindows
 
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
-from transforms.text_rules import sentence_start_chars, token_flags_from_chars
-from transforms.tokenizer_utils import tokenizer_from_bytes
+from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
+from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
 
 __all__ = ["BATCH_SIZE", "Tokenize", "assign_split", "bucket_of", "document_key", "read_tokenizer_bytes"]
 
@@ -116,6 +117,8 @@ class _TokenizeBatch(beam.DoFn):
         self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
         # Text that spells a special token ("<extra_id_0>", "</s>") is text, not a control id.
         self._tokenizer.encode_special_tokens = True
+        # Byte-level BPE: tokens' byte spans follow from their ids (no offsets to convert).
+        self._byte_lengths = byte_level_lengths(self._tokenizer) if "sentence_starts" in self._features else None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-encode")
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
@@ -155,9 +158,7 @@ class _TokenizeBatch(beam.DoFn):
             if "word_starts" in self._features:
                 features["word_starts"] = word_start_flags(encoding.word_ids)
             if "sentence_starts" in self._features:
-                # Start offsets only: half the cost of converting the (start, end) pairs.
-                starts = np.array([start for start, _ in encoding.offsets], dtype=np.int64)
-                features["sentence_starts"] = token_flags_from_chars(starts, sentence_start_chars(text))
+                features["sentence_starts"] = self._sentence_starts(text, ids, encoding)
             key = document_key(text)
             split = assign_split(key, self._validation_fraction)
             tokens += ids.size
@@ -166,6 +167,16 @@ class _TokenizeBatch(beam.DoFn):
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         self._progress.add(len(texts), tokens)
+
+    def _sentence_starts(self, text, ids, encoding):
+        chars = sentence_start_chars(text)
+        if self._byte_lengths is not None:
+            ends = np.cumsum(self._byte_lengths[ids])
+            encoded = text.encode("utf-8")
+            if ends[-1] == len(encoded):  # the tokens spell the text's bytes
+                return token_flags(ends, byte_positions(text, encoded, chars))
+        ends = np.maximum.accumulate(np.array([end for _, end in encoding.offsets], dtype=np.int64))
+        return token_flags(ends, chars)
 
     def process(self, text):
         self._buffer.append(text)

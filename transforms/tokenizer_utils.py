@@ -12,9 +12,11 @@ one written next to the dataset.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 
+import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
 from transforms.objectives.common import SpecialIds
@@ -23,6 +25,7 @@ __all__ = [
     "DEFAULT_NAMES",
     "ROLE_CANDIDATES",
     "ResolvedTokenizer",
+    "byte_level_lengths",
     "sentinel_token",
     "tokenizer_from_bytes",
     "resolve_special_tokens",
@@ -57,6 +60,65 @@ def tokenizer_from_bytes(data: bytes, source: str = "tokenizer.json") -> Tokeniz
         return Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # tokenizers raises plain Exception subclasses
         raise ValueError(f"--tokenizer {source}: not a valid HF tokenizers tokenizer.json ({exc})") from exc
+
+
+def _byte_alphabet() -> frozenset[str]:
+    """The 256 characters byte-level BPE spells bytes with (GPT-2's byte-to-unicode table)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    shifted = [256 + n for n in range(256 - len(printable))]
+    return frozenset(chr(c) for c in printable + shifted)
+
+
+#: Pre-tokenizers that split text without dropping or adding characters.
+_LOSSLESS_SPLITS = {"Split", "Digits", "Punctuation"}
+
+
+def _splits_losslessly(pre_tokenizer: dict | None) -> bool:
+    if pre_tokenizer is None:
+        return False
+    kind = pre_tokenizer.get("type")
+    if kind == "ByteLevel":
+        return not pre_tokenizer.get("add_prefix_space", False)
+    if kind == "Sequence":
+        parts = pre_tokenizer.get("pretokenizers", [])
+        byte_level = [p for p in parts if p.get("type") == "ByteLevel"]
+        others_keep_text = all(p.get("type") in _LOSSLESS_SPLITS and p.get("behavior") != "Removed"
+                                for p in parts if p.get("type") != "ByteLevel")
+        return bool(byte_level) and others_keep_text and all(_splits_losslessly(p) for p in byte_level)
+    return False
+
+
+def byte_level_lengths(tokenizer: Tokenizer) -> np.ndarray | None:
+    """UTF-8 byte length of every token id, when the tokenizer is a lossless byte-level BPE.
+
+    Lossless means: no normalizer, a ByteLevel pre-tokenizer that adds no prefix space
+    (alone or after splits that drop nothing), a BPE model whose every token is spelled
+    in the byte alphabet (one character per byte), and added tokens that do not swallow
+    the whitespace around them. Its tokens then spell the text's bytes in order, so the
+    tokens' byte spans follow from the ids alone (:func:`numpy.cumsum` of these lengths)
+    and the encoder's character offsets are not needed. Otherwise None.
+
+    Callers check a document's lengths add up to its UTF-8 size before relying on them.
+    """
+    config = json.loads(tokenizer.to_str())
+    model = config.get("model") or {}
+    if config.get("normalizer") is not None or not _splits_losslessly(config.get("pre_tokenizer")):
+        return None
+    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        return None
+    alphabet = _byte_alphabet()
+    lengths = np.full(tokenizer.get_vocab_size(with_added_tokens=True), -1, dtype=np.int64)
+    for token, index in model.get("vocab", {}).items():
+        if not set(token) <= alphabet:
+            return None
+        if index < len(lengths):
+            lengths[index] = len(token)
+    for index, added in tokenizer.get_added_tokens_decoder().items():
+        if added.lstrip or added.rstrip:
+            return None
+        lengths[index] = len(added.content.encode("utf-8"))
+    return lengths
 
 
 @dataclass

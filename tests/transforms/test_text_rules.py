@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from transforms.text_rules import sentence_start_chars, token_flags_from_chars
+from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
+from transforms.tokenizer_utils import byte_level_lengths
 
 PROJECT_TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "tokenizer.json"
 
@@ -67,28 +68,85 @@ def test_sentence_starts_are_sorted_in_range_and_non_space(text):
         assert starts[0] == len(text) - len(text.lstrip())
 
 
-def test_token_flags_from_chars_hand_checked():
-    token_starts = np.array([0, 5, 11, 12, 17])  # "Hello", " world", ".", " This", " is"
-    assert token_flags_from_chars(token_starts, np.array([0, 13])).tolist() == [True, False, False, True, False]
-    # A position exactly at a token start flags that token.
-    assert token_flags_from_chars(token_starts, np.array([12])).tolist() == [False, False, False, True, False]
-    # Several tokens sharing a start (the bytes of one character): the first one.
-    assert token_flags_from_chars(np.array([0, 3, 3, 4]), np.array([3])).tolist() == [False, True, False, False]
-    # A position before the first token (stripped whitespace) flags the first token.
-    assert token_flags_from_chars(np.array([2, 4]), np.array([0])).tolist() == [True, False]
-    assert token_flags_from_chars(np.array([], np.int64), np.array([0])).tolist() == []
-    assert token_flags_from_chars(np.array([0, 1]), np.array([], np.int64)).tolist() == [False, False]
+def test_token_flags_hand_checked():
+    token_ends = np.array([5, 11, 12, 17, 20])  # "Hello", " world", ".", " This", " is"
+    assert token_flags(token_ends, np.array([0, 13])).tolist() == [True, False, False, True, False]
+    # A position at a token's first unit flags that token; one at its end, the next token.
+    assert token_flags(token_ends, np.array([12])).tolist() == [False, False, False, True, False]
+    assert token_flags(token_ends, np.array([11])).tolist() == [False, False, True, False, False]
+    # Zero-length tokens never hold a position.
+    assert token_flags(np.array([2, 2, 4]), np.array([2])).tolist() == [False, False, True]
+    # A position no token covers (dropped by a normalizer) flags the next token; after the last, nothing.
+    assert token_flags(np.array([2, 4, 9]), np.array([4, 9, 12])).tolist() == [False, False, True]
+    assert token_flags(np.array([], np.int64), np.array([0])).tolist() == []
+    assert token_flags(np.array([1, 2]), np.array([], np.int64)).tolist() == [False, False]
+
+
+def test_byte_positions():
+    assert byte_positions("abc", b"abc", np.array([0, 2])).tolist() == [0, 2]
+    text = "a\u00e9\u250cb\U0001f600c"  # 1 + 2 + 3 + 1 + 4 + 1 bytes
+    assert byte_positions(text, text.encode("utf-8"), np.arange(len(text))).tolist() == [0, 1, 3, 6, 7, 11]
+
+
+def _flags_both_ways(tokenizer, text):
+    """(tokens, flags from byte lengths, flags from character offsets)."""
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    lengths = byte_level_lengths(tokenizer)
+    ends = np.cumsum(lengths[encoding.ids])
+    encoded = text.encode("utf-8")
+    assert ends[-1] == len(encoded)
+    chars = sentence_start_chars(text)
+    by_bytes = token_flags(ends, byte_positions(text, encoded, chars))
+    by_offsets = token_flags(np.array([end for _, end in encoding.offsets]), chars)
+    return encoding.tokens, by_bytes, by_offsets
 
 
 def test_sentence_starts_map_to_the_right_bpe_tokens():
     tokenizer = Tokenizer.from_file(str(PROJECT_TOKENIZER))
     text = "Hello world. This is it. \u00c9lan.\n\nnew para."
-    encoding = tokenizer.encode(text, add_special_tokens=False)
-    starts = np.array([start for start, _ in encoding.offsets])
-    flags = token_flags_from_chars(starts, sentence_start_chars(text))
-    flagged = [token for token, flag in zip(encoding.tokens, flags) if flag]
+    tokens, by_bytes, by_offsets = _flags_both_ways(tokenizer, text)
     # Byte-level BPE tokens carry the space before a word ("\u0120This" is " This"); "\u00c9"
-    # is two byte tokens sharing offsets (25, 26): the first is flagged.
+    # is two byte tokens: the one holding its first byte is flagged.
     assert sentence_start_chars(text).tolist() == [0, 13, 25, 32]
-    assert np.flatnonzero(flags).tolist() == [0, 3, 8, 14]
-    assert flagged == ["Hello", "\u0120This", "\u00c3", "new"]
+    assert np.flatnonzero(by_bytes).tolist() == [0, 3, 8, 14]
+    assert [token for token, flag in zip(tokens, by_bytes) if flag] == ["Hello", "\u0120This", "\u00c3", "new"]
+    np.testing.assert_array_equal(by_bytes, by_offsets)
+
+
+def _tiny_byte_level_bpe(corpus: list[str], vocab_size: int = 300) -> Tokenizer:
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(corpus, trainer)
+    return tokenizer
+
+
+def test_a_token_holding_a_space_and_part_of_a_character():
+    # Trained on four box corners (3 bytes each, the first two shared) so that " \u250c"
+    # encodes as a token holding the space and the corner's first two bytes, then one
+    # holding its last byte. Both tokens' character offsets cover the corner; the sentence
+    # starts in the first, which holds the character's first byte (by byte lengths and by
+    # offset ends alike).
+    tokenizer = _tiny_byte_level_bpe(["\u250c \u2510 \u2514 \u2518 " * 3] * 50, vocab_size=258)
+    text = "go.\n\n \u250c"  # a blank line starts a sentence at the corner, character 6
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    tokens, by_bytes, by_offsets = _flags_both_ways(tokenizer, text)
+    corner = encoding.char_to_token(6)
+    assert tokens[corner] == "\u0120\u00e2\u0136" and tokens[corner + 1] == "\u012e"
+    assert encoding.offsets[corner + 1][0] == 6  # the later token starts at the corner too
+    assert np.flatnonzero(by_bytes).tolist() == [0, corner]
+    np.testing.assert_array_equal(by_bytes, by_offsets)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("aZ. !?\n\u00e9\u00c9\u250c\u4f60\U0001f600\"(1")), max_size=40))
+def test_byte_and_offset_mappings_agree_on_any_text(text):
+    tokenizer = Tokenizer.from_file(str(PROJECT_TOKENIZER))
+    if not tokenizer.encode(text, add_special_tokens=False).ids:
+        return
+    _, by_bytes, by_offsets = _flags_both_ways(tokenizer, text)
+    np.testing.assert_array_equal(by_bytes, by_offsets)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transforms.tokenizer_utils import (
     DEFAULT_NAMES,
     ROLE_CANDIDATES,
+    byte_level_lengths,
     count_sentinels,
     resolve_special_tokens,
     sentinel_token,
@@ -195,3 +197,73 @@ def test_gpt2_like_missing_eos_not_required():
 def test_tokenizer_from_bytes_names_the_source():
     with pytest.raises(ValueError, match=r"--tokenizer gs://b/tok\.json: not a valid HF tokenizers tokenizer\.json"):
         tokenizer_from_bytes(b"{not json", "gs://b/tok.json")
+
+
+# -- byte-level token lengths ------------------------------------------------------------
+TEXTS = ["Hello world. This is it.", "\u00c9lan \u250c\u2500 \u4f60\u597d \U0001f600!", "  tabs\tand\n\nnewlines ",
+         "spells <|endoftext|> and <extra_id_0> as text"]
+
+
+@pytest.mark.parametrize("make", [project_tokenizer, gpt2_like_tokenizer])
+def test_byte_level_lengths_spell_every_text_exactly(make):
+    tokenizer = make()
+    tokenizer.add_tokens(["h\u00e9llo wor"])  # a plain added token, matched in raw text
+    tokenizer.encode_special_tokens = True  # as the pipeline encodes
+    lengths = byte_level_lengths(tokenizer)
+    assert lengths is not None and (lengths >= 1).all()
+    for text in TEXTS + ["say h\u00e9llo world"]:
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        spans = np.cumsum(lengths[encoding.ids])
+        encoded = text.encode("utf-8")
+        assert spans[-1] == len(encoded)
+        pieces = np.split(np.frombuffer(encoded, np.uint8), spans[:-1])
+        assert [bytes(p) for p in pieces] == [_token_bytes(tokenizer, i) for i in encoding.ids]
+
+
+def _token_bytes(tokenizer, index):
+    """A token's bytes through the byte-level alphabet (added tokens: their content)."""
+    added = tokenizer.get_added_tokens_decoder().get(index)
+    if added is not None:
+        return added.content.encode("utf-8")
+    alphabet = {c: b for b, c in enumerate(_gpt2_byte_chars())}
+    return bytes(alphabet[c] for c in tokenizer.id_to_token(index))
+
+
+def _gpt2_byte_chars():
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    order, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            order.append(chr(byte))
+        else:
+            order.append(chr(256 + extra))
+            extra += 1
+    return order
+
+
+def _with(tokenizer, **parts):
+    for name, value in parts.items():
+        setattr(tokenizer, name, value)
+    return tokenizer
+
+
+@pytest.mark.parametrize("variant", [
+    lambda: _with(gpt2_like_tokenizer(), normalizer=normalizers.NFKC()),
+    lambda: _with(gpt2_like_tokenizer(), pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=True)),
+    lambda: _with(gpt2_like_tokenizer(), pre_tokenizer=pre_tokenizers.Whitespace()),
+    lambda: _with(gpt2_like_tokenizer(), pre_tokenizer=pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(" ", behavior="removed"), pre_tokenizers.ByteLevel(add_prefix_space=False)])),
+    lambda: Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]")),
+    lambda: Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], 0)),
+])
+def test_byte_level_lengths_refuse_tokenizers_that_do_not_spell_bytes(variant):
+    assert byte_level_lengths(variant()) is None
+
+
+def test_byte_level_lengths_accept_splits_that_keep_text_and_refuse_stripping_added_tokens():
+    split_first = _with(gpt2_like_tokenizer(), pre_tokenizer=pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]))
+    assert byte_level_lengths(split_first) is not None
+    stripping = gpt2_like_tokenizer()
+    stripping.add_tokens([AddedToken("<sep>", lstrip=True)])
+    assert byte_level_lengths(stripping) is None
