@@ -413,25 +413,85 @@ def write_tar(handle: BinaryIO, examples: Sequence[dict[str, Any]], schema: Exam
 
     The layout is ``tarfile``'s in stream mode: header, payload padded to 512 bytes, per
     member; two zero blocks; zero padding to a multiple of the 10240-byte record size.
+    Members are those of :func:`example_members`.
     """
-    _write_tar_rows(handle, examples, schema)
+    write_tar_columns(handle, ExampleColumns.from_examples(examples, schema))
+
+
+def _octal_fields(values: np.ndarray, digits: int) -> np.ndarray:
+    """``b"%0{digits}o" % v`` of every value, as an ``(n, digits)`` uint8 array."""
+    shifts = 3 * np.arange(digits - 1, -1, -1, dtype=np.int64)
+    return ((values.astype(np.int64)[:, None] >> shifts) & 7).astype(np.uint8) + ord("0")
+
+
+def _member_headers(names: list[bytes], sizes: np.ndarray) -> np.ndarray:
+    """``(n, 512)`` uint8 USTAR headers (see :func:`_ustar_header`) of members ``names`` with ``sizes``."""
+    longest = max(map(len, names), default=0)
+    if longest > 100:
+        name = next(n for n in names if len(n) > 100).decode("utf-8")
+        raise ValueError(f"tar member name {name!r} is longer than 100 bytes")
+    if len(sizes) and int(sizes.max()) >= 8**11:
+        raise ValueError(f"tar member of {int(sizes.max())} bytes is too large for a USTAR header")
+    headers = np.tile(np.frombuffer(_USTAR_TEMPLATE, dtype=np.uint8), (len(names), 1))
+    headers[:, :100] = np.array(names, dtype="S100").view(np.uint8).reshape(len(names), 100)
+    headers[:, 124:135] = _octal_fields(sizes, 11)  # byte 135 stays NUL
+    checksums = headers.sum(axis=1, dtype=np.int64)  # the checksum field counts as spaces
+    headers[:, 148:154] = _octal_fields(checksums, 6)
+    headers[:, 154] = 0  # then NUL and the template's space, as tarfile writes it
+    return headers
 
 
 def write_tar_columns(handle: BinaryIO, columns: ExampleColumns) -> None:
-    """Write the rows of ``columns`` as a WebDataset tar stream (see :func:`write_tar`)."""
-    _write_tar_rows(handle, (columns.row(i) for i in range(columns.count)), columns.schema)
+    """Write the rows of ``columns`` as a WebDataset tar stream (see :func:`write_tar`).
 
-
-def _write_tar_rows(handle: BinaryIO, examples, schema: ExampleSchema) -> None:
-    buffer = bytearray()
-    written = 0
-    for example in examples:
-        for name, payload in example_members(example, schema):
-            buffer += _ustar_header(name, len(payload))
-            buffer += payload
-            remainder = len(payload) % _BLOCK
-            if remainder:
-                buffer += bytes(_BLOCK - remainder)
+    Column by column: every member's header of a column is built in one numpy operation
+    and the ``.npy`` header of each distinct row shape once, so writing a row costs a few
+    buffer appends. Same bytes as writing the rows' :func:`example_members` one by one.
+    """
+    schema, count = columns.schema, columns.count
+    keys = columns.strings["key"]
+    for key in keys:
+        if "." in key or "/" in key:
+            raise ValueError(f"example key {key!r} may not contain '.' or '/' (it is the WebDataset __key__)")
+    key_bytes = [key.encode("utf-8") for key in keys]
+    members = []  # (suffix, per-row payload pieces, per-row payload sizes), in example_members' order
+    for column in [*schema.array_columns, *schema.scalar_columns]:
+        if column in columns.arrays:
+            flat, offsets = columns.arrays[column]
+            lengths = np.diff(offsets)
+        else:
+            flat, offsets, lengths = columns.scalars[column], np.arange(count + 1), None
+        npy_header = {}
+        pieces, sizes = [], np.empty(count, dtype=np.int64)
+        data = memoryview(np.ascontiguousarray(flat, dtype=np.int32)).cast("B")
+        bounds = (offsets * 4).tolist()
+        shapes = lengths.tolist() if lengths is not None else [None] * count
+        for row, shape in enumerate(shapes):
+            header = npy_header.get(shape)
+            if header is None:
+                empty = np.zeros(() if shape is None else (shape,), dtype=np.int32)
+                header = npy_header[shape] = npy_bytes(empty)[: len(npy_bytes(empty)) - empty.nbytes]
+            piece = data[bounds[row] : bounds[row + 1]]
+            pieces.append((header, piece))
+            sizes[row] = len(header) + len(piece)
+        members.append((f".{column}.npy".encode(), pieces, sizes))
+    for column in schema.string_columns:
+        if column != "key":
+            texts = [str(value).encode("utf-8") for value in columns.strings[column]]
+            members.append((f".{column}.txt".encode(), [(b"", t) for t in texts],
+                            np.fromiter(map(len, texts), dtype=np.int64, count=count)))
+    members.sort(key=lambda member: member[0])  # a row's members sorted by name: by suffix
+    headers = [_member_headers([key + suffix for key in key_bytes], sizes).tobytes() for suffix, _, sizes in members]
+    padding = [(-sizes % _BLOCK).tolist() for _, _, sizes in members]
+    zeros = bytes(_BLOCK)
+    buffer, written = bytearray(), 0
+    for row in range(count):
+        for (_, pieces, _), header, pad in zip(members, headers, padding):
+            npy_header, piece = pieces[row]
+            buffer += header[row * _BLOCK : (row + 1) * _BLOCK]
+            buffer += npy_header
+            buffer += piece
+            buffer += zeros[: pad[row]]
         if len(buffer) >= 1 << 22:
             handle.write(buffer)
             written += len(buffer)

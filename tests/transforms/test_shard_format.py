@@ -309,3 +309,32 @@ def test_example_columns_gather_equals_concat_then_take(max_len):
         a, b = gathered.row(i), expected.row(i)
         assert a["key"] == b["key"] and a["denoiser"] == b["denoiser"]
         assert a["inputs"].tolist() == b["inputs"].tolist() and a["targets"].tolist() == b["targets"].tolist()
+
+
+def _tarfile_bytes(examples, schema) -> bytes:
+    """What Python's tarfile writes for the examples' members (stream mode, USTAR, fixed metadata)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for example in examples:
+            for name, payload in example_members(example, schema):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode, info.uname, info.gname = len(payload), 0, 0o644, "", ""
+                tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 40])
+def test_columnar_tar_writer_writes_what_tarfile_writes(rows):
+    rng = np.random.default_rng(rows)
+    seq2seq = [{"key": f"validation-r-c{i:06d}-d{i % 3}", "inputs": rng.integers(0, 9, rng.integers(0, 700)),
+                "targets": rng.integers(0, 9, rng.integers(1, 40)), "denoiser": ["R", "S", "X\u00e9"][i % 3]}
+               for i in range(rows)]
+    assert _tar_bytes(seq2seq, SEQ2SEQ) == _tarfile_bytes(seq2seq, SEQ2SEQ)
+    decoder = [dict(_decoder_examples()[i % 3], key=f"k{i}") for i in range(rows)]
+    assert _tar_bytes(decoder, DECODER) == _tarfile_bytes(decoder, DECODER)
+
+
+def test_tar_member_name_too_long_is_a_clear_error():
+    example = dict(_decoder_examples()[0], key="k" * 90)
+    with pytest.raises(ValueError, match="longer than 100 bytes"):
+        _tar_bytes([example], DECODER)
