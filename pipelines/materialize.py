@@ -40,6 +40,7 @@ from transforms.build import BuildExamples
 from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
 from transforms.pack import CountersCombineFn, Pack
+from transforms.parallel import prestart
 from transforms.read import ReadCorpus, expand_inputs
 from transforms.tokenize import Tokenize, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
@@ -245,7 +246,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     # the shard writers as a side input: flattening either pair would make Beam's local runner
     # copy every chunk or example through an extra stage.
     build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
-                          sizing=sizing)
+                          sizing=sizing, processes=o.build_processes)
     bucket_chunks, repacked_chunks = chunks
     batches, build_stats = (bucket_chunks, split_tokens) | "BuildExamples" >> build
     rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build
@@ -294,6 +295,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         prepare_output(options, plan.splits)
         tokenizer_bytes = plan.resolved.to_json_bytes()
         write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes))
+        prestart(options.build_processes)  # the workers start while Beam does
     _shorten_state_sampling()
     pipeline = beam.Pipeline(options=pipeline_options)
     build_pipeline(pipeline, plan, argv)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
 from transforms.record_policy import INVALID_UTF8_POLICIES, LONG_DOC_POLICIES, NUL_POLICIES, RecordPolicy
 
-__all__ = ["FORMATS", "MaterializeOptions", "build_parser", "parse_args"]
+__all__ = ["FORMATS", "MaterializeOptions", "build_parser", "parse_args", "resolve_build_processes"]
 
 FORMATS = ("arrow", "webdataset")
 #: Objective parameter flags: (flag, config field, type, objectives that take it, help).
@@ -51,6 +52,8 @@ OBJECTIVE_FLAGS: list[tuple[str, str, type, tuple[str, ...], str]] = [
     ("--layout", "layout", str, ("ul2",), "encoder_decoder or decoder"),
 ]
 DEFAULT_RUNNER = "FnApiRunner"
+#: Runners that run the pipeline in this process (unless --direct_running_mode=multi_processing).
+IN_PROCESS_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
 
 
 @dataclass
@@ -85,6 +88,8 @@ class MaterializeOptions:
     max_doc_chars: int | None = None
     long_docs: str = "split"
     max_rejected_fraction: float | None = None
+    #: worker processes that build examples beside the in-process runner's thread (0: none)
+    build_processes: int = 0
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
     param_sources: dict[str, str] = field(default_factory=dict)
 
@@ -135,6 +140,43 @@ def _rejected_fraction(value):
     if not 0.0 <= number <= 1.0:
         raise argparse.ArgumentTypeError(f"--max-rejected-fraction {value}: must be in [0, 1]")
     return number
+
+
+def _build_processes(value):
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"--build-processes {value}: expected auto or a number of processes >= 0")
+    return number
+
+
+def resolve_build_processes(value: int | str, beam_args: list[str]) -> int:
+    """``--build-processes``: ``auto`` is the number of usable cores when the runner runs the
+    pipeline in this process and there is more than one, else 0 (workers of
+    ``--direct_running_mode=multi_processing`` or Dataflow are processes already); a number is
+    taken as given."""
+    if value != "auto":
+        return int(value)
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+    options = PipelineOptions(beam_args)
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    if name.rsplit(".", 1)[-1] not in IN_PROCESS_RUNNERS:
+        return 0
+    if options.view_as(DirectOptions).direct_running_mode == "multi_processing":
+        return 0
+    from transforms.parallel import FORKSERVER
+
+    if not FORKSERVER:
+        return 0
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
+    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
+    return cores if cores > 1 else 0  # one core: a worker would only take turns with the stage
 
 
 def _formats(value):
@@ -222,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="texts per encode_batch call (default 2048; batches also stop at 8M characters)")
     tok.add_argument("--progress-seconds", type=float, default=10.0,
                      help="print tokenizing progress to stderr this often (0: never; default 10)")
+    run = parser.add_argument_group("parallelism")
+    run.add_argument("--build-processes", type=_build_processes, default="auto", metavar="N",
+                     help="worker processes that apply the objective beside the in-process runner (0: none; "
+                     "default auto: one per usable core in-process, 0 for multi_processing and Dataflow)")
     return parser
 
 
@@ -311,5 +357,6 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_doc_chars=args.max_doc_chars,
         long_docs=args.long_docs or "split",
         max_rejected_fraction=args.max_rejected_fraction,
+        build_processes=resolve_build_processes(args.build_processes, beam_args),
         param_sources=sources,
     )

@@ -1,0 +1,210 @@
+"""``--build-processes``: examples built by worker processes are the bytes built inline.
+
+The sample corpus is small beside a task (:data:`transforms.parallel.TASK_TOKENS`), so the
+pipeline tests shrink tasks to a few chunks: every run then sends many tasks, keeps the pool
+full and builds a remainder inline at the end of the bundle.
+
+This module imports no Beam at the top: a worker that unpickles the failing objective below
+imports it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from lmshards_testing import ROOT, file_digests, run_with_blocked_imports
+
+import transforms.parallel as parallel
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.packing import Piece
+from transforms.objectives.registry import make_objective
+
+#: faq and tutorial: 40% of the sample (115k tokens: ~900 chunks of 128, ~100 tasks of 2,000 tokens).
+SAMPLE_PART = str(ROOT / "data" / "sample" / "[ft]*.jsonl")
+OBJECTIVES = {
+    "clm": ["--objective", "clm", "--seq-len", "128"],
+    "ul2": ["--objective", "ul2", "--inputs-length", "128"],
+    "ul2_decoder": ["--objective", "ul2", "--inputs-length", "128", "--layout", "decoder"],
+    "bart": ["--objective", "bart", "--seq-len", "128"],
+    "mlm": ["--objective", "mlm", "--seq-len", "128", "--whole-word-mask"],
+}
+
+
+@pytest.fixture
+def pool_sizes(monkeypatch):
+    """Tiny tasks, and the sizes of the pools the runs used."""
+    used = []
+    make_pool = parallel.worker_pool
+
+    def worker_pool(processes):
+        used.append(processes)
+        return make_pool(processes)
+
+    monkeypatch.setattr(parallel, "TASK_TOKENS", 2000)
+    monkeypatch.setattr(parallel, "worker_pool", worker_pool)
+    return used
+
+
+@pytest.mark.parametrize("name, pools", [(name, ("1", "2") if name == "ul2" else ("2",)) for name in OBJECTIVES],
+                         ids=list(OBJECTIVES))
+def test_worker_processes_write_the_bytes_of_an_inline_build(tmp_path, tokenizer_path, pool_sizes, name, pools):
+    args = ["--input", SAMPLE_PART, "--tokenizer", tokenizer_path, *OBJECTIVES[name], "--draws", "2",
+            "--validation-fraction", "0.1", "--num-shards", "3", "--formats", "arrow,webdataset",
+            "--progress-seconds", "0"]
+    reference, examples = _materialize(tmp_path / "inline", *args, "--build-processes", "0")
+    assert pool_sizes == [] and examples == sum(split["examples"] for split in reference.splits.values())
+    reference_digests = file_digests(tmp_path / "inline")
+    for processes in pools:
+        out = tmp_path / f"processes-{processes}"
+        manifest, pooled_examples = _materialize(out, *args, "--build-processes", processes)
+        assert file_digests(out) == reference_digests, processes
+        assert manifest.deterministic_view() == reference.deterministic_view(), processes
+        assert pooled_examples == examples, processes
+    assert set(pool_sizes) == {int(p) for p in pools}
+
+
+def _materialize(output, *args):
+    """The manifest and the ``examples`` counter of a run."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from pipelines.materialize import run_job
+
+    manifest, result = run_job(["--output", str(output), *args])
+    counters = result.metrics().query(MetricsFilter().with_namespace("lmshards").with_name("examples"))["counters"]
+    return manifest, sum(counter.committed for counter in counters)
+
+
+# --- the option --------------------------------------------------------------------------------
+
+BASE = ["--input", "in.txt", "--output", "out", "--tokenizer", "tok.json"]
+
+
+def test_auto_is_one_process_per_core_in_process_and_none_where_workers_are_processes():
+    from pipelines.options import parse_args
+
+    cores = len(os.sched_getaffinity(0))
+    cores = cores if cores > 1 else 0  # one core: no workers
+    assert parse_args(BASE).build_processes == cores
+    assert parse_args([*BASE, "--runner", "DirectRunner"]).build_processes == cores
+    assert parse_args([*BASE, "--build-processes", "auto"]).build_processes == cores
+    assert parse_args([*BASE, "--direct_running_mode=multi_processing", "--direct_num_workers=2"]).build_processes == 0
+    assert parse_args([*BASE, "--runner", "DataflowRunner"]).build_processes == 0
+    assert parse_args([*BASE, "--build-processes", "0"]).build_processes == 0
+    assert parse_args([*BASE, "--build-processes", "3", "--direct_running_mode=multi_processing"]).build_processes == 3
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5", ""])
+def test_a_bad_count_fails_naming_the_flag(capsys, value):
+    from pipelines.options import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args([*BASE, "--build-processes", value])
+    assert exc.value.code == 2
+    assert f"--build-processes {value}: expected auto or a number of processes >= 0" in capsys.readouterr().err
+
+
+# --- the pool ----------------------------------------------------------------------------------
+
+
+def test_workers_import_no_beam():
+    code = "import transforms.parallel, transforms.objectives.registry\nprint('ok')\n"
+    result = run_with_blocked_imports(code, "apache_beam,torch,tokenizers")
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+SPECIAL = SpecialIds(pad=0, eos=1, vocab_size=1000)
+
+
+def _config(objective=None, draws=2):
+    from schemas.examples import example_schema
+
+    objective = objective or make_objective("clm", {"seq_len": 32})
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    return parallel.BuildConfig(objective, SPECIAL, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+
+
+def _chunks(count):
+    rng = np.random.default_rng(0)
+    return [("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
+             Piece(rng.integers(2, 1000, 32, dtype=np.int32), np.array([20, 12], np.int32)))
+            for i in range(count)]
+
+
+def _rows(pieces, schema):
+    """(shard, order key, row bytes) of every row of the pieces: equal however they were batched."""
+    rows = []
+    for shard, encoded in pieces:
+        batch = parallel.ExampleBatch.decode(encoded, schema)
+        for i in range(batch.count):
+            row = batch.columns.take(np.array([i]))
+            rows.append((shard, batch.orders[i].tobytes(), repr(row.encode())))
+    return sorted(rows)
+
+
+def _build(builder, chunks):
+    pieces = []
+    for chunk in chunks:
+        pieces += builder.add(chunk, 4 if chunk[0] == "train" else 1)
+    return pieces + builder.finish()
+
+
+def test_pooled_builder_equals_the_inline_builder(monkeypatch):
+    monkeypatch.setattr(parallel, "TASK_TOKENS", 200)
+    config, chunks = _config(), _chunks(300)
+    inline = parallel.ChunkBuilder(config)
+    expected = _build(inline, chunks)
+    for processes in (1, 2):
+        pooled = parallel.PooledBuilder(config, processes)
+        assert _rows(_build(pooled, chunks), config.schema) == _rows(expected, config.schema)
+        assert pooled.stats == inline.stats and pooled.built == inline.built == 600
+
+
+def test_a_bundle_smaller_than_a_task_is_built_inline(monkeypatch):
+    def no_pool(processes):
+        raise AssertionError("no task expected")
+
+    monkeypatch.setattr(parallel, "worker_pool", no_pool)
+    pooled = parallel.PooledBuilder(_config(), 2)
+    assert _build(pooled, _chunks(3)) and pooled.built == 6
+
+
+class _Failing:
+    """An objective that fails (or kills its worker) on one chunk."""
+
+    def __init__(self, how):
+        self.how = how
+        self.inner = make_objective("clm", {"seq_len": 32})
+        self.family = self.inner.family
+
+    def schema_kwargs(self):
+        return self.inner.schema_kwargs()
+
+    def stats(self, example):
+        return self.inner.stats(example)
+
+    def build(self, tokens, rng, plan, special, features):
+        if tokens[0] == 999:
+            if self.how == "die":
+                os._exit(3)
+            raise ValueError("chunk 999 is bad")
+        return self.inner.build(tokens, rng, plan, special, features)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("raise", "BuildExamples: building examples in a worker process (--build-processes 1) failed: "
+              "ValueError: chunk 999 is bad"),
+    ("die", "BuildExamples: a worker process of the build pool (--build-processes 1) died"),
+])
+def test_a_failing_worker_fails_the_stage_with_a_clear_error(monkeypatch, how, message):
+    monkeypatch.setattr(parallel, "TASK_TOKENS", 200)
+    chunks = _chunks(100)
+    chunks[50][3].tokens[0] = 999
+    pooled = parallel.PooledBuilder(_config(_Failing(how)), 1)
+    with pytest.raises(parallel.BuildWorkerError) as exc:
+        _build(pooled, chunks)
+    assert str(exc.value).startswith(message)
+    # The pool still works (a dead one is replaced).
+    pooled = parallel.PooledBuilder(_config(), 1)
+    assert _build(pooled, _chunks(100)) and pooled.built == 200
