@@ -154,13 +154,20 @@ def _build_processes(value):
     return number
 
 
-def resolve_build_processes(value: int | str, beam_args: list[str]) -> int:
+#: Objectives whose examples are copies of their chunks: sending a chunk to a build worker and
+#: its example back costs as much as building it (measured: clm, 60 MB, no faster with 2).
+_COPYING_OBJECTIVES = ("clm",)
+
+
+def resolve_build_processes(value: int | str, beam_args: list[str], objective: str | None = None) -> int:
     """``--build-processes``: ``auto`` is the number of usable cores when the runner runs the
     pipeline in this process and there is more than one, else 0 (workers of
-    ``--direct_running_mode=multi_processing`` or Dataflow are processes already); a number is
-    taken as given."""
+    ``--direct_running_mode=multi_processing`` or Dataflow are processes already; clm's
+    examples are copies of its chunks); a number is taken as given."""
     if value != "auto":
         return int(value)
+    if objective in _COPYING_OBJECTIVES:
+        return 0
     from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
     options = PipelineOptions(beam_args)
@@ -267,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("parallelism")
     run.add_argument("--build-processes", type=_build_processes, default="auto", metavar="N",
                      help="worker processes that apply the objective beside the in-process runner (0: none; "
-                     "default auto: one per usable core in-process, 0 for multi_processing and Dataflow)")
+                     "default auto: one per usable core in-process, 0 for multi_processing, Dataflow and clm)")
     return parser
 
 
@@ -357,6 +364,6 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_doc_chars=args.max_doc_chars,
         long_docs=args.long_docs or "split",
         max_rejected_fraction=args.max_rejected_fraction,
-        build_processes=resolve_build_processes(args.build_processes, beam_args),
+        build_processes=resolve_build_processes(args.build_processes, beam_args, args.objective),
         param_sources=sources,
     )

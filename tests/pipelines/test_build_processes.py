@@ -78,7 +78,9 @@ def _materialize(output, *args):
 
 # --- the option --------------------------------------------------------------------------------
 
-BASE = ["--input", "in.txt", "--output", "out", "--tokenizer", "tok.json"]
+PATHS = ["--input", "in.txt", "--output", "out", "--tokenizer", "tok.json"]
+BASE = [*PATHS, "--objective", "ul2", "--inputs-length", "128"]
+CLM = [*PATHS, "--objective", "clm", "--seq-len", "128"]
 
 
 def test_auto_is_one_process_per_core_in_process_and_none_where_workers_are_processes():
@@ -93,6 +95,9 @@ def test_auto_is_one_process_per_core_in_process_and_none_where_workers_are_proc
     assert parse_args([*BASE, "--runner", "DataflowRunner"]).build_processes == 0
     assert parse_args([*BASE, "--build-processes", "0"]).build_processes == 0
     assert parse_args([*BASE, "--build-processes", "3", "--direct_running_mode=multi_processing"]).build_processes == 3
+    # clm's examples are copies of its chunks: no workers unless asked for.
+    assert parse_args(CLM).build_processes == 0
+    assert parse_args([*CLM, "--build-processes", "2"]).build_processes == 2
 
 
 @pytest.mark.parametrize("value", ["-1", "two", "1.5", ""])
