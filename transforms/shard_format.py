@@ -441,12 +441,49 @@ def _member_headers(names: list[bytes], sizes: np.ndarray) -> np.ndarray:
     return headers
 
 
+#: Zero padding of every length below a block, shared by all members.
+_PADDING = [bytes(n) for n in range(_BLOCK)]
+#: Bytes a tar writer joins before each write.
+_TAR_WRITE_BYTES = 1 << 22
+
+
+def _npy_member_payloads(flat: np.ndarray, offsets: np.ndarray, scalar: bool) -> tuple[list, list, np.ndarray]:
+    """Per row: the ``.npy`` header, the int32 data (a view), and the payload size."""
+    flat = np.ascontiguousarray(flat, dtype=np.int32)
+    count = len(offsets) - 1
+    if count == 0:
+        return [], [], np.zeros(0, dtype=np.int64)
+    if scalar:
+        header = _npy_header_of(np.zeros((), np.int32))
+        return [header] * count, list(flat.reshape(count, 1)), np.full(count, len(header) + 4, dtype=np.int64)
+    lengths = np.diff(offsets)
+    values = flat[offsets[0] : offsets[-1]]
+    if (lengths == lengths[0]).all():
+        header = _npy_header_of(np.zeros(int(lengths[0]), np.int32))
+        rows = list(values.reshape(count, int(lengths[0])))
+        return [header] * count, rows, np.full(count, len(header), dtype=np.int64) + 4 * lengths
+    headers = {int(n): _npy_header_of(np.zeros(int(n), np.int32)) for n in np.unique(lengths)}
+    header_sizes = np.zeros(int(lengths.max(initial=0)) + 1, dtype=np.int64)
+    for n, header in headers.items():
+        header_sizes[n] = len(header)
+    data = memoryview(values).cast("B")
+    bounds = (4 * (offsets - offsets[0])).tolist()
+    rows = [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [headers[n] for n in lengths.tolist()], rows, header_sizes[lengths] + 4 * lengths
+
+
+def _npy_header_of(empty: np.ndarray) -> bytes:
+    """The ``.npy`` header of arrays of ``empty``'s dtype and shape (see :func:`npy_bytes`)."""
+    return npy_bytes(empty)[: len(npy_bytes(empty)) - empty.nbytes]
+
+
 def write_tar_columns(handle: BinaryIO, columns: ExampleColumns) -> None:
     """Write the rows of ``columns`` as a WebDataset tar stream (see :func:`write_tar`).
 
-    Column by column: every member's header of a column is built in one numpy operation
-    and the ``.npy`` header of each distinct row shape once, so writing a row costs a few
-    buffer appends. Same bytes as writing the rows' :func:`example_members` one by one.
+    Column by column: every member header of a column is built in one numpy operation, the
+    ``.npy`` header of each distinct row shape once, and the stream is the interleaving of
+    the columns' pieces (header, ``.npy`` header, data view, padding) joined a few MiB at a
+    time. Same bytes as writing the rows' :func:`example_members` one by one.
     """
     schema, count = columns.schema, columns.count
     keys = columns.strings["key"]
@@ -454,50 +491,36 @@ def write_tar_columns(handle: BinaryIO, columns: ExampleColumns) -> None:
         if "." in key or "/" in key:
             raise ValueError(f"example key {key!r} may not contain '.' or '/' (it is the WebDataset __key__)")
     key_bytes = [key.encode("utf-8") for key in keys]
-    members = []  # (suffix, per-row payload pieces, per-row payload sizes), in example_members' order
-    for column in [*schema.array_columns, *schema.scalar_columns]:
-        if column in columns.arrays:
-            flat, offsets = columns.arrays[column]
-            lengths = np.diff(offsets)
-        else:
-            flat, offsets, lengths = columns.scalars[column], np.arange(count + 1), None
-        npy_header = {}
-        pieces, sizes = [], np.empty(count, dtype=np.int64)
-        data = memoryview(np.ascontiguousarray(flat, dtype=np.int32)).cast("B")
-        bounds = (offsets * 4).tolist()
-        shapes = lengths.tolist() if lengths is not None else [None] * count
-        for row, shape in enumerate(shapes):
-            header = npy_header.get(shape)
-            if header is None:
-                empty = np.zeros(() if shape is None else (shape,), dtype=np.int32)
-                header = npy_header[shape] = npy_bytes(empty)[: len(npy_bytes(empty)) - empty.nbytes]
-            piece = data[bounds[row] : bounds[row + 1]]
-            pieces.append((header, piece))
-            sizes[row] = len(header) + len(piece)
-        members.append((f".{column}.npy".encode(), pieces, sizes))
+    members = []  # (suffix, per-row .npy headers, per-row data, per-row payload sizes)
+    for column in schema.array_columns:
+        flat, offsets = columns.arrays[column]
+        members.append((f".{column}.npy".encode(), *_npy_member_payloads(flat, offsets, scalar=False)))
+    for column in schema.scalar_columns:
+        members.append((f".{column}.npy".encode(),
+                        *_npy_member_payloads(columns.scalars[column], np.arange(count + 1), scalar=True)))
     for column in schema.string_columns:
         if column != "key":
             texts = [str(value).encode("utf-8") for value in columns.strings[column]]
-            members.append((f".{column}.txt".encode(), [(b"", t) for t in texts],
+            members.append((f".{column}.txt".encode(), [b""] * count, texts,
                             np.fromiter(map(len, texts), dtype=np.int64, count=count)))
     members.sort(key=lambda member: member[0])  # a row's members sorted by name: by suffix
-    headers = [_member_headers([key + suffix for key in key_bytes], sizes).tobytes() for suffix, _, sizes in members]
-    padding = [(-sizes % _BLOCK).tolist() for _, _, sizes in members]
-    zeros = bytes(_BLOCK)
-    buffer, written = bytearray(), 0
-    for row in range(count):
-        for (_, pieces, _), header, pad in zip(members, headers, padding):
-            npy_header, piece = pieces[row]
-            buffer += header[row * _BLOCK : (row + 1) * _BLOCK]
-            buffer += npy_header
-            buffer += piece
-            buffer += zeros[: pad[row]]
-        if len(buffer) >= 1 << 22:
-            handle.write(buffer)
-            written += len(buffer)
-            buffer = bytearray()
-    buffer += bytes(2 * _BLOCK)
-    total = written + len(buffer)
-    if total % _RECORD:
-        buffer += bytes(_RECORD - total % _RECORD)
-    handle.write(buffer)
+    stride = 4 * len(members)
+    parts: list = [b""] * (stride * count)
+    row_bytes = np.zeros(count, dtype=np.int64)
+    for index, (suffix, npy_headers, data, sizes) in enumerate(members):
+        padding = -sizes % _BLOCK
+        parts[4 * index :: stride] = list(_member_headers([key + suffix for key in key_bytes], sizes))
+        parts[4 * index + 1 :: stride] = npy_headers
+        parts[4 * index + 2 :: stride] = data
+        parts[4 * index + 3 :: stride] = [_PADDING[n] for n in padding.tolist()]
+        row_bytes += _BLOCK + sizes + padding
+    written = 0
+    if count:
+        rows_per_write = max(1, int(_TAR_WRITE_BYTES // max(1, int(row_bytes.max()))))
+        for start in range(0, count, rows_per_write):
+            chunk = b"".join(parts[start * stride : (start + rows_per_write) * stride])
+            handle.write(chunk)
+            written += len(chunk)
+    end = bytes(2 * _BLOCK)
+    total = written + len(end)
+    handle.write(end + bytes(-total % _RECORD))
