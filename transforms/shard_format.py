@@ -65,7 +65,7 @@ class HashingWriter(io.RawIOBase):
         self._raw.write(data)
         self._sha256.update(data)
 
-    def _submit(self, data: bytes) -> None:
+    def _submit(self, data: bytes | bytearray) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-hash")
         while len(self._pending) >= BACKGROUND_BLOCKS:
@@ -79,17 +79,23 @@ class HashingWriter(io.RawIOBase):
         if not self._background:
             self._write_and_hash(view)
             return size
+        if type(data) is bytes and size >= BACKGROUND_BLOCK // 4:  # immutable: handed over as it is
+            if self._block:
+                block, self._block = self._block, bytearray()
+                self._submit(block)
+            self._submit(data)
+            return size
         # Copied: the caller (pyarrow, for one) may reuse its buffer once write returns.
         self._block += view
         if len(self._block) >= BACKGROUND_BLOCK:
-            block, self._block = bytes(self._block), bytearray()
+            block, self._block = self._block, bytearray()  # handed over, never touched again here
             self._submit(block)
         return size
 
     def finish(self) -> None:
         """Write and hash everything written so far; re-raise an error of the helper thread."""
         if self._block:
-            block, self._block = bytes(self._block), bytearray()
+            block, self._block = self._block, bytearray()
             self._submit(block)
         try:
             while self._pending:
