@@ -206,7 +206,18 @@ class ExampleColumns:
             return parts[0].take(row)
         arrays = {}
         pairs = list(zip(part.tolist(), row.tolist()))
+        by_part = np.argsort(part, kind="stable")  # output rows grouped by the part they come from
+        part_bounds = np.searchsorted(part[by_part], np.arange(len(parts) + 1)).tolist()
         for name in schema.array_columns:
+            fixed = schema.fixed_length(name)
+            if fixed is not None:  # rows of equal length: one 2-D row gather per part
+                rows = np.empty((len(pairs), fixed), dtype=np.int32)
+                for index, p in enumerate(parts):
+                    mine = by_part[part_bounds[index] : part_bounds[index + 1]]
+                    flat, offsets = p.arrays[name]
+                    rows[mine] = flat[offsets[0] : offsets[-1]].reshape(-1, fixed)[row[mine]]
+                arrays[name] = (rows.reshape(-1), np.arange(len(pairs) + 1, dtype=np.int64) * fixed)
+                continue
             flats = [p.arrays[name][0] for p in parts]
             offsets = [p.arrays[name][1] for p in parts]
             views = [flats[p][offsets[p][r] : offsets[p][r + 1]] for p, r in pairs]

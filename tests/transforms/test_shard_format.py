@@ -311,6 +311,31 @@ def test_example_columns_gather_equals_concat_then_take(max_len):
         assert a["inputs"].tolist() == b["inputs"].tolist() and a["targets"].tolist() == b["targets"].tolist()
 
 
+def test_example_columns_gather_of_fixed_length_rows_equals_concat_then_take():
+    from transforms.shard_format import ExampleColumns
+
+    schema = example_schema("decoder", seq_len=6, prefix_length=True)
+    rng = np.random.default_rng(11)
+    parts = []
+    for size in (3, 0, 7, 1, 5):
+        examples = [{"key": f"k{size}-{i}", "input_ids": rng.integers(0, 99, 6).astype(np.int32),
+                     "doc_lengths": rng.integers(1, 6, rng.integers(1, 4)).astype(np.int32),
+                     "prefix_length": int(rng.integers(0, 6))} for i in range(size)]
+        parts.append(ExampleColumns.from_examples(examples, schema))
+    parts[2] = parts[2].take(np.array([6, 0, 3, 1, 2, 5, 4]))  # a part that is itself a gather
+    starts = np.cumsum([0] + [p.count for p in parts])
+    order = rng.permutation(starts[-1])
+    part = np.searchsorted(starts, order, side="right") - 1
+    gathered = ExampleColumns.gather(parts, part, order - starts[part], schema)
+    expected = ExampleColumns.concat(parts, schema).take(order)
+    assert gathered.count == expected.count == 16
+    for name in ("input_ids", "doc_lengths"):
+        np.testing.assert_array_equal(gathered.arrays[name][0], expected.arrays[name][0])
+        np.testing.assert_array_equal(gathered.arrays[name][1], expected.arrays[name][1])
+    np.testing.assert_array_equal(gathered.scalars["prefix_length"], expected.scalars["prefix_length"])
+    assert gathered.strings["key"] == expected.strings["key"]
+
+
 def _tarfile_bytes(examples, schema) -> bytes:
     """What Python's tarfile writes for the examples' members (stream mode, USTAR, fixed metadata)."""
     buffer = io.BytesIO()
