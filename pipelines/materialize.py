@@ -231,6 +231,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         num_buckets=o.num_buckets,
         batch_size=o.batch_size,
         progress_seconds=o.progress_seconds,
+        encoder_threads=o.encoder_threads,
     )
     chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk

@@ -41,6 +41,8 @@ BATCH_CHARS = 1 << 23
 #: Texts in a bundle's first batch; each next batch doubles, up to the batch size.
 FIRST_BATCH = 128
 TRAIN, VALIDATION = "train", "validation"
+#: The environment variable the Rust encoder's thread pool (rayon) is sized by.
+ENCODER_THREADS_ENV = "RAYON_NUM_THREADS"
 
 
 def document_key(text: str) -> bytes:
@@ -105,15 +107,21 @@ class _TokenizeBatch(beam.DoFn):
     two batches are in flight; ``finish_bundle`` drains them.
     """
 
-    def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size, progress_seconds):
+    def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size, progress_seconds,
+                 encoder_threads=None):
         self._tokenizer_path = tokenizer_path
         self._features = frozenset(features)
         self._validation_fraction = validation_fraction
         self._num_buckets = num_buckets
         self._batch_size = batch_size
         self._progress_seconds = progress_seconds
+        self._encoder_threads = encoder_threads
 
     def setup(self):
+        if self._encoder_threads and ENCODER_THREADS_ENV not in os.environ:
+            # The Rust encoder sizes its thread pool from this on its first batch in the process
+            # (a Beam worker process is fresh); a value the user set wins.
+            os.environ[ENCODER_THREADS_ENV] = str(self._encoder_threads)
         self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
         # Text that spells a special token ("<extra_id_0>", "</s>") is text, not a control id.
         self._tokenizer.encode_special_tokens = True
@@ -210,6 +218,8 @@ class Tokenize(beam.PTransform):
         num_buckets: packing buckets per split.
         batch_size: texts per ``encode_batch`` call (at most; also capped at ``BATCH_CHARS`` characters).
         progress_seconds: interval of progress lines on stderr (0 turns them off).
+        encoder_threads: threads of the Rust encoder in each worker process (sets
+            ``RAYON_NUM_THREADS`` there when unset; None leaves the tokenizer's default).
 
     Texts that encode to nothing go to the :attr:`REJECTED` output.
     """
@@ -217,12 +227,12 @@ class Tokenize(beam.PTransform):
     REJECTED = "rejected"
 
     def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
-                 batch_size=BATCH_SIZE, progress_seconds=10.0):
+                 batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"--batch-size {batch_size}: must be >= 1")
         self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size,
-                                  progress_seconds)
+                                  progress_seconds, encoder_threads)
 
     def expand(self, texts):
         return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")

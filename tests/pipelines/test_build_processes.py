@@ -213,3 +213,18 @@ def test_a_failing_worker_fails_the_stage_with_a_clear_error(monkeypatch, how, m
     # The pool still works (a dead one is replaced).
     pooled = parallel.PooledBuilder(_config(), 1)
     assert _build(pooled, _chunks(100)) and pooled.built == 200
+
+
+def test_encoder_threads_share_the_cores_among_multi_processing_workers(capsys):
+    from pipelines.options import parse_args
+
+    cores = len(os.sched_getaffinity(0))
+    assert parse_args(BASE).encoder_threads is None  # in-process: the tokenizer's default
+    multi = [*BASE, "--direct_running_mode=multi_processing"]
+    assert parse_args([*multi, "--direct_num_workers=2"]).encoder_threads == max(1, cores // 2)
+    assert parse_args([*multi, f"--direct_num_workers={2 * cores}"]).encoder_threads == 1
+    assert parse_args([*multi, "--direct_num_workers=2", "--encoder-threads", "3"]).encoder_threads == 3
+    for bad in ("0", "many"):
+        with pytest.raises(SystemExit):
+            parse_args([*BASE, "--encoder-threads", bad])
+        assert f"--encoder-threads {bad}: expected auto or a number of threads >= 1" in capsys.readouterr().err

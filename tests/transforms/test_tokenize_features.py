@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,20 @@ def test_sentence_starts_flag_the_token_holding_each_start(kind, tmp_path):
         assert flagged == expected
         words = np.array([np.nan if w is None else w for w in encoding.word_ids])
         assert features["word_starts"].tolist() == [True] + (words[1:] != words[:-1]).tolist()
+
+
+def test_encoder_threads_are_set_for_the_worker_unless_the_user_set_them(monkeypatch):
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    fn = _TokenizeBatch(str(PROJECT_TOKENIZER), frozenset(), 0.0, 4, 2, 0, encoder_threads=1)
+    fn.setup()
+    fn.teardown()
+    assert os.environ["RAYON_NUM_THREADS"] == "1"
+    monkeypatch.setenv("RAYON_NUM_THREADS", "7")
+    fn.setup()
+    fn.teardown()
+    assert os.environ["RAYON_NUM_THREADS"] == "7"
+    monkeypatch.delenv("RAYON_NUM_THREADS")
+    default = _TokenizeBatch(str(PROJECT_TOKENIZER), frozenset(), 0.0, 4, 2, 0)
+    default.setup()
+    default.teardown()
+    assert "RAYON_NUM_THREADS" not in os.environ
