@@ -204,13 +204,20 @@ def _encoder_threads(value):
 def resolve_encoder_threads(value: int | str, beam_args: list[str]) -> int | None:
     """``--encoder-threads``: ``auto`` shares the cores among the worker processes of
     ``--direct_running_mode=multi_processing`` (each worker's encoder would otherwise start a
-    thread per core: measured 9% slower on 2 cores with 2 workers); elsewhere None, the
-    tokenizer's own default (every core; one in-process encoder). A number is taken as given."""
+    thread per core: measured 6-9% slower on 2 cores with 2 workers) and is 1 on Dataflow,
+    whose workers run one SDK process per core (unless the ``no_use_multiple_sdk_containers``
+    experiment makes it one process); elsewhere None, the tokenizer's own default (every
+    core; one in-process encoder). A number is taken as given."""
     if value != "auto":
         return int(value)
-    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+    from apache_beam.options.pipeline_options import DebugOptions, DirectOptions, PipelineOptions, StandardOptions
 
-    direct = PipelineOptions(beam_args).view_as(DirectOptions)
+    options = PipelineOptions(beam_args)
+    runner = options.view_as(StandardOptions).runner or ""
+    if (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1] == "DataflowRunner":
+        experiments = options.view_as(DebugOptions).experiments or []
+        return None if "no_use_multiple_sdk_containers" in experiments else 1
+    direct = options.view_as(DirectOptions)
     if direct.direct_running_mode != "multi_processing":
         return None
     affinity = getattr(os, "sched_getaffinity", None)
@@ -307,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("parallelism")
     run.add_argument("--encoder-threads", type=_encoder_threads, default="auto", metavar="N",
                      help="threads of each worker's Rust encoder (default auto: cores / workers with "
-                     "multi_processing, else the tokenizer's default, every core); sets RAYON_NUM_THREADS in "
+                     "multi_processing, 1 on Dataflow, else the tokenizer's default, every core); sets "
+                     "RAYON_NUM_THREADS in "
                      "workers where it is unset")
     run.add_argument("--build-processes", type=_build_processes, default="auto", metavar="N",
                      help="worker processes that apply the objective beside the in-process runner (0: none; "

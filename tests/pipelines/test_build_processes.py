@@ -224,6 +224,10 @@ def test_encoder_threads_share_the_cores_among_multi_processing_workers(capsys):
     assert parse_args([*multi, "--direct_num_workers=2"]).encoder_threads == max(1, cores // 2)
     assert parse_args([*multi, f"--direct_num_workers={2 * cores}"]).encoder_threads == 1
     assert parse_args([*multi, "--direct_num_workers=2", "--encoder-threads", "3"]).encoder_threads == 3
+    # Dataflow runs one SDK process per core, unless told to run one.
+    assert parse_args([*BASE, "--runner", "DataflowRunner"]).encoder_threads == 1
+    single = ["--runner", "DataflowRunner", "--experiments=no_use_multiple_sdk_containers"]
+    assert parse_args([*BASE, *single]).encoder_threads is None
     for bad in ("0", "many"):
         with pytest.raises(SystemExit):
             parse_args([*BASE, "--encoder-threads", bad])
