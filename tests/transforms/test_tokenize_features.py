@@ -78,3 +78,12 @@ def test_encoder_threads_are_set_for_the_worker_unless_the_user_set_them(monkeyp
     default.setup()
     default.teardown()
     assert "RAYON_NUM_THREADS" not in os.environ
+
+
+def test_word_start_flags_with_and_without_tokens_outside_words():
+    from transforms.tokenize import word_start_flags
+
+    assert word_start_flags([0, 0, 1, 1, 1, 2]).tolist() == [True, False, True, False, False, True]
+    # Tokens of no word (special tokens) each start their own.
+    assert word_start_flags([None, 0, 0, None, None, 1]).tolist() == [True, True, False, True, True, True]
+    assert word_start_flags([]).tolist() == []
