@@ -145,16 +145,26 @@ def _rejected_fraction(value):
     return number
 
 
-def _build_processes(value):
-    if value == "auto":
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"--build-processes {value}: expected auto or a number of processes >= 0")
-    return number
+def _auto_or_count(flag: str, noun: str, minimum: int):
+    """argparse type of a flag that takes ``auto`` or a whole number >= ``minimum``."""
+
+    def parse(value):
+        if value == "auto":
+            return value
+        try:
+            number = int(value)
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: expected auto or a number of {noun} >= {minimum}")
+        return number
+
+    return parse
+
+
+def _usable_cores() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 #: Objectives whose examples are copies of their chunks: sending a chunk to a build worker and
@@ -184,21 +194,8 @@ def resolve_build_processes(value: int | str, beam_args: list[str], objective: s
 
     if not FORKSERVER:
         return 0
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
-    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
+    cores = _usable_cores()
     return cores if cores > 1 else 0  # one core: a worker would only take turns with the stage
-
-
-def _encoder_threads(value):
-    if value == "auto":
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"--encoder-threads {value}: expected auto or a number of threads >= 1")
-    return number
 
 
 def resolve_encoder_threads(value: int | str, beam_args: list[str]) -> int | None:
@@ -220,8 +217,7 @@ def resolve_encoder_threads(value: int | str, beam_args: list[str]) -> int | Non
     direct = options.view_as(DirectOptions)
     if direct.direct_running_mode != "multi_processing":
         return None
-    affinity = getattr(os, "sched_getaffinity", None)
-    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
+    cores = _usable_cores()
     workers = direct.direct_num_workers or cores  # Beam: 0 means one worker per core
     return max(1, cores // max(1, workers))
 
@@ -312,12 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--progress-seconds", type=float, default=10.0,
                      help="print tokenizing progress to stderr this often (0: never; default 10)")
     run = parser.add_argument_group("parallelism")
-    run.add_argument("--encoder-threads", type=_encoder_threads, default="auto", metavar="N",
+    run.add_argument("--encoder-threads", type=_auto_or_count("--encoder-threads", "threads", 1), default="auto",
+                     metavar="N",
                      help="threads of each worker's Rust encoder (default auto: cores / workers with "
                      "multi_processing, 1 on Dataflow, else the tokenizer's default, every core); sets "
                      "RAYON_NUM_THREADS in "
                      "workers where it is unset")
-    run.add_argument("--build-processes", type=_build_processes, default="auto", metavar="N",
+    run.add_argument("--build-processes", type=_auto_or_count("--build-processes", "processes", 0), default="auto",
+                     metavar="N",
                      help="worker processes that apply the objective beside the in-process runner (0: none; "
                      "default auto: one per usable core in-process, 0 for multi_processing, Dataflow and clm)")
     return parser

@@ -287,23 +287,28 @@ def test_example_columns_take_concat_and_encode_round_trip(max_len):
     assert both.row(64)["key"] == "k39"
 
 
+def _gather_both_ways(parts, schema, rng):
+    """ExampleColumns.gather of a random order over ``parts``, and concat-then-take of the same order."""
+    from transforms.shard_format import ExampleColumns
+
+    starts = np.cumsum([0] + [p.count for p in parts])
+    order = rng.permutation(starts[-1])
+    part = np.searchsorted(starts, order, side="right") - 1
+    return (ExampleColumns.gather(parts, part, order - starts[part], schema),
+            ExampleColumns.concat(parts, schema).take(order))
+
+
 @pytest.mark.parametrize("max_len", [3, 300])
 def test_example_columns_gather_equals_concat_then_take(max_len):
     from transforms.shard_format import ExampleColumns
 
     schema = example_schema("seq2seq", denoiser=True)
     rng = np.random.default_rng(7 + max_len)
-    parts = []
-    for size in (5, 0, 9, 4):
-        examples = [{"key": f"k{size}-{i}", "inputs": rng.integers(0, 99, rng.integers(0, max_len)).astype(np.int32),
-                     "targets": rng.integers(0, 99, rng.integers(1, max_len)).astype(np.int32),
-                     "denoiser": "RSX"[i % 3]} for i in range(size)]
-        parts.append(ExampleColumns.from_examples(examples, schema))
-    starts = np.cumsum([0] + [p.count for p in parts])
-    order = rng.permutation(starts[-1])
-    part = np.searchsorted(starts, order, side="right") - 1
-    gathered = ExampleColumns.gather(parts, part, order - starts[part], schema)
-    expected = ExampleColumns.concat(parts, schema).take(order)
+    parts = [ExampleColumns.from_examples(
+        [{"key": f"k{size}-{i}", "inputs": rng.integers(0, 99, rng.integers(0, max_len)).astype(np.int32),
+          "targets": rng.integers(0, 99, rng.integers(1, max_len)).astype(np.int32),
+          "denoiser": "RSX"[i % 3]} for i in range(size)], schema) for size in (5, 0, 9, 4)]
+    gathered, expected = _gather_both_ways(parts, schema, rng)
     assert gathered.count == expected.count == 18
     for i in range(18):
         a, b = gathered.row(i), expected.row(i)
@@ -316,18 +321,12 @@ def test_example_columns_gather_of_fixed_length_rows_equals_concat_then_take():
 
     schema = example_schema("decoder", seq_len=6, prefix_length=True)
     rng = np.random.default_rng(11)
-    parts = []
-    for size in (3, 0, 7, 1, 5):
-        examples = [{"key": f"k{size}-{i}", "input_ids": rng.integers(0, 99, 6).astype(np.int32),
-                     "doc_lengths": rng.integers(1, 6, rng.integers(1, 4)).astype(np.int32),
-                     "prefix_length": int(rng.integers(0, 6))} for i in range(size)]
-        parts.append(ExampleColumns.from_examples(examples, schema))
+    parts = [ExampleColumns.from_examples(
+        [{"key": f"k{size}-{i}", "input_ids": rng.integers(0, 99, 6).astype(np.int32),
+          "doc_lengths": rng.integers(1, 6, rng.integers(1, 4)).astype(np.int32),
+          "prefix_length": int(rng.integers(0, 6))} for i in range(size)], schema) for size in (3, 0, 7, 1, 5)]
     parts[2] = parts[2].take(np.array([6, 0, 3, 1, 2, 5, 4]))  # a part that is itself a gather
-    starts = np.cumsum([0] + [p.count for p in parts])
-    order = rng.permutation(starts[-1])
-    part = np.searchsorted(starts, order, side="right") - 1
-    gathered = ExampleColumns.gather(parts, part, order - starts[part], schema)
-    expected = ExampleColumns.concat(parts, schema).take(order)
+    gathered, expected = _gather_both_ways(parts, schema, rng)
     assert gathered.count == expected.count == 16
     for name in ("input_ids", "doc_lengths"):
         np.testing.assert_array_equal(gathered.arrays[name][0], expected.arrays[name][0])
