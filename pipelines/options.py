@@ -20,7 +20,7 @@ from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
 from transforms.record_policy import INVALID_UTF8_POLICIES, LONG_DOC_POLICIES, NUL_POLICIES, RecordPolicy
 
-__all__ = ["FORMATS", "MaterializeOptions", "build_parser", "parse_args", "resolve_build_processes",
+__all__ = ["FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args", "resolve_build_processes",
            "resolve_encoder_threads"]
 
 FORMATS = ("arrow", "webdataset")
@@ -172,23 +172,41 @@ def _usable_cores() -> int:
 _COPYING_OBJECTIVES = ("clm",)
 
 
-def resolve_build_processes(value: int | str, beam_args: list[str], objective: str | None = None) -> int:
+@dataclass(frozen=True)
+class RunnerSetup:
+    """What the parallelism defaults depend on, read once from the Beam flags."""
+
+    runner: str  #: the runner's class name (``FnApiRunner``, ``DataflowRunner``, ...)
+    multi_processing: bool  #: ``--direct_running_mode=multi_processing``
+    num_workers: int  #: ``--direct_num_workers`` (0: one per core)
+    experiments: tuple[str, ...]  #: ``--experiments``
+
+    @classmethod
+    def from_beam_args(cls, beam_args: list[str]) -> RunnerSetup:
+        from apache_beam.options.pipeline_options import (
+            DebugOptions,
+            DirectOptions,
+            PipelineOptions,
+            StandardOptions,
+        )
+
+        options = PipelineOptions(beam_args)
+        runner = options.view_as(StandardOptions).runner or "DirectRunner"
+        direct = options.view_as(DirectOptions)
+        return cls(runner=(runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1],
+                   multi_processing=direct.direct_running_mode == "multi_processing",
+                   num_workers=direct.direct_num_workers or 0,
+                   experiments=tuple(options.view_as(DebugOptions).experiments or ()))
+
+
+def resolve_build_processes(value: int | str, setup: RunnerSetup, objective: str | None = None) -> int:
     """``--build-processes``: ``auto`` is the number of usable cores when the runner runs the
     pipeline in this process and there is more than one, else 0 (workers of
     ``--direct_running_mode=multi_processing`` or Dataflow are processes already; clm's
     examples are copies of its chunks); a number is taken as given."""
     if value != "auto":
         return int(value)
-    if objective in _COPYING_OBJECTIVES:
-        return 0
-    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
-
-    options = PipelineOptions(beam_args)
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    if name.rsplit(".", 1)[-1] not in IN_PROCESS_RUNNERS:
-        return 0
-    if options.view_as(DirectOptions).direct_running_mode == "multi_processing":
+    if objective in _COPYING_OBJECTIVES or setup.runner not in IN_PROCESS_RUNNERS or setup.multi_processing:
         return 0
     from transforms.parallel import FORKSERVER
 
@@ -198,7 +216,7 @@ def resolve_build_processes(value: int | str, beam_args: list[str], objective: s
     return cores if cores > 1 else 0  # one core: a worker would only take turns with the stage
 
 
-def resolve_encoder_threads(value: int | str, beam_args: list[str]) -> int | None:
+def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
     """``--encoder-threads``: ``auto`` shares the cores among the worker processes of
     ``--direct_running_mode=multi_processing`` (each worker's encoder would otherwise start a
     thread per core: measured 6-9% slower on 2 cores with 2 workers) and is 1 on Dataflow,
@@ -207,19 +225,12 @@ def resolve_encoder_threads(value: int | str, beam_args: list[str]) -> int | Non
     core; one in-process encoder). A number is taken as given."""
     if value != "auto":
         return int(value)
-    from apache_beam.options.pipeline_options import DebugOptions, DirectOptions, PipelineOptions, StandardOptions
-
-    options = PipelineOptions(beam_args)
-    runner = options.view_as(StandardOptions).runner or ""
-    if (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1] == "DataflowRunner":
-        experiments = options.view_as(DebugOptions).experiments or []
-        return None if "no_use_multiple_sdk_containers" in experiments else 1
-    direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode != "multi_processing":
+    if setup.runner == "DataflowRunner":
+        return None if "no_use_multiple_sdk_containers" in setup.experiments else 1
+    if not setup.multi_processing:
         return None
     cores = _usable_cores()
-    workers = direct.direct_num_workers or cores  # Beam: 0 means one worker per core
-    return max(1, cores // max(1, workers))
+    return max(1, cores // (setup.num_workers or cores))  # Beam: 0 workers means one per core
 
 
 def _formats(value):
@@ -377,6 +388,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         sources[dest] = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
     if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
         beam_args = [f"--runner={DEFAULT_RUNNER}", *beam_args]
+    runner_setup = RunnerSetup.from_beam_args(beam_args)
     roles = dict(args.special_token)
     return MaterializeOptions(
         inputs=args.input,
@@ -407,7 +419,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_doc_chars=args.max_doc_chars,
         long_docs=args.long_docs or "split",
         max_rejected_fraction=args.max_rejected_fraction,
-        build_processes=resolve_build_processes(args.build_processes, beam_args, args.objective),
-        encoder_threads=resolve_encoder_threads(args.encoder_threads, beam_args),
+        build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
+        encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         param_sources=sources,
     )

@@ -357,22 +357,30 @@ def npy_bytes(array: np.ndarray) -> bytes:
     array = np.asarray(array, order="C")
     if array.dtype.hasobject:
         raise ValueError("object arrays cannot be stored as .npy without pickling")
-    cache_key = (array.dtype.str, array.shape)
+    return _npy_header(array.dtype, array.shape) + array.tobytes()
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header of arrays of ``dtype`` and ``shape`` (cached)."""
+    cache_key = (dtype.str, shape)
     header = _NPY_HEADERS.get(cache_key)
     if header is None:
+        empty = np.zeros(shape, dtype=dtype)
         buffer = io.BytesIO()
-        np.lib.format.write_array(buffer, array, allow_pickle=False)
-        header = buffer.getvalue()[: len(buffer.getvalue()) - array.nbytes]
+        np.lib.format.write_array(buffer, empty, allow_pickle=False)
+        header = buffer.getvalue()[: len(buffer.getvalue()) - empty.nbytes]
         if len(_NPY_HEADERS) < 4096:
             _NPY_HEADERS[cache_key] = header
-    return header + array.tobytes()
+    return header
 
 
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
 
 
-def _ustar_template() -> tuple[bytes, int]:
+def _ustar_template() -> bytes:
+    """A USTAR header for a regular file: mode 0644, uid/gid 0, mtime 0, no owner names, with
+    the name, size and checksum left to fill in (:func:`_member_headers`)."""
     header = bytearray(_BLOCK)
     header[100:108] = b"0000644\0"
     header[108:116] = b"0000000\0"
@@ -381,28 +389,15 @@ def _ustar_template() -> tuple[bytes, int]:
     header[148:156] = b"        "  # the checksum counts its own field as spaces
     header[156:157] = tarfile.REGTYPE
     header[257:265] = tarfile.POSIX_MAGIC
-    return bytes(header), sum(header)
-
-
-_USTAR_TEMPLATE, _USTAR_SUM = _ustar_template()
-
-
-def _ustar_header(name: str, size: int) -> bytes:
-    """A USTAR header for a regular file: mode 0644, uid/gid 0, mtime 0, no owner names.
-
-    Built directly (every other field is constant, and so is their share of the checksum)
-    because :mod:`tarfile`'s generic header code dominated shard writing; the bytes are what
-    ``tarfile`` writes for the same member (checked in the tests).
-    """
-    encoded = name.encode("utf-8")
-    if len(encoded) > 100:
-        raise ValueError(f"tar member name {name!r} is longer than 100 bytes")
-    size_field = b"%011o\0" % size
-    header = bytearray(_USTAR_TEMPLATE)
-    header[0 : len(encoded)] = encoded
-    header[124:136] = size_field
-    header[148:155] = b"%06o\0" % (_USTAR_SUM + sum(encoded) + sum(size_field))
     return bytes(header)
+
+
+_USTAR_TEMPLATE = _ustar_template()
+
+
+def _check_key(key: str) -> None:
+    if "." in key or "/" in key:
+        raise ValueError(f"example key {key!r} may not contain '.' or '/' (it is the WebDataset __key__)")
 
 
 def example_members(example: dict[str, Any], schema: ExampleSchema) -> list[tuple[str, bytes]]:
@@ -412,8 +407,7 @@ def example_members(example: dict[str, Any], schema: ExampleSchema) -> list[tupl
     strings other than the key a UTF-8 ``.txt``.
     """
     key = example["key"]
-    if "." in key or "/" in key:
-        raise ValueError(f"example key {key!r} may not contain '.' or '/' (it is the WebDataset __key__)")
+    _check_key(key)
     members = []
     for column in schema.array_columns:
         members.append((f"{key}.{column}.npy", npy_bytes(np.asarray(example[column], dtype=np.int32))))
@@ -442,7 +436,12 @@ def _octal_fields(values: np.ndarray, digits: int) -> np.ndarray:
 
 
 def _member_headers(names: list[bytes], sizes: np.ndarray) -> np.ndarray:
-    """``(n, 512)`` uint8 USTAR headers (see :func:`_ustar_header`) of members ``names`` with ``sizes``."""
+    """``(n, 512)`` uint8 USTAR headers of members ``names`` with ``sizes``.
+
+    Built directly from a template (every other field is constant) because :mod:`tarfile`'s
+    generic header code dominated shard writing; the bytes are what ``tarfile`` writes for
+    the same members (checked in the tests).
+    """
     longest = max(map(len, names), default=0)
     if longest > 100:
         name = next(n for n in names if len(n) > 100).decode("utf-8")
@@ -458,6 +457,7 @@ def _member_headers(names: list[bytes], sizes: np.ndarray) -> np.ndarray:
     return headers
 
 
+_INT32 = np.dtype(np.int32)
 #: Zero padding of every length below a block, shared by all members.
 _PADDING = [bytes(n) for n in range(_BLOCK)]
 #: Bytes a tar writer joins before each write.
@@ -471,15 +471,15 @@ def _npy_member_payloads(flat: np.ndarray, offsets: np.ndarray, scalar: bool) ->
     if count == 0:
         return [], [], np.zeros(0, dtype=np.int64)
     if scalar:
-        header = _npy_header_of(np.zeros((), np.int32))
+        header = _npy_header(_INT32, ())
         return [header] * count, list(flat.reshape(count, 1)), np.full(count, len(header) + 4, dtype=np.int64)
     lengths = np.diff(offsets)
     values = flat[offsets[0] : offsets[-1]]
     if (lengths == lengths[0]).all():
-        header = _npy_header_of(np.zeros(int(lengths[0]), np.int32))
+        header = _npy_header(_INT32, (int(lengths[0]),))
         rows = list(values.reshape(count, int(lengths[0])))
         return [header] * count, rows, np.full(count, len(header), dtype=np.int64) + 4 * lengths
-    headers = {int(n): _npy_header_of(np.zeros(int(n), np.int32)) for n in np.unique(lengths)}
+    headers = {int(n): _npy_header(_INT32, (int(n),)) for n in np.unique(lengths)}
     header_sizes = np.zeros(int(lengths.max(initial=0)) + 1, dtype=np.int64)
     for n, header in headers.items():
         header_sizes[n] = len(header)
@@ -487,11 +487,6 @@ def _npy_member_payloads(flat: np.ndarray, offsets: np.ndarray, scalar: bool) ->
     bounds = (4 * (offsets - offsets[0])).tolist()
     rows = [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     return [headers[n] for n in lengths.tolist()], rows, header_sizes[lengths] + 4 * lengths
-
-
-def _npy_header_of(empty: np.ndarray) -> bytes:
-    """The ``.npy`` header of arrays of ``empty``'s dtype and shape (see :func:`npy_bytes`)."""
-    return npy_bytes(empty)[: len(npy_bytes(empty)) - empty.nbytes]
 
 
 def write_tar_columns(handle: BinaryIO, columns: ExampleColumns) -> None:
@@ -505,8 +500,7 @@ def write_tar_columns(handle: BinaryIO, columns: ExampleColumns) -> None:
     schema, count = columns.schema, columns.count
     keys = columns.strings["key"]
     for key in keys:
-        if "." in key or "/" in key:
-            raise ValueError(f"example key {key!r} may not contain '.' or '/' (it is the WebDataset __key__)")
+        _check_key(key)
     key_bytes = [key.encode("utf-8") for key in keys]
     members = []  # (suffix, per-row .npy headers, per-row data, per-row payload sizes)
     for column in schema.array_columns:
