@@ -32,6 +32,7 @@ from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
+from transforms.word_starts import ByteLevelWords
 
 __all__ = ["BATCH_SIZE", "Tokenize", "assign_split", "bucket_of", "document_key", "read_tokenizer_bytes"]
 
@@ -128,8 +129,16 @@ class _TokenizeBatch(beam.DoFn):
         self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
         # Text that spells a special token ("<extra_id_0>", "</s>") is text, not a control id.
         self._tokenizer.encode_special_tokens = True
-        # Byte-level BPE: tokens' byte spans follow from their ids (no offsets to convert).
-        self._byte_lengths = byte_level_lengths(self._tokenizer) if "sentence_starts" in self._features else None
+        # Byte-level BPE: tokens' byte spans follow from their ids (no offsets to convert), and
+        # for the GPT-2 regex pre-tokenizer word starts follow from the text (no word ids).
+        self._byte_lengths = byte_level_lengths(self._tokenizer) if self._features else None
+        self._words = None
+        if "word_starts" in self._features:
+            self._words = ByteLevelWords.of(self._tokenizer, self._byte_lengths)
+        # Offsets and word ids cost the encoder about half as much again; skip them unless some
+        # feature cannot do without (a document the fast path cannot handle is encoded again).
+        self._fast = not self._features or (
+            self._byte_lengths is not None and ("word_starts" not in self._features or self._words is not None))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-encode")
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
@@ -149,9 +158,9 @@ class _TokenizeBatch(beam.DoFn):
         self._limit = min(self._batch_size, FIRST_BATCH)
 
     def _encode(self, texts):
-        if self._features:
-            return self._tokenizer.encode_batch(texts, add_special_tokens=False)
-        return self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        if self._fast:
+            return self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        return self._tokenizer.encode_batch(texts, add_special_tokens=False)
 
     def _submit(self):
         texts, self._buffer, self._buffer_chars = self._buffer, [], 0
@@ -166,11 +175,7 @@ class _TokenizeBatch(beam.DoFn):
                 beam.metrics.Metrics.counter("lmshards", "rejected_no_tokens").inc()
                 yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, rejection("<tokenizer>", 0, "no_tokens", text))
                 continue
-            features = {}
-            if "word_starts" in self._features:
-                features["word_starts"] = word_start_flags(encoding.word_ids)
-            if "sentence_starts" in self._features:
-                features["sentence_starts"] = self._sentence_starts(text, ids, encoding)
+            features = self._token_features(text, ids, encoding) if self._features else {}
             key = document_key(text)
             split = assign_split(key, self._validation_fraction)
             tokens += ids.size
@@ -180,15 +185,33 @@ class _TokenizeBatch(beam.DoFn):
         self._tokens.inc(tokens)
         self._progress.add(len(texts), tokens)
 
-    def _sentence_starts(self, text, ids, encoding):
-        chars = sentence_start_chars(text)
+    def _token_features(self, text, ids, encoding):
+        """Per-token word and sentence starts, from the tokens' byte spans where they spell the
+        text's bytes, else from the encoder's word ids and offsets."""
+        spelled = False
         if self._byte_lengths is not None:
             ends = np.cumsum(self._byte_lengths[ids])
             encoded = text.encode("utf-8")
-            if ends[-1] == len(encoded):  # the tokens spell the text's bytes
-                return token_flags(ends, byte_positions(text, encoded, chars))
-        ends = np.maximum.accumulate(np.array([end for _, end in encoding.offsets], dtype=np.int64))
-        return token_flags(ends, chars)
+            spelled = bool(ends[-1] == len(encoded))
+        full = None if self._fast else encoding  # an encoding with word ids and offsets
+        features = {}
+        if "word_starts" in self._features:
+            flags = self._words.token_flags(text, encoded, ends) if spelled and self._words is not None else None
+            if flags is None:
+                if full is None:  # a rare text the fast path cannot handle: encode it again
+                    full = self._tokenizer.encode(text, add_special_tokens=False)
+                flags = word_start_flags(full.word_ids)
+            features["word_starts"] = flags
+        if "sentence_starts" in self._features:
+            chars = sentence_start_chars(text)
+            if spelled:
+                features["sentence_starts"] = token_flags(ends, byte_positions(text, encoded, chars))
+            else:
+                if full is None:
+                    full = self._tokenizer.encode(text, add_special_tokens=False)
+                offset_ends = np.maximum.accumulate(np.array([end for _, end in full.offsets], dtype=np.int64))
+                features["sentence_starts"] = token_flags(offset_ends, chars)
+        return features
 
     def process(self, text):
         self._buffer.append(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import string
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +32,12 @@ def _unigram(path: Path) -> str:
     return str(path)
 
 
-def _documents(tokenizer_path: str) -> tuple[_TokenizeBatch, list]:
-    fn = _TokenizeBatch(tokenizer_path, {"word_starts", "sentence_starts"}, 0.0, 4, 2, 0)
+def _documents(tokenizer_path: str, features=("word_starts", "sentence_starts"),
+               texts=TEXTS) -> tuple[_TokenizeBatch, list]:
+    fn = _TokenizeBatch(tokenizer_path, set(features), 0.0, 4, 2, 0)
     fn.setup()
     fn.start_bundle()
-    out = [o for text in TEXTS for o in fn.process(text)] + list(fn.finish_bundle())
+    out = [o for text in texts for o in fn.process(text)] + list(fn.finish_bundle())
     fn.teardown()
     return fn, [getattr(o, "value", o) for o in out]
 
@@ -44,7 +46,8 @@ def _documents(tokenizer_path: str) -> tuple[_TokenizeBatch, list]:
 def test_sentence_starts_flag_the_token_holding_each_start(kind, tmp_path):
     path = str(PROJECT_TOKENIZER) if kind == "byte-level bpe" else _unigram(tmp_path / "unigram.json")
     fn, documents = _documents(path)
-    assert (fn._byte_lengths is not None) == (kind == "byte-level bpe")  # which mapping ran
+    # Which mapping ran: byte spans and the text's word rules, or the encoder's offsets and word ids.
+    assert fn._fast == (fn._byte_lengths is not None) == (fn._words is not None) == (kind == "byte-level bpe")
     tokenizer = Tokenizer.from_file(path)
     tokenizer.encode_special_tokens = True
     by_text = {}
@@ -54,13 +57,63 @@ def test_sentence_starts_flag_the_token_holding_each_start(kind, tmp_path):
     assert len(documents) == len(TEXTS)
     for _, (_, ids, features) in documents:
         text, encoding = by_text[tuple(np.frombuffer(ids, np.int32).tolist())]
-        flagged = np.flatnonzero(features["sentence_starts"]).tolist()
-        # Expected: for each sentence start, the first token whose character span ends after it.
-        expected = sorted({next(i for i, (_, end) in enumerate(encoding.offsets) if end > char)
-                           for char in sentence_start_chars(text).tolist()})
-        assert flagged == expected
-        words = np.array([np.nan if w is None else w for w in encoding.word_ids])
-        assert features["word_starts"].tolist() == [True] + (words[1:] != words[:-1]).tolist()
+        assert np.flatnonzero(features["sentence_starts"]).tolist() == _expected_sentence_flags(encoding, text)
+        assert features["word_starts"].tolist() == _expected_word_flags(encoding)
+
+
+def _expected_sentence_flags(encoding, text) -> list[int]:
+    """For each sentence start, the first token whose character span ends after it."""
+    return sorted({next(i for i, (_, end) in enumerate(encoding.offsets) if end > char)
+                   for char in sentence_start_chars(text).tolist()})
+
+
+def _expected_word_flags(encoding) -> list[bool]:
+    words = np.array([np.nan if w is None else w for w in encoding.word_ids])
+    return [True] + (words[1:] != words[:-1]).tolist()
+
+
+@pytest.mark.parametrize("features", [("sentence_starts",), ("word_starts",), ("word_starts", "sentence_starts")])
+def test_a_byte_level_bpe_uses_the_fast_encoder_and_falls_back_per_document(features, tmp_path):
+    """A byte-level BPE encodes without offsets and word ids, and a document whose tokens do
+    not spell its bytes (here: a character the vocabulary lacks, encoded as <unk>) is encoded
+    once more, with them."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"], show_progress=False)
+    ascii_only = [t.encode("ascii", "ignore").decode() for t in TEXTS] + [string.printable]
+    tokenizer.train_from_iterator(ascii_only * 20, trainer=trainer)
+    path = str(tmp_path / "ascii-bpe.json")
+    tokenizer.save(path)
+    texts = [*TEXTS, "Caf\u00e9 open. Closed now! Bye", "This is it. Done here."]
+    fn, documents = _documents(path, features, texts)
+    assert fn._fast and fn._byte_lengths is not None
+    assert (fn._words is not None) == ("word_starts" in features)
+    tokenizer.encode_special_tokens = True
+    assert len(documents) == len(texts)
+    unknown = tokenizer.token_to_id("<unk>")
+    for (_, (_, ids, made)), text in zip(documents, texts):
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        assert np.frombuffer(ids, np.int32).tolist() == encoding.ids
+        assert (unknown in encoding.ids) == (not text.isascii())  # the fallback ran for those
+        assert set(made) == set(features)
+        if "sentence_starts" in features:
+            assert np.flatnonzero(made["sentence_starts"]).tolist() == _expected_sentence_flags(encoding, text)
+        if "word_starts" in features:
+            assert made["word_starts"].tolist() == _expected_word_flags(encoding)
+    # The project's tokenizer: fast too, and the same flags as the offsets and word ids give.
+    fn, documents = _documents(str(PROJECT_TOKENIZER), features)
+    assert fn._fast
+    project = Tokenizer.from_file(str(PROJECT_TOKENIZER))
+    project.encode_special_tokens = True
+    for (_, (_, _ids, made)), text in zip(documents, TEXTS):
+        encoding = project.encode(text, add_special_tokens=False)
+        if "sentence_starts" in features:
+            assert np.flatnonzero(made["sentence_starts"]).tolist() == _expected_sentence_flags(encoding, text)
+        if "word_starts" in features:
+            assert made["word_starts"].tolist() == _expected_word_flags(encoding)
+    # Word starts: fast for the GPT-2 regex byte-level pre-tokenizer only (see the next test).
+    assert _documents(str(PROJECT_TOKENIZER), ("word_starts",))[0]._fast
+    assert not _documents(_unigram(tmp_path / "unigram.json"), ("word_starts",))[0]._fast
 
 
 def test_encoder_threads_are_set_for_the_worker_unless_the_user_set_them(monkeypatch):
