@@ -20,6 +20,7 @@ import numpy as np
 from transforms.objectives.counters import length_counters, merge_counters
 from transforms.objectives.layout import plan_rng
 from transforms.objectives.packing import (
+    concat_documents,
     concat_pieces,
     document_piece,
     pack_best_fit,
@@ -65,26 +66,28 @@ class _PackBucket(beam.DoFn):
     def process(self, element):
         (split, bucket), docs = element
         docs = sorted(docs, key=lambda d: d[0])
-        pieces, lengths, duplicates, previous = [], [], 0, None
+        kept, lengths, duplicates, previous = [], [], 0, None
         for key, ids, features in docs:
             if key == previous:
                 duplicates += 1
                 continue
             previous = key
-            ids = np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids
-            pieces.append(document_piece(ids, self._eos, features))
-            lengths.append(len(ids))
-        stats = {"documents": len(pieces), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}
+            kept.append((ids, features))
+            lengths.append(len(ids) // 4 if isinstance(ids, bytes) else len(ids))
+        stats = {"documents": len(kept), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}
         yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
         prefix = f"{split}-b{bucket:05d}"
         if self._mode == "concat":
             planner = _Planner(self._objective, self._seed, prefix)
-            chunks, rest = pack_concat(concat_pieces(pieces), planner)
+            chunks, rest = pack_concat(concat_documents(kept, self._eos), planner)
             for index, chunk in enumerate(chunks):
                 yield split, planner.key(index), planner.plans[index], chunk
             if len(rest):
                 yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, [rest])))
-        elif self._mode == "best_fit":
+            return
+        pieces = [document_piece(np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids, self._eos,
+                                 features) for ids, features in kept]
+        if self._mode == "best_fit":
             full, rest = pack_best_fit(pieces, _fixed_length(self._objective))
             for index, chunk in enumerate(full):
                 yield split, f"{prefix}-c{index:06d}", 0, chunk

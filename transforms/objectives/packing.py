@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["PACKING_MODES", "Piece", "concat_pieces", "pack_best_fit", "pack_concat", "pack_none"]
+__all__ = ["PACKING_MODES", "Piece", "concat_documents", "concat_pieces", "pack_best_fit", "pack_concat", "pack_none"]
 
 PACKING_MODES = ("concat", "best_fit", "none")
 #: Feature value the EOS separator gets, per feature (absent: False).
@@ -100,6 +100,34 @@ def concat_pieces(pieces: list[Piece]) -> Piece:
         doc_lengths=np.concatenate([p.doc_lengths for p in pieces]).astype(np.int32, copy=False),
         features={n: np.concatenate([p.features[n] for p in pieces]) for n in names},
     )
+
+
+def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndarray]]], eos: int) -> Piece:
+    """``concat_pieces([document_piece(ids, eos, features) for ids, features in documents])``,
+    copying every document once.
+
+    Args:
+        documents: ``(ids, features)`` per document; ids as an integer array or the bytes of an
+            int32 one; every document has the same feature names.
+    """
+    if not documents:
+        return concat_pieces([])
+    eos_bytes = np.array([eos], dtype=np.int32).tobytes()
+    parts, lengths = [], np.empty(len(documents), dtype=np.int32)
+    for index, (ids, _) in enumerate(documents):
+        data = ids if isinstance(ids, bytes) else np.asarray(ids).astype(np.int32, copy=False).tobytes()
+        parts.append(data)
+        parts.append(eos_bytes)
+        lengths[index] = len(data) // 4 + 1
+    features = {}
+    for name in documents[0][1]:
+        end_flag = np.array([EOS_FEATURE.get(name, False)])
+        flags = []
+        for _, document_features in documents:
+            flags.append(np.asarray(document_features[name], dtype=bool))
+            flags.append(end_flag)
+        features[name] = np.concatenate(flags)
+    return Piece(np.frombuffer(bytearray().join(parts), dtype=np.int32), lengths, features)
 
 
 def pack_concat(stream: Piece, next_length: Callable[[int], int]) -> tuple[list[Piece], Piece]:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from transforms.objectives.packing import (
     PACKING_MODES,
     Piece,
+    concat_documents,
     concat_pieces,
     document_piece,
     pack_best_fit,
@@ -81,6 +82,35 @@ def test_concat_pieces_empty():
     assert len(empty) == 0
     assert empty.tokens.dtype == np.int32 and empty.doc_lengths.dtype == np.int32
     assert empty.features == {}
+
+
+def test_concat_documents_exact():
+    documents = [(np.array([10, 11], dtype=np.int32).tobytes(), {"word_starts": np.array([True, False]),
+                                                                  "sentence_starts": np.array([True, False])}),
+                 (b"", {"word_starts": np.zeros(0, bool), "sentence_starts": np.zeros(0, bool)}),
+                 (np.array([20], dtype=np.int64), {"word_starts": [False], "sentence_starts": [True]})]
+    joined = concat_documents(documents, EOS)
+    assert _lists(joined) == ([10, 11, 1, 1, 20, 1], [3, 1, 2])
+    assert joined.features["word_starts"].tolist() == [True, False, True, True, False, True]  # EOS starts a word
+    assert joined.features["sentence_starts"].tolist() == [True, False, False, False, True, False]
+    assert joined.tokens.dtype == np.int32 and joined.doc_lengths.dtype == np.int32
+    assert joined.tokens.flags.writeable
+    assert len(concat_documents([], EOS)) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=12), max_size=8), st.booleans())
+def test_concat_documents_equals_concatenated_document_pieces(documents, as_bytes):
+    rng = np.random.default_rng(len(documents))
+    arrays = [np.array(ids, dtype=np.int32) for ids in documents]
+    features = [{"word_starts": rng.random(len(ids)) < 0.5} for ids in arrays]
+    inputs = [(ids.tobytes() if as_bytes else ids, f) for ids, f in zip(arrays, features)]
+    joined = concat_documents(inputs, EOS)
+    expected = concat_pieces([document_piece(ids, EOS, f) for ids, f in zip(arrays, features)])
+    assert _lists(joined) == _lists(expected)
+    assert joined.features.keys() == expected.features.keys()
+    for name in expected.features:
+        assert joined.features[name].tolist() == expected.features[name].tolist()
 
 
 # --- pack_concat ----------------------------------------------------------------------------
