@@ -17,8 +17,9 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
+from transforms.objectives.common import first_uniforms
 from transforms.objectives.counters import length_counters, merge_counters
-from transforms.objectives.layout import plan_rng
+from transforms.objectives.layout import PLAN_SALT, plan_rng
 from transforms.objectives.packing import (
     concat_documents,
     concat_pieces,
@@ -34,19 +35,36 @@ LAST_CHUNK_MODES = ("drop", "pad")
 
 
 class _Planner:
-    """next_length callback for pack_concat that remembers each chunk's plan."""
+    """next_length callback for pack_concat that remembers each chunk's plan.
+
+    An objective whose plan is one draw (``plan_uniforms``, UL2) is planned in blocks of
+    chunks, with each chunk's draw worked out by :func:`first_uniforms` (the same number
+    ``plan_rng(seed, key).random()`` gives, without seeding a generator per chunk).
+    """
+
+    FIRST_BLOCK = 128
 
     def __init__(self, objective, seed: int, prefix: str):
         self._objective = objective
         self._seed = seed
         self._prefix = prefix
+        self._by_uniforms = getattr(objective, "plan_uniforms", None)
+        self._planned: list[tuple[int, int]] = []
         self.plans: list[int] = []
 
     def key(self, index: int) -> str:
         return f"{self._prefix}-c{index:06d}"
 
     def __call__(self, index: int) -> int:
-        length, plan = self._objective.plan_chunk(plan_rng(self._seed, self.key(index)))
+        if self._by_uniforms is None:
+            length, plan = self._objective.plan_chunk(plan_rng(self._seed, self.key(index)))
+        else:
+            while index >= len(self._planned):  # plan the next block (each twice the last)
+                start = len(self._planned)
+                keys = [self.key(i) for i in range(start, start + max(self.FIRST_BLOCK, start))]
+                lengths, plans = self._by_uniforms(first_uniforms(self._seed, keys, PLAN_SALT))
+                self._planned.extend(zip(lengths.tolist(), plans.tolist()))
+            length, plan = self._planned[index]
         self.plans.append(plan)
         return length
 

@@ -26,6 +26,7 @@ __all__ = [
     "SpecialIds",
     "digest",
     "digest_u64",
+    "first_uniforms",
     "example_rng",
     "generator_of",
     "ids_out_of_range",
@@ -120,6 +121,91 @@ def example_rng(seed: int, key: bytes | str, *extra: int) -> np.random.Generator
     else:
         entropy = _entropy([seed & _MASK64, key_u64, *(int(e) & _MASK64 for e in extra)])
     return np.random.Generator(np.random.PCG64(_SeedSequence(entropy)))
+
+
+# SeedSequence's entropy mixing (numpy/random/bit_generator.pyx): a hash constant that starts
+# at INIT_A and is multiplied by MULT_A on every hashmix call, and the mix of two pool words.
+_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
+_MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
+_MASK32 = 0xFFFFFFFF
+_MASK128 = (1 << 128) - 1
+#: PCG64's 128-bit LCG multiplier (numpy/random/src/pcg64/pcg64.h, PCG_DEFAULT_MULTIPLIER_128).
+_PCG_MULT = (2549297995355413924 << 64) + 4865540595714422341
+
+
+def _words(value: int) -> list[int]:
+    """``SeedSequence``'s 32-bit words of a non-negative int (at least one)."""
+    words = []
+    while True:
+        words.append(value & _MASK32)
+        value >>= 32
+        if not value:
+            return words
+
+
+def _pool_words(entropy: list) -> list:
+    """The four mixed pool words of ``SeedSequence`` for entropy words given as numpy
+    uint64 arrays (values below 2**32, all the same length) or ints; vectorized over them."""
+    constant = _INIT_A
+
+    def hashmix(value):
+        nonlocal constant
+        value = value ^ constant
+        constant = (constant * _MULT_A) & _MASK32
+        value = (value * constant) & _MASK32
+        return value ^ (value >> 16)
+
+    def mix(x, y):
+        result = (x * _MIX_MULT_L - y * _MIX_MULT_R) & _MASK32
+        return result ^ (result >> 16)
+
+    pool = [hashmix(entropy[i] if i < len(entropy) else 0) for i in range(4)]
+    for source in range(4):
+        for target in range(4):
+            if source != target:
+                pool[target] = mix(pool[target], hashmix(pool[source]))
+    for source in range(4, len(entropy)):
+        for target in range(4):
+            pool[target] = mix(pool[target], hashmix(entropy[source]))
+    return pool
+
+
+def first_uniforms(seed: int, keys: list[bytes | str], *extra: int) -> np.ndarray:
+    """``[example_rng(seed, key, *extra).random() for key in keys]``, without making generators.
+
+    The first double of PCG64 seeded through ``SeedSequence`` is worked out directly: the
+    entropy mixing and ``generate_state`` vectorized over the keys (32-bit words in uint64
+    arrays), then PCG64's seeding and first step as Python ints. About twenty times faster
+    than seeding a generator per key, for planners that draw one number per chunk.
+    """
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    key_u64 = np.empty(len(keys), dtype=np.uint64)
+    for index, key in enumerate(keys):
+        hasher = _RNG_HASH.copy()
+        hasher.update(key.encode("utf-8") if isinstance(key, str) else key)
+        key_u64[index] = int.from_bytes(hasher.digest(), "little")
+    two_words = key_u64 > _MASK32  # a digest below 2**32 (one word) is left to example_rng
+    head = _words(seed & _MASK64)
+    tail = [w for value in extra for w in _words(int(value) & _MASK64)]
+    keyed = key_u64[two_words]
+    pool = _pool_words([*head, keyed & _MASK32, keyed >> 32, *tail])
+    state = [((pool[index & 3] ^ xor) * multiplier) & _MASK32 for index, (xor, multiplier) in enumerate(_STATE_HASH)]
+    state = [word ^ (word >> 16) for word in state]
+    values = [(state[i] | (state[i + 1] << 32)).tolist() for i in range(0, 8, 2)]
+    out = np.empty(len(keys), dtype=np.float64)
+    draws = []
+    for seed_high, seed_low, inc_high, inc_low in zip(*values):
+        increment = (((inc_high << 64 | inc_low) << 1) | 1) & _MASK128
+        lcg = (increment + (seed_high << 64 | seed_low)) & _MASK128  # pcg64_srandom_r: step from 0, add, step
+        lcg = (lcg * _PCG_MULT + increment) & _MASK128
+        lcg = (lcg * _PCG_MULT + increment) & _MASK128  # the first draw's step
+        xored, rotation = ((lcg >> 64) ^ lcg) & _MASK64, lcg >> 122
+        draws.append((((xored >> rotation) | (xored << (64 - rotation))) & _MASK64) >> 11)
+    out[two_words] = np.asarray(draws, dtype=np.float64) * (1.0 / 9007199254740992.0)
+    for index in np.flatnonzero(~two_words).tolist():
+        out[index] = example_rng(seed, keys[index], *extra).random()
+    return out
 
 
 def index_range(size: int) -> np.ndarray:

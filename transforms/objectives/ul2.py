@@ -357,6 +357,7 @@ class UL2:
         self.targets_length = max(lengths.max_targets for lengths in self.lengths)
         weights = np.array([d.weight for d in self.denoisers], dtype=np.float64)
         self._cumulative = np.cumsum(weights / weights.sum())
+        self._raw_lengths = np.array([lengths.raw_length for lengths in self.lengths], dtype=np.int64)
         self._index = {d.name: i for i, d in enumerate(self.denoisers)}
         self._histogram_names = tuple(
             tuple(f"denoiser/{d.name}/span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
@@ -371,8 +372,14 @@ class UL2:
 
     def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
         """Draw a denoiser index by weight; return ``(its raw length, index)``."""
-        index = min(int(np.searchsorted(self._cumulative, rng.random(), side="right")), len(self.denoisers) - 1)
-        return self.lengths[index].raw_length, index
+        lengths, plans = self.plan_uniforms(np.array([rng.random()]))
+        return int(lengths[0]), int(plans[0])
+
+    def plan_uniforms(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`plan_chunk` for many chunks at once, given each one's draw ``rng.random()``:
+        ``(raw lengths, denoiser indices)``."""
+        plans = np.minimum(np.searchsorted(self._cumulative, uniforms, side="right"), len(self.denoisers) - 1)
+        return self._raw_lengths[plans], plans
 
     def build(
         self,

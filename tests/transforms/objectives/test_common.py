@@ -13,7 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.objectives.common import SpecialIds, digest, digest_u64, example_rng, unit_interval
+from transforms.objectives.common import (
+    SpecialIds,
+    _pool_words,
+    _words,
+    digest,
+    digest_u64,
+    example_rng,
+    first_uniforms,
+    unit_interval,
+)
 
 # --- digests --------------------------------------------------------------------------------
 
@@ -118,6 +127,29 @@ def test_example_rng_rejects_negative_seed():
 
 
 # --- SpecialIds -----------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6))
+def test_pool_words_are_seed_sequence_mixing(values):
+    words = [w for value in values for w in _words(value)]
+    assert _pool_words(words) == np.random.SeedSequence(values).pool.tolist()
+    arrays = _pool_words([np.array([w, w], dtype=np.uint64) for w in words])  # vectorized: the same per element
+    assert [a.tolist() for a in arrays] == [[w, w] for w in np.random.SeedSequence(values).pool.tolist()]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 1234, 2**32 - 1, 2**32, 2**63 + 5])
+@pytest.mark.parametrize("extra", [(), (0x504C414E,), (0,), (2**40, 3)])
+def test_first_uniforms_are_the_first_draw_of_example_rng(seed, extra):
+    keys = [f"train-b{b:05d}-c{c:06d}" for b in (0, 7, 99999) for c in range(300)] + [b"", b"\x00" * 3, "\u00e9"]
+    expected = [example_rng(seed, key, *extra).random() for key in keys]
+    assert first_uniforms(seed, keys, *extra).tolist() == expected
+    assert first_uniforms(seed, [], *extra).tolist() == []
+
+
+def test_first_uniforms_rejects_negative_seed():
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        first_uniforms(-1, ["k"])
 
 
 def test_special_array_and_non_special_ids():

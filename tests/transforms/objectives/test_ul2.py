@@ -316,3 +316,18 @@ def test_statistics_of_10000_ul2_examples():
             # S: suffix ~ U[1, 510] of 511 raw tokens, so about half the chunk goes to the targets.
             assert abs(density - 255.5 / 511) < 0.02
     assert sum(totals[f"denoiser/{d.name}/raw_tokens"] for d in DEFAULT.denoisers) == totals["raw_tokens"]
+
+
+@pytest.mark.parametrize("preset", ["default", "paper"])
+def test_planning_in_blocks_equals_planning_each_chunk(preset):
+    """The packer plans UL2 chunks in blocks from worked-out first draws; the plans and
+    lengths are those of plan_chunk with each chunk's own plan generator."""
+    from transforms.objectives.layout import plan_rng
+    from transforms.pack import _Planner
+
+    objective = UL2(UL2Config(mixture=preset))
+    planner = _Planner(objective, 17, "train-b00003")
+    lengths = [planner(index) for index in range(700)]  # crosses blocks of 128, 128, 256, 512
+    expected = [objective.plan_chunk(plan_rng(17, planner.key(index))) for index in range(700)]
+    assert list(zip(lengths, planner.plans)) == expected
+    assert len(set(planner.plans)) == len(objective.denoisers)
