@@ -1,16 +1,20 @@
 """Tokenize: texts -> tokenized documents keyed for packing.
 
 The tokenizer.json is loaded once per DoFn instance in ``setup`` (through
-``FileSystems``, so gs:// works) and batches of texts go through the Rust batch encoder
-(``encode_batch_fast`` when no offsets are needed). Each document gets:
+``FileSystems``, so gs:// works) and batches of texts go through the Rust batch encoder:
+``encode_batch_fast`` (no offsets, word ids or token strings) unless a feature needs what
+only ``encode_batch`` computes, which costs about half as much again. Each document gets:
 
 - ``key``: a 16-byte blake2b digest of its text (exact duplicates collide on purpose);
 - its split: ``validation`` when a salted digest of the key, as a number in [0, 1), falls
   below ``validation_fraction``, else ``train``;
 - its bucket: another salted digest of the key modulo ``num_buckets``;
 - optional per-token features: ``word_starts`` (a token whose pre-tokenizer word differs
-  from the previous token's) and ``sentence_starts`` (see :mod:`transforms.text_rules`;
-  for a byte-level BPE tokenizer from the tokens' byte lengths, else from the offsets).
+  from the previous token's) and ``sentence_starts`` (see :mod:`transforms.text_rules`).
+  For a lossless byte-level BPE both come from the tokens' byte lengths and the text
+  (word starts by the GPT-2 pre-tokenizer's rules, :mod:`transforms.word_starts`), so the
+  fast encoder serves; otherwise from the encoder's word ids and offsets. A document the
+  fast path cannot map (its tokens do not spell its bytes) is encoded again, alone.
 
 A text that encodes to no token is rejected with reason ``no_tokens``.
 """

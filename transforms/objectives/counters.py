@@ -13,17 +13,35 @@ import numpy as np
 __all__ = ["add_counters", "log2_bin", "merge_counters", "length_counters"]
 
 
+_SUM, _MIN, _MAX = 0, 1, 2
+#: How each counter name combines, decided once per name (a few dozen names per objective).
+_COMBINE: dict[str, int] = {}
+
+
+def _combine_of(name: str) -> int:
+    kind = _MIN if name.endswith("_min") else _MAX if name.endswith("_max") else _SUM
+    if len(_COMBINE) < 100_000:
+        _COMBINE[name] = kind
+    return kind
+
+
 def add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
     """Combine ``counters`` into ``total`` in place (no copy: for per-example accumulation)."""
     for name, value in counters.items():
-        if name not in total:
-            total[name] = int(value)
-        elif name.endswith("_min"):
-            total[name] = min(total[name], int(value))
-        elif name.endswith("_max"):
-            total[name] = max(total[name], int(value))
+        value = int(value)
+        old = total.get(name)
+        if old is None:
+            total[name] = value
+            continue
+        kind = _COMBINE.get(name)
+        if kind is None:
+            kind = _combine_of(name)
+        if kind == _SUM:
+            total[name] = old + value
+        elif kind == _MIN:
+            total[name] = min(old, value)
         else:
-            total[name] = total[name] + int(value)
+            total[name] = max(old, value)
 
 
 def merge_counters(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
