@@ -67,6 +67,7 @@ class ByteLevelWords:
         self._pre_tokenizer = tokenizer.pre_tokenizer
         self._classes = np.full(0x110000, _UNKNOWN, dtype=np.uint8)
         self._classify(np.arange(128, dtype=np.uint32))
+        self._ascii = self._classes[:256].copy()  # a small table for ASCII bytes (cache-friendly)
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, byte_lengths: np.ndarray | None) -> ByteLevelWords | None:
@@ -117,6 +118,8 @@ class ByteLevelWords:
 
     def classes(self, code_points: np.ndarray) -> np.ndarray:
         """Class of each code point (uint8: LETTER, NUMBER, OTHER or SPACE_CLASS)."""
+        if code_points.dtype == np.uint8:  # ASCII bytes: all classified in __init__
+            return self._ascii[code_points]
         classes = self._classes[code_points]
         unknown = classes == _UNKNOWN
         if unknown.any():
@@ -130,35 +133,28 @@ class ByteLevelWords:
         if n == 0:
             return np.zeros(0, dtype=np.int64)
         classes = self.classes(code_points)
-        change = np.empty(n, dtype=bool)
-        change[0] = True
-        np.not_equal(classes[1:], classes[:-1], out=change[1:])
-        run_starts = np.flatnonzero(change)
-        run_ends = np.empty_like(run_starts)
-        run_ends[:-1] = run_starts[1:]
-        run_ends[-1] = n
-        space_run = classes[run_starts] == SPACE_CLASS
-        starts = np.zeros(n + 1, dtype=bool)
-        # Letters, numbers, others: a word from the run's start, or from a plain space before it.
-        first = run_starts[~space_run]
-        attached = code_points[first - 1] == _SPACE
-        attached[first == 0] = False
-        starts[first - attached] = True
-        # Whitespace: a word from its start, and one more at its last character unless that
-        # character is a plain space before a run (then it begins the run's word, set above).
-        starts[run_starts[space_run]] = True
-        last = run_ends[space_run] - 1
-        own = code_points[last] != _SPACE
-        own[last == n - 1] = False  # whitespace at the end: one word
-        starts[last[own]] = True
-        # Contractions where a word begins at an apostrophe.
-        for at in np.flatnonzero(starts[:n] & (code_points == _APOSTROPHE)).tolist():
-            size = self._contraction(code_points, at)
-            if size:
+        space = classes == SPACE_CLASS
+        starts = np.empty(n, dtype=bool)
+        starts[0] = True
+        np.not_equal(classes[1:], classes[:-1], out=starts[1:])  # a run of one class starts here
+        # A run of letters, numbers or others starts a word unless a plain space precedes it
+        # (then the space starts it: whitespace before a run ends with its own word, below).
+        starts[1:] &= (code_points[:-1] != _SPACE) | space[1:]
+        # Whitespace followed by a run: its last character starts a word (the run's, for a plain
+        # space; its own, for any other); whitespace at the end of the text stays one word.
+        starts[:-1] |= space[:-1] & ~space[1:]
+        positions = np.flatnonzero(starts)
+        # Contractions: a word that begins at an apostrophe (never a whitespace word's start).
+        apostrophes = np.flatnonzero(code_points == _APOSTROPHE)
+        contractions = [(at, size) for at in apostrophes[starts[apostrophes]].tolist()
+                        if (size := self._contraction(code_points, at))]
+        if contractions:
+            for at, size in contractions:
                 starts[at + 1 : at + size] = False
-                starts[at + size] = True  # the rest of the letter run, or the next run
-        starts[n] = False
-        return np.flatnonzero(starts)
+                if at + size < n:
+                    starts[at + size] = True  # the rest of the letter run, or the next run
+            positions = np.flatnonzero(starts)
+        return positions
 
     @staticmethod
     def _contraction(code_points: np.ndarray, at: int) -> int:
