@@ -36,7 +36,7 @@ from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
-from transforms.word_starts import ByteLevelWords
+from transforms.word_starts import ByteLevelWords, word_start_flags
 
 __all__ = ["BATCH_SIZE", "Tokenize", "assign_split", "bucket_of", "document_key", "read_tokenizer_bytes"]
 
@@ -69,20 +69,6 @@ def read_tokenizer_bytes(path: str) -> bytes:
     """Bytes of a tokenizer.json on any Beam filesystem."""
     with FileSystems.open(path) as handle:
         return handle.read()
-
-
-def word_start_flags(word_ids: list) -> np.ndarray:
-    """True where a token starts a pre-tokenizer word (or has no word: special tokens).
-
-    ``None`` becomes NaN, and NaN differs from everything, itself included.
-    """
-    try:  # ints only (the usual case): converting without a float detour is twice as fast
-        words = np.fromiter(word_ids, dtype=np.int64, count=len(word_ids))
-    except TypeError:
-        words = np.array(word_ids, dtype=np.float64)
-    flags = np.ones(len(words), dtype=bool)
-    flags[1:] = words[1:] != words[:-1]
-    return flags
 
 
 class _Progress:

@@ -30,12 +30,12 @@ fall on token boundaries gets its word ids from the encoder.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
-__all__ = ["ByteLevelWords"]
+from transforms.text_rules import byte_positions
+
+__all__ = ["ByteLevelWords", "word_start_flags"]
 
 LETTER, NUMBER, OTHER, SPACE_CLASS = 0, 1, 2, 3
 _UNKNOWN = 255
@@ -55,6 +55,21 @@ SELF_CHECK = (
     "'s'll're've'd'm't",
     " 's '  ' x '\n's \t's",
 )
+
+
+def word_start_flags(word_ids: list) -> np.ndarray:
+    """True where a token starts a pre-tokenizer word (or has no word: special tokens), from
+    the encoder's word ids.
+
+    ``None`` becomes NaN, and NaN differs from everything, itself included.
+    """
+    try:  # ints only (the usual case): converting without a float detour is twice as fast
+        words = np.fromiter(word_ids, dtype=np.int64, count=len(word_ids))
+    except TypeError:
+        words = np.array(word_ids, dtype=np.float64)
+    flags = np.ones(len(words), dtype=bool)
+    flags[1:] = words[1:] != words[:-1]
+    return flags
 
 
 class ByteLevelWords:
@@ -78,8 +93,8 @@ class ByteLevelWords:
         of the text first), or splits that differ from the rules on :data:`SELF_CHECK`."""
         if byte_lengths is None:
             return None
-        pre = json.loads(tokenizer.to_str()).get("pre_tokenizer") or {}
-        if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
+        pre_tokenizer = tokenizer.pre_tokenizer
+        if not isinstance(pre_tokenizer, pre_tokenizers.ByteLevel) or not pre_tokenizer.use_regex:
             return None
         if any(not added.special for added in tokenizer.get_added_tokens_decoder().values()):
             return None
@@ -93,10 +108,7 @@ class ByteLevelWords:
                 continue  # characters the vocabulary lacks (<unk>): such texts always fall back
             checked += 1
             flags = words.token_flags(text, encoded, ends)
-            word_ids = np.array([-1 if w is None else w for w in encoding.word_ids])
-            expected = np.ones(len(ids), dtype=bool)
-            expected[1:] = word_ids[1:] != word_ids[:-1]
-            if flags is None or not np.array_equal(flags, expected):
+            if flags is None or not np.array_equal(flags, word_start_flags(encoding.word_ids)):
                 return None
         return words if checked else None
 
@@ -171,10 +183,7 @@ class ByteLevelWords:
         if len(encoded) == len(text):  # ASCII: bytes are characters
             return self.start_chars(np.frombuffer(encoded, dtype=np.uint8))
         code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        chars = self.start_chars(code_points)
-        sizes = 1 + (code_points >= 0x80).astype(np.int64) + (code_points >= 0x800) + (code_points >= 0x10000)
-        offsets = np.cumsum(sizes) - sizes
-        return offsets[chars]
+        return byte_positions(text, encoded, self.start_chars(code_points))
 
     def token_flags(self, text: str, encoded: bytes, token_ends: np.ndarray) -> np.ndarray | None:
         """True for each token that starts a word, given the tokens' byte ends (whose last is

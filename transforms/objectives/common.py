@@ -96,12 +96,24 @@ class _SeedSequence(np.random.SeedSequence):
     def generate_state(self, n_words, dtype=np.uint32):
         if n_words != 4 or dtype is not np.uint64 or self.pool_size != 4 or sys.byteorder != "little":
             return super().generate_state(n_words, dtype)
-        pool = self.pool.tolist()
-        words = []
-        for index, (xor, multiplier) in enumerate(_STATE_HASH):
-            word = ((pool[index & 3] ^ xor) * multiplier) & 0xFFFFFFFF
-            words.append(word ^ (word >> 16))
-        return np.array([words[i] | words[i + 1] << 32 for i in range(0, 8, 2)], dtype=np.uint64)
+        return np.array(_state_words(self.pool.tolist()), dtype=np.uint64)
+
+
+def _state_words(pool: list) -> list:
+    """``generate_state(4, np.uint64)`` of a 4-word mixed pool: four 64-bit words. The pool
+    words are ints or numpy uint64 arrays (values below 2**32), and so are the results."""
+    words = []
+    for index, (xor, multiplier) in enumerate(_STATE_HASH):
+        word = ((pool[index & 3] ^ xor) * multiplier) & 0xFFFFFFFF
+        words.append(word ^ (word >> 16))
+    return [words[i] | words[i + 1] << 32 for i in range(0, 8, 2)]
+
+
+def _key_u64(key: bytes | str) -> int:
+    """The 64-bit digest of an example key that seeds its generator."""
+    hasher = _RNG_HASH.copy()
+    hasher.update(key.encode("utf-8") if isinstance(key, str) else key)
+    return int.from_bytes(hasher.digest(), "little")
 
 
 def example_rng(seed: int, key: bytes | str, *extra: int) -> np.random.Generator:
@@ -113,9 +125,7 @@ def example_rng(seed: int, key: bytes | str, *extra: int) -> np.random.Generator
     """
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    hasher = _RNG_HASH.copy()
-    hasher.update(key.encode("utf-8") if isinstance(key, str) else key)
-    key_u64 = int.from_bytes(hasher.digest(), "little")
+    key_u64 = _key_u64(key)
     if not extra and seed <= 0xFFFFFFFF and key_u64:  # the pipeline's case: words [seed, key_lo, key_hi]
         entropy: int | list[int] = seed | key_u64 << 32
     else:
@@ -180,19 +190,13 @@ def first_uniforms(seed: int, keys: list[bytes | str], *extra: int) -> np.ndarra
     """
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    key_u64 = np.empty(len(keys), dtype=np.uint64)
-    for index, key in enumerate(keys):
-        hasher = _RNG_HASH.copy()
-        hasher.update(key.encode("utf-8") if isinstance(key, str) else key)
-        key_u64[index] = int.from_bytes(hasher.digest(), "little")
+    key_u64 = np.fromiter(map(_key_u64, keys), dtype=np.uint64, count=len(keys))
     two_words = key_u64 > _MASK32  # a digest below 2**32 (one word) is left to example_rng
     head = _words(seed & _MASK64)
     tail = [w for value in extra for w in _words(int(value) & _MASK64)]
     keyed = key_u64[two_words]
     pool = _pool_words([*head, keyed & _MASK32, keyed >> 32, *tail])
-    state = [((pool[index & 3] ^ xor) * multiplier) & _MASK32 for index, (xor, multiplier) in enumerate(_STATE_HASH)]
-    state = [word ^ (word >> 16) for word in state]
-    values = [(state[i] | (state[i + 1] << 32)).tolist() for i in range(0, 8, 2)]
+    values = [words.tolist() for words in _state_words(pool)]
     out = np.empty(len(keys), dtype=np.float64)
     draws = []
     for seed_high, seed_low, inc_high, inc_low in zip(*values):
