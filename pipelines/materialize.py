@@ -37,6 +37,7 @@ from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import RejectedFractionError, UnreconciledCountsError
 from transforms.build import BuildExamples
+from transforms.handoff import release, scope, unwrap
 from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
 from transforms.pack import CountersCombineFn, Pack
@@ -217,8 +218,14 @@ def shard_sizing(plan: Plan) -> dict[str, int | None]:
     }
 
 
-def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None) -> None:
-    """Add the materialize steps to ``pipeline``."""
+def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None,
+                   handoff_scope: str | None = None) -> None:
+    """Add the materialize steps to ``pipeline``.
+
+    ``handoff_scope``: hand token arrays and example batches across the shuffles by
+    reference, under this scope (:mod:`transforms.handoff`; only for a runner that runs every
+    stage in this process); None copies them through the runner.
+    """
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
     read = pipeline | "ReadCorpus" >> ReadCorpus(
@@ -232,6 +239,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         batch_size=o.batch_size,
         progress_seconds=o.progress_seconds,
         encoder_threads=o.encoder_threads,
+        handoff_scope=handoff_scope,
     )
     chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
@@ -239,7 +247,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (
         tokenized.documents
-        | "DocumentTokens" >> beam.Map(lambda element: (element[0][0], len(element[1][1]) // 4 + 1))
+        | "DocumentTokens" >> beam.Map(lambda element: (element[0][0], len(unwrap(element[1])[1]) // 4 + 1))
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)
@@ -247,7 +255,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     # the shard writers as a side input: flattening either pair would make Beam's local runner
     # copy every chunk or example through an extra stage.
     build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
-                          sizing=sizing, processes=o.build_processes)
+                          sizing=sizing, processes=o.build_processes, handoff_scope=handoff_scope)
     bucket_chunks, repacked_chunks = chunks
     batches, build_stats = (bucket_chunks, split_tokens) | "BuildExamples" >> build
     rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build
@@ -299,7 +307,8 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         prestart(options.build_processes)  # the workers start while Beam does
     _shorten_state_sampling()
     pipeline = beam.Pipeline(options=pipeline_options)
-    build_pipeline(pipeline, plan, argv)
+    handoff_scope = scope() if options.in_one_process and not dry_run else None
+    build_pipeline(pipeline, plan, argv, handoff_scope)
     try:
         with _quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError):
             result = pipeline.run()
@@ -313,6 +322,9 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
             raise JobFailedError(message) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise JobFailedError(f"the pipeline failed: {type(exc).__name__}: {first}") from exc
+    finally:
+        if handoff_scope is not None:
+            release(handoff_scope)
     if dry_run:
         return None, result
     with FileSystems.open(join_path(options.output, MANIFEST_NAME)) as handle:

@@ -93,6 +93,8 @@ class MaterializeOptions:
     build_processes: int = 0
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
+    #: the runner runs every stage in this process (large values cross its shuffles by reference)
+    in_one_process: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
     param_sources: dict[str, str] = field(default_factory=dict)
 
@@ -180,6 +182,11 @@ class RunnerSetup:
     multi_processing: bool  #: ``--direct_running_mode=multi_processing``
     num_workers: int  #: ``--direct_num_workers`` (0: one per core)
     experiments: tuple[str, ...]  #: ``--experiments``
+
+    @property
+    def in_one_process(self) -> bool:
+        """The runner runs every stage in this process: FnApiRunner, not multi_processing."""
+        return self.runner == "FnApiRunner" and not self.multi_processing
 
     @classmethod
     def from_beam_args(cls, beam_args: list[str]) -> RunnerSetup:
@@ -421,5 +428,6 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_rejected_fraction=args.max_rejected_fraction,
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
+        in_one_process=runner_setup.in_one_process,
         param_sources=sources,
     )

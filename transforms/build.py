@@ -28,6 +28,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.handoff import ByReference
 from transforms.objectives.layout import shard_count
 from transforms.parallel import STATS_KEY, BuildConfig, ChunkBuilder, ExampleBatch, PooledBuilder, example_key
 
@@ -40,7 +41,8 @@ MAX_BUFFERED_ROWS = 4 * BATCH_ROWS
 
 
 class _Build(beam.DoFn):
-    def __init__(self, objective, special, schema, seed, draws, sizing, processes):
+    def __init__(self, objective, special, schema, seed, draws, sizing, processes, handoff_scope=None):
+        self._handoff_scope = handoff_scope
         self._config = BuildConfig(objective, special, schema, seed, draws, batch_rows=BATCH_ROWS,
                                    max_buffered_rows=MAX_BUFFERED_ROWS)
         self._sizing, self._processes = sizing, processes
@@ -60,11 +62,18 @@ class _Build(beam.DoFn):
         count = self._counts.get(split)
         if count is None:
             count = self._counts[split] = shard_count(split, split_tokens.get(split, 0), **self._sizing)
-        yield from self._builder.add(chunk, count)
+        for piece in self._builder.add(chunk, count):
+            yield self._handoff(piece)
+
+    def _handoff(self, piece):
+        if self._handoff_scope is None:
+            return piece
+        shard, encoded = piece
+        return shard, ByReference(encoded, self._handoff_scope)
 
     def finish_bundle(self):
         for piece in self._builder.finish():
-            yield GlobalWindows.windowed_value(piece)
+            yield GlobalWindows.windowed_value(self._handoff(piece))
         self._examples.inc(self._builder.built)
         for split, stats in sorted(self._builder.stats.items()):
             yield beam.pvalue.TaggedOutput(BuildExamples.STATS, GlobalWindows.windowed_value((split, stats)))
@@ -96,13 +105,14 @@ class BuildExamples(beam.PTransform):
 
     STATS = "stats"
 
-    def __init__(self, objective, special, schema, *, seed: int, draws: int = 1, sizing: dict, processes: int = 0):
+    def __init__(self, objective, special, schema, *, seed: int, draws: int = 1, sizing: dict, processes: int = 0,
+                 handoff_scope: str | None = None):
         super().__init__()
         if draws < 1:
             raise ValueError(f"--draws {draws}: must be >= 1")
         if processes < 0:
             raise ValueError(f"--build-processes {processes}: must be >= 0")
-        self._fn = _Build(objective, special, schema, seed, draws, sizing, processes)
+        self._fn = _Build(objective, special, schema, seed, draws, sizing, processes, handoff_scope)
 
     def expand(self, inputs):
         chunks, split_tokens = inputs

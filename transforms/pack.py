@@ -17,6 +17,7 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
+from transforms.handoff import unwrap
 from transforms.objectives.common import first_uniforms
 from transforms.objectives.counters import length_counters, merge_counters
 from transforms.objectives.layout import PLAN_SALT, plan_rng
@@ -83,7 +84,7 @@ class _PackBucket(beam.DoFn):
 
     def process(self, element):
         (split, bucket), docs = element
-        docs = sorted(docs, key=lambda d: d[0])
+        docs = sorted(map(unwrap, docs), key=lambda d: d[0])
         kept, lengths, duplicates, previous = [], [], 0, None
         for key, ids, features in docs:
             if key == previous:

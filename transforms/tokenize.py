@@ -32,6 +32,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.handoff import ByReference
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
@@ -102,7 +103,8 @@ class _TokenizeBatch(beam.DoFn):
     """
 
     def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size, progress_seconds,
-                 encoder_threads=None):
+                 encoder_threads=None, handoff_scope=None):
+        self._handoff_scope = handoff_scope
         self._tokenizer_path = tokenizer_path
         self._features = frozenset(features)
         self._validation_fraction = validation_fraction
@@ -170,7 +172,10 @@ class _TokenizeBatch(beam.DoFn):
             split = assign_split(key, self._validation_fraction)
             tokens += ids.size
             # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
-            yield (split, bucket_of(key, self._num_buckets)), (key, ids.tobytes(), features)
+            value = (key, ids.tobytes(), features)
+            if self._handoff_scope is not None:
+                value = ByReference(value, self._handoff_scope)
+            yield (split, bucket_of(key, self._num_buckets)), value
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         self._progress.add(len(texts), tokens)
@@ -244,12 +249,12 @@ class Tokenize(beam.PTransform):
     REJECTED = "rejected"
 
     def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
-                 batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None):
+                 batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None, handoff_scope=None):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"--batch-size {batch_size}: must be >= 1")
         self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size,
-                                  progress_seconds, encoder_threads)
+                                  progress_seconds, encoder_threads, handoff_scope)
 
     def expand(self, texts):
         return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")

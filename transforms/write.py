@@ -22,6 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.build import ExampleBatch
+from transforms.handoff import unwrap
 from transforms.objectives.layout import shard_count
 from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
 
@@ -83,11 +84,11 @@ class _WriteShard(beam.DoFn):
             self._extra_source, self._extra = extra, {}
             for key, encoded in extra:
                 self._extra.setdefault(tuple(key), []).append(encoded)
-        return [ExampleBatch.decode(p, self._schema) for p in self._extra.get(shard, [])]
+        return [ExampleBatch.decode(unwrap(p), self._schema) for p in self._extra.get(shard, [])]
 
     def process(self, element, extra):
         shard, pieces = element
-        parts = [ExampleBatch.decode(p, self._schema) for p in pieces] + self.extra_parts(extra, tuple(shard))
+        parts = [ExampleBatch.decode(unwrap(p), self._schema) for p in pieces] + self.extra_parts(extra, tuple(shard))
         yield self.write(*shard, parts)
 
 

@@ -17,6 +17,7 @@ from lmshards_testing import ROOT, encode_documents, file_digests, materialize
 
 from loaders import open_dataset
 from schemas.manifest import Manifest
+from transforms import handoff
 from transforms.tokenize import assign_split, bucket_of, document_key
 
 SEQ_LEN = 128
@@ -180,6 +181,42 @@ def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, 
         assert manifest.deterministic_view() == reference.deterministic_view(), name
         on_disk = Manifest.loads(open(out / "manifest.json").read())
         assert on_disk.deterministic_view() == reference.deterministic_view(), name
+
+
+def test_in_process_runs_hand_tokens_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset, sample_glob,
+                                                                  tokenizer_path):
+    """The in-process runner gets token arrays and example batches by reference (the shuffles
+    copy no bytes), writes the bytes the copying runners write, and releases them when done;
+    other runners never get a reference."""
+    from pipelines.options import parse_args
+    from transforms.handoff import ByReference
+
+    reference_out, reference = clm_dataset
+    documents, batches = set(), []
+    reduce = ByReference.__reduce__
+
+    def counting(self):
+        if len(self.value) == 3:  # (key, token bytes, features)
+            documents.add(self.value[0])
+        else:  # an encoded example batch
+            batches.append(len(self.value[0]) // 16)
+        return reduce(self)
+
+    monkeypatch.setattr(ByReference, "__reduce__", counting)
+    out = tmp_path / "by-reference"
+    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
+    assert file_digests(out) == file_digests(reference_out)
+    assert manifest.deterministic_view() == reference.deterministic_view()
+    # Every document and every example batch went by reference (the runner pickles an element
+    # more than once: its grouping re-encodes, its size estimates sample).
+    assert len(documents) == manifest.counts["documents_written"] + manifest.counts["duplicates"]
+    assert sum(info["examples"] for info in manifest.splits.values()) <= sum(batches)
+    assert not handoff._STORE
+    base = _base_args(sample_glob, tokenizer_path)
+    assert parse_args(["--output", "o", *base]).in_one_process
+    for beam_args in (["--direct_running_mode=multi_processing"], ["--runner", "DataflowRunner"],
+                      ["--runner", "DirectRunner"]):
+        assert not parse_args(["--output", "o", *base, *beam_args]).in_one_process, beam_args
 
 
 def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, monkeypatch, clm_dataset, sample_glob,
