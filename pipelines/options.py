@@ -93,6 +93,8 @@ class MaterializeOptions:
     build_processes: int = 0
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
+    #: run Beam's construction-time type check (``--pipeline-type-check``)
+    pipeline_type_check: bool = False
     #: the runner runs every stage in this process (large values cross its shuffles by reference)
     in_one_process: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
@@ -326,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--progress-seconds", type=float, default=10.0,
                      help="print tokenizing progress to stderr this often (0: never; default 10)")
     run = parser.add_argument_group("parallelism")
+    run.add_argument("--pipeline-type-check", action="store_true",
+                     help="run Beam's construction-time type check of the transforms (off by default: the "
+                     "pipeline is fixed and tested, and the check takes about a third of its start-up)")
     run.add_argument("--encoder-threads", type=_auto_or_count("--encoder-threads", "threads", 1), default="auto",
                      metavar="N",
                      help="threads of each worker's Rust encoder (default auto: cores / workers with "
@@ -429,5 +434,6 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         in_one_process=runner_setup.in_one_process,
+        pipeline_type_check=args.pipeline_type_check,
         param_sources=sources,
     )

@@ -219,6 +219,29 @@ def test_in_process_runs_hand_tokens_and_examples_over_by_reference(tmp_path, mo
         assert not parse_args(["--output", "o", *base, *beam_args]).in_one_process, beam_args
 
 
+def test_beam_type_check_is_off_unless_asked_for_and_never_changes_bytes(tmp_path, monkeypatch, clm_dataset,
+                                                                       sample_glob, tokenizer_path):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import TypeOptions
+
+    reference_out, reference = clm_dataset
+    checked = []
+    init = beam.Pipeline.__init__
+
+    def spy(self, *args, options=None, **kwargs):
+        checked.append(options.view_as(TypeOptions).pipeline_type_check)
+        init(self, *args, options=options, **kwargs)
+
+    monkeypatch.setattr(beam.Pipeline, "__init__", spy)
+    out = tmp_path / "type-checked"
+    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path, "--pipeline-type-check"))
+    assert checked == [True]
+    assert file_digests(out) == file_digests(reference_out)
+    assert manifest.deterministic_view() == reference.deterministic_view()
+    materialize(tmp_path / "unchecked", *_base_args(sample_glob, tokenizer_path))
+    assert checked == [True, False]
+
+
 def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, monkeypatch, clm_dataset, sample_glob,
                                                            tokenizer_path):
     """Tiny tokenizer batches and example batches (and the flush of many shards' buffers) give the
