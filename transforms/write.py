@@ -45,7 +45,11 @@ def write_atomic(root: str, relative: str, write) -> ShardFile:
     final = join_path(root, relative)
     temp = join_path(root, f"{TMP_DIR}/{uuid.uuid4().hex}-{relative.replace('/', '-')}")
     handle = FileSystems.create(temp)
-    hashing = HashingWriter(handle, background=True)
+    # A local write is a copy into the page cache: hashing it inline beats handing blocks to a
+    # helper thread, whose GIL hand-offs with the other format's writer cost more than they
+    # overlap (60 MB clm write stage: 0.39-0.44 s with the helper, 0.24-0.30 s without). A
+    # remote filesystem's upload is worth overlapping.
+    hashing = HashingWriter(handle, background=FileSystems.get_scheme(final) not in (None, "file"))
     try:
         write(hashing)
         hashing.finish()
