@@ -62,6 +62,8 @@ STATS_KEY = "_stats"
 #: Chunk tokens times draws per task of a worker: a few hundred chunks, tens of milliseconds
 #: of work, so that sending a task and its results costs little beside building it.
 TASK_TOKENS = 1 << 18
+#: Full chunks a builder gathers before the objective's ``build_block`` builds them at once.
+BLOCK_CHUNKS = 256
 #: Tasks in flight per worker process: one running, one waiting, so a worker never idles
 #: while the stage feeds it, and a bundle holds only a few tasks' chunks and results.
 TASKS_PER_WORKER = 2
@@ -158,6 +160,12 @@ class BuildConfig:
         self.stats_takes_special = len(inspect.signature(objective.stats).parameters) >= 2
         fixed = {c: schema.fixed_length(c) for c in schema.token_columns}
         self.fixed = {c: n for c, n in fixed.items() if n is not None}
+        #: chunks of this many tokens (and no features) are built in blocks by the objective's
+        #: ``build_block`` (one draw; columns: token arrays and the key); None: one at a time
+        self.block_length: int | None = None
+        if (hasattr(objective, "build_block") and draws == 1 and not schema.scalar_columns
+                and tuple(schema.string_columns) == ("key",) and len(self.fixed) == 1):
+            self.block_length = next(iter(self.fixed.values()))
         self._payload: tuple[str, bytes] | None = None
 
     def __getstate__(self):
@@ -183,6 +191,7 @@ class ChunkBuilder:
         self._config = config
         self._rows: dict[tuple, list] = {}  # (split, shard, count) -> [(example, chunk tokens, shard hash)]
         self._buffered = 0
+        self._block: list[tuple] = []  # (chunk, shard count) waiting for the objective's build_block
         self.stats: dict[str, dict[str, int]] = {}
         self.built = 0
 
@@ -191,6 +200,9 @@ class ChunkBuilder:
         ``((split, shard, shard count), encoded ExampleBatch)`` pieces that are complete."""
         config = self._config
         split, chunk_key, plan, piece = chunk
+        if config.block_length is not None and len(piece.tokens) == config.block_length and not piece.features:
+            self._block.append((chunk, shard_count))
+            return self._build_block() if len(self._block) >= BLOCK_CHUNKS else []
         features = dict(piece.features)
         features["doc_lengths"] = piece.doc_lengths
         stats = self.stats.setdefault(split, {})
@@ -218,9 +230,46 @@ class ChunkBuilder:
         return out
 
     def finish(self) -> list[tuple]:
-        """The pieces of every row still held, in shard order."""
-        out = [self._batch(shard) for shard in sorted(self._rows)]
+        """The pieces of every row still held (those of a waiting block first), in shard order."""
+        out = self._build_block() if self._block else []
+        out.extend(self._batch(shard) for shard in sorted(self._rows))
         self._buffered = 0
+        return out
+
+    def _build_block(self) -> list[tuple]:
+        """The waiting full chunks through the objective's ``build_block``: the same rows and
+        counters as :meth:`add` makes one by one (keys, shards and row order from each
+        example's key), as one piece per split and shard."""
+        config = self._config
+        block, self._block = self._block, []
+        by_split: dict[str, list[tuple]] = {}
+        for chunk, shard_count in block:
+            by_split.setdefault(chunk[0], []).append((chunk, shard_count))
+        out = []
+        for split, chunks in sorted(by_split.items()):
+            count = chunks[0][1]
+            keys = [example_key(chunk[1], 0) for chunk, _ in chunks]
+            tokens = np.stack([chunk[3].tokens for chunk, _ in chunks])
+            arrays, counters = config.objective.build_block(tokens, [chunk[3].doc_lengths for chunk, _ in chunks])
+            counters["chunk_tokens"] = counters.get("chunk_tokens", 0) + tokens.size
+            add_counters(self.stats.setdefault(split, {}), counters)
+            columns = ExampleColumns(config.schema, len(keys), arrays, {}, {"key": keys})
+            seed = config.seed
+            hashes = np.fromiter((digest_u64(shard_key(seed, key), salt=SHARD_SALT) for key in keys),
+                                 dtype=np.uint64, count=len(keys))
+            orders = np.frombuffer(b"".join(row_order_key(seed, key) for key in keys), dtype=np.uint8)
+            orders = orders.reshape(-1, 16)
+            chunk_tokens = np.full(len(keys), tokens.shape[1], dtype=np.int64)
+            shards = hashes % np.uint64(count)
+            for shard in np.unique(shards).tolist():
+                if len(keys) and shards[0] == shard and (shards == shard).all():
+                    rows = None  # every row: no copy
+                    batch = ExampleBatch(orders, hashes, chunk_tokens, columns)
+                else:
+                    rows = np.flatnonzero(shards == shard)
+                    batch = ExampleBatch(orders[rows], hashes[rows], chunk_tokens[rows], columns.take(rows))
+                out.append(((split, shard, count), batch.encode()))
+        self.built += len(block)
         return out
 
     def _finish(self, example: dict, chunk_tokens: int) -> dict[str, int]:

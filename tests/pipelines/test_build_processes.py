@@ -166,6 +166,34 @@ def test_pooled_builder_equals_the_inline_builder(monkeypatch):
         assert pooled.stats == inline.stats and pooled.built == inline.built == 600
 
 
+def test_clm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch):
+    """Full clm chunks (one draw) are built in blocks by CLM.build_block; short ones (padded)
+    one at a time, as all chunks are with the block path off or with two draws."""
+    monkeypatch.setattr(parallel, "BLOCK_CHUNKS", 64)
+    rng = np.random.default_rng(5)
+    chunks = []
+    for i, (split, chunk_key, plan, piece) in enumerate(_chunks(150)):
+        cuts = np.sort(rng.choice(np.arange(1, 32), size=int(rng.integers(0, 4)), replace=False))
+        lengths = np.diff(np.concatenate([[0], cuts, [32]])).astype(np.int32)
+        if i % 37 == 5:  # a short chunk: padded, built on its own
+            piece, lengths = Piece(piece.tokens[:20], np.array([20], np.int32)), None
+        chunks.append((split, chunk_key, plan, piece if lengths is None else Piece(piece.tokens, lengths)))
+    config = _config(draws=1)
+    assert config.block_length == 32 and _config(draws=2).block_length is None
+    blocked = parallel.ChunkBuilder(config)
+    got = _build(blocked, chunks)
+    # a block's rows of one shard make one piece, never cut at batch_rows (5)
+    assert max(parallel.ExampleBatch.decode(p, config.schema).count for _, p in got) > 5
+    plain_config = _config(draws=1)
+    plain_config.block_length = None
+    plain = parallel.ChunkBuilder(plain_config)
+    expected = _build(plain, chunks)
+    assert _rows(got, config.schema) == _rows(expected, config.schema)
+    assert blocked.stats == plain.stats and blocked.built == plain.built == 150
+    assert blocked.stats["train"]["padding_tokens"] == 12 * sum(
+        1 for c in chunks if c[0] == "train" and len(c[3].tokens) == 20)
+
+
 def test_a_bundle_smaller_than_a_task_is_built_inline(monkeypatch):
     def no_pool(processes):
         raise AssertionError("no task expected")

@@ -329,3 +329,36 @@ def test_mask_spans_cover_keep_and_random_flags_equal_reference(size, replace_le
     assert counters["masked_tokens"] == int(covered.sum())
     assert counters["masked_words"] == int((covered & word_start).sum())
     assert counters["random_tokens"] == expected_random
+
+
+# --- clm's block build ----------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 40), st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=6), min_size=0, max_size=12),
+       st.integers(0, 2**32 - 1))
+def test_clm_build_block_equals_build_and_stats_per_chunk(seq_len, segment_lists, seed):
+    from schemas.examples import example_schema
+    from transforms.objectives.clm import CLM, CLMConfig
+    from transforms.shard_format import ExampleColumns
+
+    clm = CLM(CLMConfig(seq_len=seq_len))
+    special = SpecialIds(pad=0, eos=1, vocab_size=1000)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(2, 1000, (len(segment_lists), seq_len), dtype=np.int32)
+    doc_lengths = [np.array(s, dtype=np.int32) for s in segment_lists]  # any lengths: block copies them as build does
+    columns, stats = clm.build_block(tokens, doc_lengths)
+    examples = [clm.build(row, LazyGenerator(0, "k"), 0, special, {"doc_lengths": lengths})
+                for row, lengths in zip(tokens, doc_lengths)]
+    expected = ExampleColumns.from_examples([{**e, "key": "k"} for e in examples],
+                                            example_schema("decoder", seq_len=seq_len))
+    for name in ("input_ids", "doc_lengths"):
+        flat, offsets = columns[name]
+        assert flat.dtype == np.int32 and offsets.dtype == np.int64
+        np.testing.assert_array_equal(flat, expected.arrays[name][0])
+        np.testing.assert_array_equal(offsets, expected.arrays[name][1])
+    summed = {}
+    for example in examples:
+        for name, value in clm.stats(example).items():
+            summed[name] = summed.get(name, 0) + value
+    assert stats == (summed or {"examples": 0, "tokens": 0, "padding_tokens": 0, "documents_segments": 0})
