@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 import re
 import sys
 import time
@@ -53,7 +54,9 @@ from transforms.tokenize import Tokenize, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path, write_atomic
 
-__all__ = ["Plan", "plan_run", "build_pipeline", "run", "run_job", "main"]
+__all__ = ["Plan", "plan_run", "build_pipeline", "run", "run_job", "main", "serial_encoder_warning"]
+
+_LOG = logging.getLogger("lmshards")
 
 
 class Plan:
@@ -294,10 +297,31 @@ class JobFailedError(RuntimeError):
     """The pipeline started and failed (as opposed to a configuration error)."""
 
 
+#: Values of ``TOKENIZERS_PARALLELISM`` with which the Rust tokenizer encodes a batch on one thread.
+_SERIAL_TOKENIZERS = frozenset({"", "off", "false", "f", "no", "n", "0"})
+
+
+def serial_encoder_warning(options: MaterializeOptions, environ=None) -> str | None:
+    """The warning to give when ``TOKENIZERS_PARALLELISM`` keeps the encoder on one thread
+    where it would use several (set by training scripts to quiet the tokenizer's fork warning,
+    and by the tokenizer itself in a process that forked after encoding in parallel); else None."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("TOKENIZERS_PARALLELISM")
+    if value is None or value.strip().lower() not in _SERIAL_TOKENIZERS:
+        return None
+    if not options.in_one_process and (options.encoder_threads or 1) <= 1:
+        return None  # workers of one encoder thread each: nothing is lost
+    return (f"TOKENIZERS_PARALLELISM={value} in the environment: the Rust encoder runs on one thread "
+            "(unset it to encode on every core)")
+
+
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     options = parse_args(argv)
     start = time.monotonic()
+    warning = serial_encoder_warning(options)
+    if warning:
+        _LOG.warning(warning)
     pipeline_options = PipelineOptions(options.beam_args)
     if not options.pipeline_type_check:
         # Beam type-checks every transform's hints while the graph is built: about 0.2 s of a

@@ -399,3 +399,31 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
         with tarfile.open(out / shard.files["webdataset"].path) as tar:
             assert tar.getmembers() == []
         assert shard.tokens == 0
+
+
+def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_path, monkeypatch, caplog, sample_glob,
+                                                                            tokenizer_path):
+    """TOKENIZERS_PARALLELISM=false (training scripts set it; the tokenizer sets it itself after
+    a fork) keeps the Rust encoder on one thread: a run that would use several says so."""
+    from pipelines.materialize import serial_encoder_warning
+    from pipelines.options import parse_args
+
+    base = ["--output", "o", *_base_args(sample_glob, tokenizer_path)]
+    in_process = parse_args(base)
+    multi = parse_args([*base, "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    multi_threads = parse_args([*base, "--direct_running_mode=multi_processing", "--encoder-threads", "2"])
+    for value in ("false", "FALSE", "0", "off", "no", ""):
+        assert serial_encoder_warning(in_process, {"TOKENIZERS_PARALLELISM": value}) == (
+            f"TOKENIZERS_PARALLELISM={value} in the environment: the Rust encoder runs on one thread "
+            "(unset it to encode on every core)")
+        assert serial_encoder_warning(multi_threads, {"TOKENIZERS_PARALLELISM": value})
+    assert serial_encoder_warning(in_process, {}) is None
+    assert serial_encoder_warning(in_process, {"TOKENIZERS_PARALLELISM": "true"}) is None
+    # one encoder thread per worker process anyway (2 cores, 2 workers): nothing to warn about
+    if multi.encoder_threads == 1:
+        assert serial_encoder_warning(multi, {"TOKENIZERS_PARALLELISM": "false"}) is None
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    with caplog.at_level("WARNING", logger="lmshards"):
+        materialize(tmp_path / "serial", *_base_args(sample_glob, tokenizer_path))
+    assert [r.getMessage() for r in caplog.records if r.name == "lmshards"] == [
+        serial_encoder_warning(in_process, {"TOKENIZERS_PARALLELISM": "false"})]
