@@ -254,6 +254,12 @@ def main() -> None:
                 small, large = rows[0], rows[-1]
                 ratio = (large[2] / large[3]) / (small[2] / small[3])
                 print(f"  time per token, largest / smallest corpus ({mode}): {ratio:.2f}")
+                # Start-up and other fixed costs weigh on the small corpus: the slope between the two
+                # largest is the time each further token costs.
+                before = rows[-2]
+                slope = (large[2] - before[2]) / (large[3] - before[3]) * 1e6
+                print(f"  time per further token, {before[0]:g} -> {large[0]:g} MB ({mode}): {slope:.2f} us "
+                      f"({slope / (large[2] / large[3] * 1e6):.2f} of the largest corpus's average)")
 
 
 def subprocess_devnull():
