@@ -95,6 +95,8 @@ class BuildExamples(beam.PTransform):
         processes: worker processes that build the examples beside the stage's own thread
             (:class:`transforms.parallel.PooledBuilder`); 0 builds them in the stage. The
             output is the same either way.
+        handoff_scope: wrap each encoded batch in a :class:`~transforms.handoff.ByReference` of
+            this scope (only where every stage runs in this process); None emits it as it is.
 
     Input: ``(chunks, split_tokens)``, the latter a PCollection of ``(split, document tokens)``
     (one element per split, used as a side input to size the splits' shards).

@@ -246,6 +246,8 @@ class Tokenize(beam.PTransform):
         progress_seconds: interval of progress lines on stderr (0 turns them off).
         encoder_threads: threads of the Rust encoder in each worker process (sets
             ``RAYON_NUM_THREADS`` there when unset; None leaves the tokenizer's default).
+        handoff_scope: wrap each value in a :class:`~transforms.handoff.ByReference` of this
+            scope (only where every stage runs in this process); None emits it as it is.
 
     Texts that encode to nothing go to the :attr:`REJECTED` output.
     """
