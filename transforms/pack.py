@@ -40,17 +40,23 @@ class _Planner:
 
     An objective whose plan is one draw (``plan_uniforms``, UL2) is planned in blocks of
     chunks, with each chunk's draw worked out by :func:`first_uniforms` (the same number
-    ``plan_rng(seed, key).random()`` gives, without seeding a generator per chunk).
+    ``plan_rng(seed, key).random()`` gives, without seeding a generator per chunk). With the
+    ``total`` tokens to cut known, a small first block measures the mean planned length and
+    the next is sized to what is left (about 10% more chunks planned than cut, instead of up
+    to twice as many); a chunk's plan depends on its key alone, never on the blocks.
     """
 
     FIRST_BLOCK = 128
+    PROBE_BLOCK = 32
 
-    def __init__(self, objective, seed: int, prefix: str):
+    def __init__(self, objective, seed: int, prefix: str, total: int | None = None):
         self._objective = objective
         self._seed = seed
         self._prefix = prefix
+        self._total = total  # tokens to cut, if known: later blocks are sized to what is left
         self._by_uniforms = getattr(objective, "plan_uniforms", None)
         self._planned: list[tuple[int, int]] = []
+        self._planned_tokens = 0
         self.plans: list[int] = []
 
     def key(self, index: int) -> str:
@@ -60,11 +66,18 @@ class _Planner:
         if self._by_uniforms is None:
             length, plan = self._objective.plan_chunk(plan_rng(self._seed, self.key(index)))
         else:
-            while index >= len(self._planned):  # plan the next block (each twice the last)
+            while index >= len(self._planned):  # plan the next block
                 start = len(self._planned)
-                keys = [self.key(i) for i in range(start, start + max(self.FIRST_BLOCK, start))]
+                size = max(self.FIRST_BLOCK, start)  # each twice the last, unless the total is known:
+                if self._total is not None:  # then a small first block, and what is left at its mean length
+                    size = self.PROBE_BLOCK
+                    if start:
+                        left = max(0, self._total - self._planned_tokens)
+                        size = max(self.PROBE_BLOCK, int(1.1 * left * start / self._planned_tokens) + 16)
+                keys = [self.key(i) for i in range(start, start + size)]
                 lengths, plans = self._by_uniforms(first_uniforms(self._seed, keys, PLAN_SALT))
                 self._planned.extend(zip(lengths.tolist(), plans.tolist()))
+                self._planned_tokens += int(lengths.sum())
             length, plan = self._planned[index]
         self.plans.append(plan)
         return length
@@ -97,8 +110,9 @@ class _PackBucket(beam.DoFn):
         yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
         prefix = f"{split}-b{bucket:05d}"
         if self._mode == "concat":
-            planner = _Planner(self._objective, self._seed, prefix)
-            chunks, rest = pack_concat(concat_documents(kept, self._eos), planner)
+            stream = concat_documents(kept, self._eos)
+            planner = _Planner(self._objective, self._seed, prefix, total=len(stream))
+            chunks, rest = pack_concat(stream, planner)
             for index, chunk in enumerate(chunks):
                 yield split, planner.key(index), planner.plans[index], chunk
             if len(rest):

@@ -52,7 +52,14 @@ class Piece:
         """
         cuts_array = np.asarray(cuts, dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(self.doc_lengths, dtype=np.int64)])
-        points = np.union1d(bounds, cuts_array)  # every cut and document boundary, sorted
+        # every cut and document boundary, sorted, once each (both are sorted already; np.union1d
+        # would hash them, about 1 ms per bucket)
+        points = np.concatenate([bounds, cuts_array])
+        points.sort(kind="stable")
+        keep = np.empty(points.shape[0], dtype=bool)
+        keep[:1] = True
+        np.not_equal(points[1:], points[:-1], out=keep[1:])
+        points = points[keep]
         lengths = np.diff(points).astype(np.int32)
         owner = np.searchsorted(cuts_array, points[:-1], side="right") - 1  # piece of each segment
         indices = np.arange(len(cuts) - 1)

@@ -331,3 +331,17 @@ def test_planning_in_blocks_equals_planning_each_chunk(preset):
     expected = [objective.plan_chunk(plan_rng(17, planner.key(index))) for index in range(700)]
     assert list(zip(lengths, planner.plans)) == expected
     assert len(set(planner.plans)) == len(objective.denoisers)
+    # Knowing the tokens to cut: a first block of 32, then blocks sized to what is left; the
+    # same plans, and not many more planned than the chunks that fit.
+    total = sum(lengths[:500]) + 1
+    sized = _Planner(objective, 17, "train-b00003", total=total)
+    cut = 0
+    while True:
+        length = sized(len(sized.plans))
+        if cut + length > total:
+            break
+        cut += length
+    assert list(zip(lengths, planner.plans))[: len(sized.plans)] == list(
+        zip([length for length, _ in expected], sized.plans))
+    assert len(sized.plans) == 501
+    assert 501 <= len(sized._planned) <= 1.1 * 501 + 80
