@@ -46,7 +46,8 @@ from benchmarks.memory import run_and_measure
 from pipelines.train_tokenizer import train_tokenizer
 from transforms.read import iter_file_records
 
-CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(ROOT, "benchmarks", ".cache")
 MODES = {
     "in_process": [],
     "multi_processing": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
@@ -126,17 +127,15 @@ def child_env() -> dict[str, str]:
     ``num_proc``), which ``os.environ`` does not show but a child inherits by default; an
     in-process run then encodes on one thread (measured: 80 MB clm 31.2 s instead of 17.1 s).
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
 def measure(spec: dict) -> dict:
     """Run one measurement (``{"kind": "ceiling", "corpus", "tokenizer", "method"}``,
     ``{"kind": "materialize", "args"}`` or ``{"kind": "hf_idiom", "corpus", "tokenizer",
     "seq_len"}``) in a fresh Python process; its result dict."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-m", "benchmarks.bench_materialize", "--child", json.dumps(spec)],
-                          cwd=root, env=child_env(), capture_output=True, text=True)
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines or not lines[-1].startswith(_RESULT):
         raise SystemExit(f"measurement {spec} failed (exit {done.returncode}):\n"

@@ -28,7 +28,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.handoff import ByReference
+from transforms.handoff import wrap
 from transforms.objectives.layout import shard_count
 from transforms.parallel import STATS_KEY, BuildConfig, ChunkBuilder, ExampleBatch, PooledBuilder, example_key
 
@@ -66,10 +66,8 @@ class _Build(beam.DoFn):
             yield self._handoff(piece)
 
     def _handoff(self, piece):
-        if self._handoff_scope is None:
-            return piece
         shard, encoded = piece
-        return shard, ByReference(encoded, self._handoff_scope)
+        return shard, wrap(encoded, self._handoff_scope)
 
     def finish_bundle(self):
         for piece in self._builder.finish():

@@ -29,7 +29,7 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["ByReference", "HandoffError", "release", "scope", "unwrap"]
+__all__ = ["ByReference", "HandoffError", "release", "scope", "unwrap", "wrap"]
 
 _STORE: dict[tuple[str, int], Any] = {}
 _LOCK = threading.Lock()
@@ -72,6 +72,11 @@ def _resolve(pid: int, scope: str, token: int) -> ByReference:
     except KeyError:
         raise HandoffError(f"by-reference value {token} of run {scope} is no longer stored") from None
     return ByReference(value, scope)
+
+
+def wrap(value: Any, scope: str | None) -> Any:
+    """``value`` as a :class:`ByReference` of ``scope``, or as it is when ``scope`` is None."""
+    return value if scope is None else ByReference(value, scope)
 
 
 def unwrap(value: Any) -> Any:

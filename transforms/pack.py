@@ -68,12 +68,13 @@ class _Planner:
         else:
             while index >= len(self._planned):  # plan the next block
                 start = len(self._planned)
-                size = max(self.FIRST_BLOCK, start)  # each twice the last, unless the total is known:
-                if self._total is not None:  # then a small first block, and what is left at its mean length
+                if self._total is None:  # each block twice the last
+                    size = max(self.FIRST_BLOCK, start)
+                elif not start:  # a small block to learn the mean planned length
                     size = self.PROBE_BLOCK
-                    if start:
-                        left = max(0, self._total - self._planned_tokens)
-                        size = max(self.PROBE_BLOCK, int(1.1 * left * start / self._planned_tokens) + 16)
+                else:  # what is left at that mean length, and a little more
+                    left = max(0, self._total - self._planned_tokens)
+                    size = max(self.PROBE_BLOCK, int(1.1 * left * start / self._planned_tokens) + 16)
                 keys = [self.key(i) for i in range(start, start + size)]
                 lengths, plans = self._by_uniforms(first_uniforms(self._seed, keys, PLAN_SALT))
                 self._planned.extend(zip(lengths.tolist(), plans.tolist()))

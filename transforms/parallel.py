@@ -37,9 +37,9 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
 from schemas.examples import ExampleSchema
-from transforms.objectives.common import LazyGenerator, digest_u64
+from transforms.objectives.common import LazyGenerator
 from transforms.objectives.counters import add_counters
-from transforms.objectives.layout import SHARD_SALT, row_order_key, shard_key
+from transforms.objectives.layout import row_order_key, shard_hash
 from transforms.shard_format import ExampleColumns
 
 __all__ = [
@@ -213,10 +213,10 @@ class ChunkBuilder:
                                              features)
             example["key"] = key
             add_counters(stats, self._finish(example, len(piece.tokens)))
-            shard_hash = digest_u64(shard_key(config.seed, key), salt=SHARD_SALT)
-            shard = (split, shard_hash % shard_count, shard_count)
+            hashed = shard_hash(config.seed, key)
+            shard = (split, hashed % shard_count, shard_count)
             rows = self._rows.setdefault(shard, [])
-            rows.append((example, len(piece.tokens), shard_hash))
+            rows.append((example, len(piece.tokens), hashed))
             if len(rows) == config.batch_rows:
                 full.append(shard)
         self.built += config.draws
@@ -255,15 +255,14 @@ class ChunkBuilder:
             add_counters(self.stats.setdefault(split, {}), counters)
             columns = ExampleColumns(config.schema, len(keys), arrays, {}, {"key": keys})
             seed = config.seed
-            hashes = np.fromiter((digest_u64(shard_key(seed, key), salt=SHARD_SALT) for key in keys),
-                                 dtype=np.uint64, count=len(keys))
+            hashes = np.fromiter((shard_hash(seed, key) for key in keys), dtype=np.uint64, count=len(keys))
             orders = np.frombuffer(b"".join(row_order_key(seed, key) for key in keys), dtype=np.uint8)
             orders = orders.reshape(-1, 16)
             chunk_tokens = np.full(len(keys), tokens.shape[1], dtype=np.int64)
             shards = hashes % np.uint64(count)
-            for shard in np.unique(shards).tolist():
-                if len(keys) and shards[0] == shard and (shards == shard).all():
-                    rows = None  # every row: no copy
+            present = np.unique(shards).tolist()
+            for shard in present:
+                if len(present) == 1:  # every row: no copy
                     batch = ExampleBatch(orders, hashes, chunk_tokens, columns)
                 else:
                     rows = np.flatnonzero(shards == shard)

@@ -33,7 +33,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.handoff import ByReference
+from transforms.handoff import wrap
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
@@ -176,10 +176,7 @@ class _TokenizeBatch(beam.DoFn):
             split = assign_split(key, self._validation_fraction)
             tokens += ids.size
             # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
-            value = (key, data, features)
-            if self._handoff_scope is not None:
-                value = ByReference(value, self._handoff_scope)
-            yield (split, bucket_of(key, self._num_buckets)), value
+            yield (split, bucket_of(key, self._num_buckets)), wrap((key, data, features), self._handoff_scope)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         self._progress.add(len(texts), tokens)

@@ -20,7 +20,7 @@ import numpy as np
 
 from transforms.objectives.common import LazyGenerator, digest, digest_u64
 
-__all__ = ["PLAN_SALT", "SHARD_SALT", "plan_rng", "row_order_key", "shard_count", "shard_key", "shard_of"]
+__all__ = ["PLAN_SALT", "SHARD_SALT", "plan_rng", "row_order_key", "shard_count", "shard_hash", "shard_key", "shard_of"]
 
 PLAN_SALT = 0x504C414E  # "PLAN"
 SHARD_SALT = b"lmshards-shard"
@@ -55,9 +55,14 @@ def shard_key(seed: int, key: str) -> str:
     return f"{seed}:{key}"
 
 
+def shard_hash(seed: int, key: str) -> int:
+    """The 64-bit digest that places example ``key``: its shard is this modulo the shard count."""
+    return digest_u64(shard_key(seed, key), salt=SHARD_SALT)
+
+
 def shard_of(seed: int, key: str, num_shards: int) -> int:
     """Index of the shard that holds example ``key``."""
-    return digest_u64(shard_key(seed, key), salt=SHARD_SALT) % num_shards
+    return shard_hash(seed, key) % num_shards
 
 
 def row_order_key(seed: int, key: str) -> bytes:
