@@ -194,6 +194,50 @@ def test_clm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatc
         1 for c in chunks if c[0] == "train" and len(c[3].tokens) == 20)
 
 
+@pytest.mark.parametrize("draws", [1, 2])
+def test_bart_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
+    """Full bart chunks with both features are built MANY_ROWS rows at a time by Bart.build_many
+    (every draw); short chunks and chunks without the features one at a time, as all chunks
+    are with the block path off."""
+    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
+    special = SpecialIds(vocab_size=1000, pad=1, eos=2, bos=0, mask=3)
+    objective = make_objective("bart", {"seq_len": 34})
+    rng = np.random.default_rng(8)
+    chunks = []
+    for i, (split, chunk_key, plan, piece) in enumerate(_chunks(90)):
+        tokens = piece.tokens.copy()
+        tokens[rng.random(32) < 0.05] = 2  # EOS between packed documents
+        features = {"word_starts": rng.random(32) < 0.7, "sentence_starts": rng.random(32) < 0.1}
+        if i % 29 == 3:  # a short chunk: built on its own
+            tokens, features = tokens[:20], {name: flags[:20] for name, flags in features.items()}
+        if i % 31 == 4:  # no features (another tokenizer path): built on its own
+            features = {}
+        chunks.append((split, chunk_key, plan, Piece(tokens, piece.doc_lengths, features)))
+
+    def config(many):
+        from schemas.examples import example_schema
+
+        schema = example_schema(objective.family, **objective.schema_kwargs())
+        built = parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+        if not many:
+            built.many_length = None
+        return built
+
+    blocked_config, plain_config = config(True), config(False)
+    assert blocked_config.many_length == 32
+    calls = []
+    build_many = type(objective).build_many
+    monkeypatch.setattr(type(objective), "build_many", lambda self, tokens, *rest: calls.append(len(tokens))
+                        or build_many(self, tokens, *rest))
+    blocked, plain = parallel.ChunkBuilder(blocked_config), parallel.ChunkBuilder(plain_config)
+    got, expected = _build(blocked, chunks), _build(plain, chunks)
+    assert _rows(got, blocked_config.schema) == _rows(expected, plain_config.schema)
+    assert blocked.stats == plain.stats and blocked.built == plain.built == 90 * draws
+    singles = sum(1 for c in chunks if len(c[3].tokens) < 32 or not c[3].features)
+    assert sum(calls) == (90 - singles) * draws and max(calls) > 8  # a block of 16 rows, cut by split
+    assert blocked.stats["train"]["masked_spans"] > 0 and blocked.stats["validation"]["examples"] > 0
+
+
 def test_a_bundle_smaller_than_a_task_is_built_inline(monkeypatch):
     def no_pool(processes):
         raise AssertionError("no task expected")

@@ -228,14 +228,14 @@ _INDEX_RANGE.setflags(write=False)
 
 
 def ids_out_of_range(tokens: np.ndarray, vocab_size: int) -> bool:
-    """Whether some id of a non-empty integer array lies outside ``[0, vocab_size)``.
+    """Whether some id of a non-empty integer array (any shape) lies outside ``[0, vocab_size)``.
 
     One pass instead of ``min`` and ``max``: read as unsigned, negative ids are huge.
     """
     dtype = tokens.dtype
     if dtype.kind == "i":
         tokens = tokens.view(_UNSIGNED.get(dtype) or dtype.str.replace("i", "u"))
-    return int(np.maximum.reduce(tokens)) >= vocab_size
+    return int(np.maximum.reduce(tokens, axis=None)) >= vocab_size
 
 
 _UNSIGNED = {np.dtype(np.int32): np.dtype(np.uint32), np.dtype(np.int64): np.dtype(np.uint64)}

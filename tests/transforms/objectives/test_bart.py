@@ -353,3 +353,92 @@ def test_objective_class():
     schema = example_schema(objective.family, **objective.schema_kwargs())
     assert schema.fixed_length("inputs") is None and schema.fixed_length("targets") is None
     assert objective.max_sentinels() == 0 and objective.params()["poisson_lambda"] == 3.5
+
+
+# --- the block path -------------------------------------------------------------------------
+
+
+@st.composite
+def blocks(draw):
+    """Rows of one length with the features and configurations ``bart_many`` covers."""
+    seq_len = draw(st.integers(3, 60))
+    size = draw(st.integers(1, seq_len - 2))
+    count = draw(st.integers(1, 12))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    tokens = rng.integers(4, 60, size=(count, size)).astype(np.int32)
+    tokens[rng.random((count, size)) < draw(st.sampled_from([0.0, 0.1]))] = 2  # EOS between packed documents
+    if draw(st.booleans()):
+        tokens[rng.integers(0, count)] = 2  # a row without a maskable word
+    probability = st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0])
+    config = BartConfig(
+        seq_len=seq_len,
+        mask=draw(probability),
+        mask_random=draw(probability),
+        permute_sentences=draw(probability),
+        mask_length=draw(st.sampled_from(["span-poisson", "word", "subword"])),
+        poisson_lambda=draw(st.sampled_from([0.5, 3.0, 3.5, 10.0])),
+    )
+    word_starts = rng.random((count, size)) < draw(st.sampled_from([0.3, 0.7, 1.0])) if draw(st.booleans()) else None
+    sentence_starts = rng.random((count, size)) < draw(st.sampled_from([0.0, 0.05, 0.3]))
+    keys = [f"k{i}-{draw(st.text(max_size=4))}" for i in range(count)]
+    return tokens, word_starts, sentence_starts, config, keys
+
+
+@settings(max_examples=400, deadline=None)
+@given(blocks(), st.booleans())
+def test_bart_many_equals_bart_with_stats_row_by_row(case, lazy):
+    from transforms.objectives.common import LazyGenerator
+
+    tokens, word_starts, sentence_starts, config, keys = case
+    special = SpecialIds(vocab_size=60, pad=1, eos=2, bos=0, mask=3)
+    generators = [LazyGenerator(9, key) if lazy else example_rng(9, key) for key in keys]
+    inputs, offsets, targets, counters = bart_module.bart_many(tokens, generators, config, special, word_starts,
+                                                               sentence_starts)
+    assert inputs.dtype == targets.dtype == np.int32 and offsets.dtype == np.int64
+    summed: dict[str, int] = {}
+    for row, key in enumerate(keys):
+        example, row_counters = bart_with_stats(tokens[row], example_rng(9, key), config, special,
+                                                None if word_starts is None else word_starts[row], sentence_starts[row])
+        assert inputs[offsets[row] : offsets[row + 1]].tolist() == example["inputs"].tolist()
+        assert targets[row].tolist() == example["targets"].tolist()
+        for name, value in row_counters.items():
+            summed[name] = summed.get(name, 0) + value
+    assert offsets[-1] == inputs.size
+    assert counters == summed and all(isinstance(v, int) for v in counters.values())
+
+
+def test_bart_many_on_a_hand_checked_block():
+    """Two rows of the golden chunk: each row is the one-by-one example of its key."""
+    config = BartConfig(seq_len=14)
+    tokens = np.stack([TOKENS, TOKENS[::-1]])
+    words, sentences = np.stack([WORD_STARTS, WORD_STARTS]), np.stack([SENTENCE_STARTS, SENTENCE_STARTS])
+    inputs, offsets, targets, counters = bart_module.bart_many(
+        tokens, [example_rng(0, "key"), example_rng(0, "other")], config, SPECIAL, words, sentences)
+    first = run()[0]["inputs"].tolist()  # the golden example of key "key"
+    assert inputs[offsets[0] : offsets[1]].tolist() == first
+    assert targets.tolist() == [FRAMED, [0, *range(21, 9, -1), 2]]
+    assert counters["examples"] == 2 and counters["source_tokens"] == 28
+    assert counters["input_tokens"] == inputs.size == offsets[-1]
+
+
+def test_bart_many_refuses_what_it_does_not_cover():
+    tokens, generators = np.full((2, 12), 5, np.int32), [example_rng(0, "a"), example_rng(0, "b")]
+    flags = np.zeros((2, 12), bool)
+    for passes in ({"insert": 0.1}, {"rotate": 0.5}, {"token_mask": 0.1}, {"token_delete": 0.1},
+                   {"replace_length": 0}, {"replace_length": -1}):
+        config = BartConfig(seq_len=14, **passes)
+        assert Bart(config).many_length() is None
+        with pytest.raises(ValueError, match="bart_many covers"):
+            bart_module.bart_many(tokens, generators, config, SPECIAL, None, flags)
+    config = BartConfig(seq_len=14)
+    assert Bart(config).many_length() == 12
+    with pytest.raises(ValueError, match="generators"):
+        bart_module.bart_many(tokens, generators[:1], config, SPECIAL, None, flags)
+    with pytest.raises(ValueError, match="sentence_starts"):
+        bart_module.bart_many(tokens, generators, config, SPECIAL, None, flags[:, :5])
+    with pytest.raises(ValueError, match="word_starts"):
+        bart_module.bart_many(tokens, generators, config, SPECIAL, flags[:1], flags)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 50\)"):
+        bart_module.bart_many(np.full((2, 12), 50, np.int32), generators, config, SPECIAL, None, flags)
+    with pytest.raises(ValueError, match="size <= 12"):
+        bart_module.bart_many(np.full((2, 13), 5, np.int32), generators, config, SPECIAL, None, np.zeros((2, 13), bool))
