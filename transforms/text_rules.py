@@ -20,7 +20,16 @@ import numpy as np
 
 __all__ = ["byte_positions", "sentence_start_chars", "token_flags"]
 
-_SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s+(?=\S)")
+#: After a terminator: closing quotes or brackets, whitespace, then a character that may open a
+#: sentence. The regex decides ASCII ones (uppercase, digit, opener), so most candidates (a
+#: lowercase word after "e.g. ") never reach Python; any other non-space character is captured
+#: (group 1) for :func:`_opens_sentence`, as only Python's tables decide Unicode uppercase and
+#: digits. Every match ends at the first non-space character after the whitespace.
+_AFTER_END = r"[\"'\u201d\u2019)\]]*\s+(?=[A-Z0-9\"'(\[]|([^\x00-\x7f\s]))"
+#: One pattern per terminator: sre scans for a pattern's leading literal character several
+#: times faster than for a character class, and a text lacking a terminator skips its scan
+#: (``in`` is a memchr). A match spans one terminator, so splitting them finds the same matches.
+_SENTENCE_ENDS = tuple((end, re.compile(re.escape(end) + _AFTER_END)) for end in ".!?\u2026")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n\s*")
 _OPENERS = "\"'\u201c\u2018(["
 
@@ -34,9 +43,26 @@ def sentence_start_chars(text: str) -> np.ndarray:
     """Character offsets where sentences start (sorted, first is the first non-space char)."""
     first = len(text) - len(text.lstrip())
     starts = [first] if first < len(text) else []
-    starts += [m.end() for m in _SENTENCE_END.finditer(text) if _opens_sentence(text[m.end()])]
-    starts += [m.end() for m in _BLANK_LINE.finditer(text) if m.end() < len(text)]
-    return np.unique(np.asarray(starts, dtype=np.int64))
+    starts += [m.end() for m in _BLANK_LINE.finditer(text)]
+    if starts and starts[-1] == len(text):
+        starts.pop()  # a blank line at the end: no sentence follows (only the last match can end there)
+    ascii_only = text.isascii()
+    for end, pattern in _SENTENCE_ENDS:
+        if end in text:
+            if ascii_only:  # the regex decided every match
+                starts += [m.end() for m in pattern.finditer(text)]
+            else:
+                starts += [m.end() for m in pattern.finditer(text) if m.lastindex is None or _opens_sentence(m[1])]
+    # Each pattern's ends ascend, so sorting merges a few runs; a blank line after a sentence end
+    # (or at the very start) gives the same offset twice, and duplicates are neighbours now.
+    starts.sort()
+    unique = np.array(starts, dtype=np.int64)
+    if len(unique) > 1:
+        keep = np.empty(len(unique), dtype=bool)
+        keep[0] = True
+        np.not_equal(unique[1:], unique[:-1], out=keep[1:])
+        unique = unique[keep]
+    return unique
 
 
 def token_flags(token_ends: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -30,20 +30,26 @@ fall on token boundaries gets its word ids from the encoder.
 
 from __future__ import annotations
 
+import itertools
+import re
+
 import numpy as np
 from tokenizers import Tokenizer, pre_tokenizers
-
-from transforms.text_rules import byte_positions
 
 __all__ = ["ByteLevelWords", "word_start_flags"]
 
 LETTER, NUMBER, OTHER, SPACE_CLASS = 0, 1, 2, 3
 _UNKNOWN = 255
 _SPACE = ord(" ")
-_APOSTROPHE = ord("'")
-#: Letters after an apostrophe that make a contraction: s t m d, and re ve ll.
-_ONE_LETTER = (ord("s"), ord("t"), ord("m"), ord("d"))
-_TWO_LETTERS = ((ord("r"), ord("e")), (ord("v"), ord("e")), (ord("l"), ord("l")))
+#: What the start rules tell apart besides the four classes: the plain space (a word may begin
+#: with it) and the edge of the text (one before it; two after it, so that one more window
+#: than characters gives a False after the last).
+_PLAIN, _EDGE = 4, 5
+_KINDS = 6
+#: A byte no ASCII text holds, so the ASCII kind table can map it to the edge.
+_EDGE_BYTE = b"\x80"
+#: An apostrophe followed by s t m d, or re ve ll.
+_CONTRACTION = re.compile(r"'(?:[stmd]|re|ve|ll)")
 #: Awkward strings the rules are checked on against the encoder's word ids before use.
 SELF_CHECK = (
     "Hello world, it's  a test.\n\nAnother   sentence here!  ",
@@ -81,8 +87,15 @@ class ByteLevelWords:
     def __init__(self, tokenizer: Tokenizer):
         self._pre_tokenizer = tokenizer.pre_tokenizer
         self._classes = np.full(0x110000, _UNKNOWN, dtype=np.uint8)
+        self._kinds = self._classes.copy()  # the classes, but _PLAIN for " "
         self._classify(np.arange(128, dtype=np.uint32))
         self._ascii = self._classes[:256].copy()  # a small table for ASCII bytes (cache-friendly)
+        # bytes.translate tables, a C loop that costs less than numpy's fancy indexing (which
+        # first widens every index to 64 bits): ASCII byte -> kind, and window -> start.
+        kinds = self._kinds[:256].copy()
+        kinds[128:] = _EDGE
+        self._ascii_kinds = kinds.tobytes()
+        self._window_starts = self._start_rules(int(self._classes[_SPACE]))
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, byte_lengths: np.ndarray | None) -> ByteLevelWords | None:
@@ -127,76 +140,109 @@ class ByteLevelWords:
             else:
                 kind = SPACE_CLASS
             self._classes[code_point] = kind
+            self._kinds[code_point] = _PLAIN if code_point == _SPACE else kind
 
     def classes(self, code_points: np.ndarray) -> np.ndarray:
         """Class of each code point (uint8: LETTER, NUMBER, OTHER or SPACE_CLASS)."""
         if code_points.dtype == np.uint8:  # ASCII bytes: all classified in __init__
             return self._ascii[code_points]
-        classes = self._classes[code_points]
-        unknown = classes == _UNKNOWN
+        return self._look_up(self._classes, code_points)
+
+    def _look_up(self, table: np.ndarray, code_points: np.ndarray) -> np.ndarray:
+        """``table`` (classes or kinds) at ``code_points``, classifying code points on first sight."""
+        values = table.take(code_points)  # faster than table[code_points]
+        unknown = values == _UNKNOWN
         if unknown.any():
             self._classify(np.unique(code_points[unknown]))
-            classes = self._classes[code_points]
-        return classes
+            values = table.take(code_points)
+        return values
+
+    @staticmethod
+    def _start_rules(space_class: int) -> bytes:
+        """Whether a word starts at a character, for every window of kinds around it (the
+        byte ``36 * before + 6 * character + after``): the rules of the module docstring."""
+        def class_of(kind: int) -> int:
+            return space_class if kind == _PLAIN else kind
+
+        starts = bytearray(256)
+        for before, kind, after in itertools.product(range(_KINDS), repeat=3):
+            if kind == _EDGE:  # after the text: never
+                continue
+            if before == _EDGE:  # the text's first character
+                start = True
+            else:
+                space = class_of(kind) == SPACE_CLASS
+                # A run of letters, numbers or others starts a word unless a plain space precedes
+                # it (then the space starts it: whitespace before a run ends with its own word).
+                start = class_of(kind) != class_of(before) and (before != _PLAIN or space)
+                # Whitespace followed by a run: its last character starts a word (the run's, for
+                # a plain space; its own, for any other); whitespace ending the text stays one word.
+                start = start or (space and after != _EDGE and class_of(after) != SPACE_CLASS)
+            starts[(before * _KINDS + kind) * _KINDS + after] = start
+        return bytes(starts)
+
+    def _char_starts(self, text: str) -> np.ndarray:
+        """Word starts: one bool per character of ``text`` and a False after the last.
+
+        Whether a word starts at a character depends on the kinds of it and its neighbours
+        only (but for contractions), so one table lookup per window of three decides it.
+        """
+        if text.isascii():  # a byte is a character: one translate gives the kinds
+            padded = _EDGE_BYTE + text.encode("ascii") + 2 * _EDGE_BYTE
+            kinds = np.frombuffer(padded.translate(self._ascii_kinds), dtype=np.uint8)
+        else:
+            code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            kinds = np.full(len(text) + 3, _EDGE, dtype=np.uint8)
+            kinds[1:-2] = self._look_up(self._kinds, code_points)
+        windows = kinds[:-2] * (_KINDS * _KINDS)
+        windows += kinds[1:-1] * _KINDS
+        windows += kinds[2:]
+        starts = np.frombuffer(windows.tobytes().translate(self._window_starts), dtype=bool)
+        # Contractions: a word that begins at an apostrophe (never a whitespace word's start).
+        contractions = []
+        if "'" in text:  # a memchr, far cheaper than the regex's scan of a text without one
+            contractions = [match.span() for match in _CONTRACTION.finditer(text) if starts[match.start()]]
+        if contractions:
+            starts = starts.copy()  # frombuffer of bytes is read-only
+            for begin, end in contractions:
+                starts[begin + 1 : end] = False
+                if end < len(text):
+                    starts[end] = True  # the rest of the letter run, or the next run
+        return starts
+
+    def _byte_starts(self, text: str, encoded: bytes) -> np.ndarray:
+        """Word starts: one bool per byte of ``encoded`` (the text's UTF-8 bytes), True at the
+        first byte of a character that starts a word, and a False after the last."""
+        chars = self._char_starts(text)
+        if len(encoded) == len(text):  # ASCII: bytes are characters
+            return chars
+        starts = np.zeros(len(encoded) + 1, dtype=bool)
+        starts[:-1][(np.frombuffer(encoded, dtype=np.uint8) & 0xC0) != 0x80] = chars[:-1]  # first bytes
+        return starts
 
     def start_chars(self, code_points: np.ndarray) -> np.ndarray:
         """Sorted positions (in ``code_points``) where the pre-tokenizer's words start."""
-        n = len(code_points)
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        classes = self.classes(code_points)
-        space = classes == SPACE_CLASS
-        starts = np.empty(n, dtype=bool)
-        starts[0] = True
-        np.not_equal(classes[1:], classes[:-1], out=starts[1:])  # a run of one class starts here
-        # A run of letters, numbers or others starts a word unless a plain space precedes it
-        # (then the space starts it: whitespace before a run ends with its own word, below).
-        starts[1:] &= (code_points[:-1] != _SPACE) | space[1:]
-        # Whitespace followed by a run: its last character starts a word (the run's, for a plain
-        # space; its own, for any other); whitespace at the end of the text stays one word.
-        starts[:-1] |= space[:-1] & ~space[1:]
-        positions = np.flatnonzero(starts)
-        # Contractions: a word that begins at an apostrophe (never a whitespace word's start).
-        apostrophes = np.flatnonzero(code_points == _APOSTROPHE)
-        contractions = [(at, size) for at in apostrophes[starts[apostrophes]].tolist()
-                        if (size := self._contraction(code_points, at))]
-        if contractions:
-            for at, size in contractions:
-                starts[at + 1 : at + size] = False
-                if at + size < n:
-                    starts[at + size] = True  # the rest of the letter run, or the next run
-            positions = np.flatnonzero(starts)
-        return positions
-
-    @staticmethod
-    def _contraction(code_points: np.ndarray, at: int) -> int:
-        n = len(code_points)
-        following = int(code_points[at + 1]) if at + 1 < n else -1
-        if following in _ONE_LETTER:
-            return 2
-        if at + 2 < n and (following, int(code_points[at + 2])) in _TWO_LETTERS:
-            return 3
-        return 0
+        text = code_points.astype(np.uint32).tobytes().decode("utf-32-le")
+        return np.flatnonzero(self._char_starts(text)[:-1])
 
     def start_bytes(self, text: str, encoded: bytes) -> np.ndarray:
         """UTF-8 byte offsets (in ``encoded``, the text's UTF-8 bytes) where words start."""
-        if len(encoded) == len(text):  # ASCII: bytes are characters
-            return self.start_chars(np.frombuffer(encoded, dtype=np.uint8))
-        code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        return byte_positions(text, encoded, self.start_chars(code_points))
+        return np.flatnonzero(self._byte_starts(text, encoded)[:-1])
 
     def token_flags(self, text: str, encoded: bytes, token_ends: np.ndarray) -> np.ndarray | None:
-        """True for each token that starts a word, given the tokens' byte ends (whose last is
-        ``len(encoded)``); None when a word would start inside a token (the rules do not
+        """True for each token that starts a word, given the tokens' byte ends (non-decreasing,
+        the last ``len(encoded)``); None when a word would start inside a token (the rules do not
         describe this text's split)."""
-        flags = np.zeros(len(token_ends), dtype=bool)
-        starts = self.start_bytes(text, encoded)
-        token = np.searchsorted(token_ends, starts, side="right")
-        if len(token) and token[-1] >= len(token_ends):
+        starts = self._byte_starts(text, encoded)
+        flags = np.empty(len(token_ends), dtype=bool)
+        if len(flags):
+            # A token is flagged when a word starts where it begins (where the previous one ends)
+            # and it holds a byte. Non-empty tokens begin at distinct bytes, so every word start
+            # fell on a token's beginning when the counts agree. Clipping sends a token that
+            # begins past the text to the False after it.
+            flags[0] = token_ends[0] > 0 and starts[0]
+            starts.take(token_ends[:-1], out=flags[1:], mode="clip")
+            flags[1:] &= token_ends[1:] != token_ends[:-1]
+        if np.count_nonzero(flags) != np.count_nonzero(starts):
             return None
-        token_starts = token_ends[token - 1]
-        token_starts[token == 0] = 0
-        if not np.array_equal(token_starts, starts):
-            return None
-        flags[token] = True
         return flags

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,74 @@ def test_sentence_starts_are_sorted_in_range_and_non_space(text):
     assert all(not text[s].isspace() for s in starts)
     if text.strip():
         assert starts[0] == len(text) - len(text.lstrip())
+
+
+@pytest.mark.parametrize(
+    "text, starts",
+    [
+        # After a terminator only Python's str.isupper/isdigit decide a non-ASCII character.
+        ("x. \u00e9lan", [0]),
+        ("x. \u00c9lan", [0, 3]),
+        ("x. \u0663 items", [0, 3]),  # Arabic-Indic three
+        ("x. \u00b2 y", [0, 3]),  # superscript two: isdigit
+        ("a. \u00bd b", [0]),  # one half: numeric, not a digit
+        ("a. \u2167 b", [0, 3]),  # Roman numeral eight: isupper
+        ("Ok.\u2028\u01c5x", [0]),  # titlecase is not uppercase
+        ("Ok. \u201cx", [0, 4]),
+        ("Ok. \u00ab x", [0]),  # not one of the opening quotes
+        ("Ok.\u201d\u2019 (x", [0, 6]),
+        ('He left.) "Yes', [0, 10]),
+        ("Wait\u2026 What", [0, 6]),
+        # Unicode whitespace after a terminator; one offset for a sentence end and a blank line.
+        ("End.\u00a0Next", [0, 5]),
+        ("End.\u3000next", [0]),
+        ("one.  \n  Two", [0, 9]),
+        ("End.\n\nNext", [0, 6]),
+        ("End.\n\n \u00e9lan", [0, 7]),
+        # Blank lines: only spaces and tabs between the newlines, whitespace after them skipped.
+        ("\n\nHi", [2]),
+        ("a\n\t\n\r b", [0, 6]),
+        ("a\n\r\nb", [0]),
+        ("a.\r\n\r\nb", [0]),  # CRLF: no blank line by the rule, and "b" is lowercase
+    ],
+)
+def test_sentence_start_chars_unicode_and_whitespace_edges(text, starts):
+    got = sentence_start_chars(text)
+    assert got.dtype == np.int64
+    assert got.tolist() == starts
+
+
+def _reference_sentence_starts(text: str) -> list[int]:
+    """The rule as first written, its specification: one regex for all terminators and Python's
+    check of the character after every match, the blank lines, the first non-space character."""
+    sentence_end = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s+(?=\S)")
+    blank_line = re.compile(r"\n[ \t]*\n\s*")
+    first = len(text) - len(text.lstrip())
+    starts = {first} if first < len(text) else set()
+    for match in sentence_end.finditer(text):
+        char = text[match.end()]
+        if char.isupper() or char.isdigit() or char in "\"'\u201c\u2018([":
+            starts.add(match.end())
+    starts |= {match.end() for match in blank_line.finditer(text) if match.end() < len(text)}
+    return sorted(starts)
+
+
+#: Pieces that stress the rule: terminators, closers, openers, ASCII and Unicode uppercase,
+#: digits and their look-alikes, lowercase, and every kind of whitespace and line break.
+SENTENCE_PIECES = ["a", "x", "Z", "I", "3", "e.g.", ".", "!", "?", "...", '"', "'", ")", "]", "(", "[", " ", "  ",
+                   "\n", "\n\n", "\t", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\u2026", "\u201d", "\u2019",
+                   "\u201c", "\u2018", "\u00ab", "\u00c9lan", "\u00e9", "\u00dc", "\u0663", "\u00b2", "\u00bd",
+                   "\u2167", "\u01c5", "\u4f60", "\U0001F600", "\x85", "\u00a0", "\u2028", "\u3000"]
+ASCII_SENTENCE_PIECES = [piece for piece in SENTENCE_PIECES if piece.isascii()]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.lists(st.sampled_from(ASCII_SENTENCE_PIECES), max_size=30).map("".join),
+                 st.lists(st.sampled_from(SENTENCE_PIECES), max_size=30).map("".join)))
+def test_sentence_starts_match_the_reference_rule(text):
+    got = sentence_start_chars(text)
+    assert got.dtype == np.int64
+    assert got.tolist() == _reference_sentence_starts(text)
 
 
 def test_token_flags_hand_checked():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import glob
 import json
 
@@ -88,6 +89,80 @@ def test_a_word_start_inside_a_token_is_reported_not_guessed():
     assert WORDS.token_flags("ab cd", b"ab cd", np.array([2, 4, 5])).tolist() == [True, True, False]
     assert WORDS.token_flags("ab cd", b"ab cd", np.array([2, 5])).tolist() == [True, True]
     assert WORDS.token_flags("ab cd", b"ab cd", np.array([1, 2, 5])).tolist() == [True, False, True]
+
+
+def test_token_flags_with_empty_tokens_and_tokens_past_the_text():
+    # Words of "ab cd" start at bytes 0 and 2; a start flags the first token that holds its byte.
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([2, 2, 5])).tolist() == [True, False, True]
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([0, 2, 5])).tolist() == [False, True, True]
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([0, 0, 2, 5])).tolist() == [False, False, True, True]
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([2, 5, 5])).tolist() == [True, True, False]
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([2, 5, 7])).tolist() == [True, True, False]
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([2, 7])).tolist() == [True, True]
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([2])) is None  # a start after the last token
+    assert WORDS.token_flags("ab cd", b"ab cd", np.array([], dtype=np.int64)) is None
+    assert WORDS.token_flags("", b"", np.array([], dtype=np.int64)).tolist() == []
+    assert WORDS.token_flags("", b"", np.array([0])).tolist() == [False]
+
+
+def _reference_word_starts(text: str) -> list[int]:
+    """Character positions where words start, by the module docstring's rules one character
+    at a time (with the tokenizer's classes)."""
+    classes = WORDS.classes(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)).tolist()
+    starts = []
+    for i, kind in enumerate(classes):
+        space = kind == SPACE_CLASS
+        # A new run starts a word, unless a plain space before it begins the word.
+        start = i == 0 or (kind != classes[i - 1] and (text[i - 1] != " " or space))
+        # The last whitespace before a run starts a word (not whitespace that ends the text).
+        start = start or (space and i + 1 < len(classes) and classes[i + 1] != SPACE_CLASS)
+        starts.append(start)
+    for at in [i for i, char in enumerate(text) if char == "'" and starts[i]]:
+        size = 0
+        if text[at + 1 : at + 2] in ("s", "t", "m", "d"):
+            size = 2
+        elif text[at + 1 : at + 3] in ("re", "ve", "ll"):
+            size = 3
+        if size:
+            starts[at + 1 : at + size] = [False] * (size - 1)
+            if at + size < len(text):
+                starts[at + size] = True
+    return [i for i, start in enumerate(starts) if start]
+
+
+def _reference_token_flags(byte_starts: list[int], ends: list[int]) -> list[bool] | None:
+    """The first token that ends after each start, which must begin there."""
+    flags = [False] * len(ends)
+    for start in byte_starts:
+        token = bisect.bisect_right(ends, start)
+        if token == len(ends) or (ends[token - 1] if token else 0) != start:
+            return None
+        flags[token] = True
+    return flags
+
+
+ASCII_PIECES = [piece for piece in PIECES if piece.isascii()]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(st.sampled_from(ASCII_PIECES), max_size=30).map("".join),
+                 st.lists(st.sampled_from(PIECES), max_size=30).map("".join)),
+       st.data())
+def test_word_starts_match_the_reference_rules(text, data):
+    encoded = text.encode("utf-8")
+    expected = _reference_word_starts(text)
+    byte_starts = [len(text[:i].encode("utf-8")) for i in expected]
+    assert WORDS.start_chars(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)).tolist() == expected
+    if text.isascii():
+        assert WORDS.start_chars(np.frombuffer(encoded, dtype=np.uint8)).tolist() == expected
+    assert WORDS.start_bytes(text, encoded).tolist() == byte_starts
+    # Token ends at word starts and anywhere else, empty tokens, past the text, or short of its end.
+    cuts = data.draw(st.lists(st.sampled_from(byte_starts), max_size=12)) if byte_starts else []
+    cuts += data.draw(st.lists(st.integers(0, len(encoded) + 2), max_size=2))
+    ends = sorted(cuts) + [len(encoded)] * data.draw(st.integers(0, 2))
+    flags = WORDS.token_flags(text, encoded, np.array(ends, dtype=np.int64))
+    assert flags is None or flags.dtype == bool
+    assert (None if flags is None else flags.tolist()) == _reference_token_flags(byte_starts, ends)
 
 
 def _byte_level(tmp_path, name: str, *, use_regex: bool = True, added: list | None = None) -> Tokenizer:
