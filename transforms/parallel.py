@@ -37,7 +37,7 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
 from schemas.examples import ExampleSchema
-from transforms.objectives.common import LazyGenerator
+from transforms.objectives.common import LazyGenerator, example_rngs
 from transforms.objectives.counters import add_counters
 from transforms.objectives.layout import row_order_key, shard_hash
 from transforms.shard_format import ExampleColumns
@@ -291,7 +291,7 @@ class ChunkBuilder:
             pieces = [chunk[3] for chunk, _ in rows]
             tokens = np.stack([piece.tokens for piece in pieces])
             features = {name: np.stack([piece.features[name] for piece in pieces]) for name in config.objective.features}
-            generators = [LazyGenerator(config.seed, key) for key in keys]
+            generators = example_rngs(config.seed, keys)  # bart draws for every example: seed them together
             arrays, counters = config.objective.build_many(tokens, generators, config.special, features)
             out.extend(self._block_pieces(split, count, keys, tokens.shape[1], arrays, counters))
         self.built += len(block) * config.draws

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range, index_range
-from transforms.objectives.mlm import STATS_KEY, draw_non_special
+from transforms.objectives.mlm import STATS_KEY, draw_non_special, draw_ranks, ids_of_ranks
 
 __all__ = [
     "MASK_LENGTHS",
@@ -243,7 +243,7 @@ def _span_lengths(budget: int, config: BartConfig, rng: np.random.Generator) -> 
 
 
 #: Positions up to which :func:`_span_ends` binary-searches; beyond, running counts cost less.
-_SEARCH_LIMIT = 1 << 16
+_SEARCH_LIMIT = 1 << 14
 
 
 def _span_ends(word_start: np.ndarray, barrier: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -593,7 +593,8 @@ def bart_many(
     span_rows: list[tuple[int, np.ndarray, int]] = []  # (row, span lengths, zero-length spans)
     starts_of: list[np.ndarray] = []  # per masked row: chosen word indices (into the row's pool)
     random_of: list[np.ndarray] = []  # per masked row: which of its spans become random tokens
-    draws_of: list[np.ndarray] = []  # per masked row: the random ids
+    ranks_of: list = []  # per row with random spans: the ranks of its random ids (mapped to ids at once)
+    n_free = special.non_special_ranks()[0]
     for row, rng in enumerate(generators):
         if permute:
             n = int(sentences[row])
@@ -609,7 +610,9 @@ def bart_many(
             is_random = rng.random(nonzero) < config.mask_random
             starts_of.append(starts)
             random_of.append(is_random)
-            draws_of.append(draw_non_special(rng, special, int(np.count_nonzero(is_random))))
+            random_count = int(np.count_nonzero(is_random))
+            if random_count:
+                ranks_of.append(draw_ranks(rng, n_free, random_count))
 
     ids = targets.copy()
     word_start = np.zeros((count, framed), dtype=bool)
@@ -680,12 +683,14 @@ def bart_many(
         keep = keep.reshape(-1)
         inputs[starts] = special.mask
         random_positions = starts[np.concatenate(random_of)]
-        inputs[random_positions] = np.concatenate(draws_of)
+        if ranks_of:
+            inputs[random_positions] = ids_of_ranks(special, np.concatenate(ranks_of))
         counters["random_tokens"] = int(np.count_nonzero(keep[random_positions]))
         inputs = inputs[keep]
         sizes = np.count_nonzero(keep.reshape(count, framed), axis=1)
         # Zero-length spans become inserted masks, as many as fit in seq_len.
-        inserted_at, inserted_random, inserted_ids, added = [], [], [], np.zeros(count, dtype=np.int64)
+        inserted_at, inserted_random, added = [], [], np.zeros(count, dtype=np.int64)
+        ranks_of = []
         for (row, _, zero_spans), mask_positions in zip(span_rows, starts_of):
             if not zero_spans:
                 continue
@@ -696,7 +701,9 @@ def bart_many(
             rng = generators[row]
             at = _insert_positions(rng, int(sizes[row]) + allowed, allowed)
             is_random = rng.random(allowed) < config.mask_random
-            inserted_ids.append(draw_non_special(rng, special, int(np.count_nonzero(is_random))))
+            random_count = int(np.count_nonzero(is_random))
+            if random_count:
+                ranks_of.append(draw_ranks(rng, n_free, random_count))
             inserted_at.append((row, at))
             inserted_random.append(is_random)
             added[row] = allowed
@@ -710,10 +717,11 @@ def bart_many(
             grown = np.empty(int(offsets[-1]), dtype=np.int32)
             grown[old] = inputs
             grown[at] = special.mask
-            random_ids = np.concatenate(inserted_ids)
-            grown[at[np.concatenate(inserted_random)]] = random_ids
+            if ranks_of:
+                random_ids = ids_of_ranks(special, np.concatenate(ranks_of))
+                grown[at[np.concatenate(inserted_random)]] = random_ids
+                counters["random_tokens"] += int(random_ids.size)
             counters["inserted"] = int(at.size)
-            counters["random_tokens"] += int(random_ids.size)
             inputs = grown
     counters["tokens"] = counters["source_tokens"] = count * framed
     counters["input_tokens"] = int(inputs.size)

@@ -28,6 +28,7 @@ __all__ = [
     "digest_u64",
     "first_uniforms",
     "example_rng",
+    "example_rngs",
     "generator_of",
     "ids_out_of_range",
     "index_range",
@@ -180,14 +181,10 @@ def _pool_words(entropy: list) -> list:
     return pool
 
 
-def first_uniforms(seed: int, keys: list[bytes | str], *extra: int) -> np.ndarray:
-    """``[example_rng(seed, key, *extra).random() for key in keys]``, without making generators.
-
-    The first double of PCG64 seeded through ``SeedSequence`` is worked out directly: the
-    entropy mixing and ``generate_state`` vectorized over the keys (32-bit words in uint64
-    arrays), then PCG64's seeding and first step as Python ints. About twenty times faster
-    than seeding a generator per key, for planners that draw one number per chunk.
-    """
+def _initial_states(seed: int, keys: list[bytes | str], extra: tuple) -> tuple[np.ndarray, list[list[int]]]:
+    """For the keys whose 64-bit digest has two 32-bit words (all but about one in 2**32):
+    which keys those are, and ``generate_state(4, np.uint64)`` of their ``SeedSequence``
+    (four lists of ints, one entry per such key), vectorized over the keys."""
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     key_u64 = np.fromiter(map(_key_u64, keys), dtype=np.uint64, count=len(keys))
@@ -196,7 +193,18 @@ def first_uniforms(seed: int, keys: list[bytes | str], *extra: int) -> np.ndarra
     tail = [w for value in extra for w in _words(int(value) & _MASK64)]
     keyed = key_u64[two_words]
     pool = _pool_words([*head, keyed & _MASK32, keyed >> 32, *tail])
-    values = [words.tolist() for words in _state_words(pool)]
+    return two_words, [words.tolist() for words in _state_words(pool)]
+
+
+def first_uniforms(seed: int, keys: list[bytes | str], *extra: int) -> np.ndarray:
+    """``[example_rng(seed, key, *extra).random() for key in keys]``, without making generators.
+
+    The first double of PCG64 seeded through ``SeedSequence`` is worked out directly: the
+    entropy mixing and ``generate_state`` vectorized over the keys (32-bit words in uint64
+    arrays), then PCG64's seeding and first step as Python ints. About twenty times faster
+    than seeding a generator per key, for planners that draw one number per chunk.
+    """
+    two_words, values = _initial_states(seed, keys, extra)
     out = np.empty(len(keys), dtype=np.float64)
     draws = []
     for seed_high, seed_low, inc_high, inc_low in zip(*values):
@@ -209,6 +217,41 @@ def first_uniforms(seed: int, keys: list[bytes | str], *extra: int) -> np.ndarra
     out[two_words] = np.asarray(draws, dtype=np.float64) * (1.0 / 9007199254740992.0)
     for index in np.flatnonzero(~two_words).tolist():
         out[index] = example_rng(seed, keys[index], *extra).random()
+    return out
+
+
+class _StateWords:
+    """A seed sequence that hands ``PCG64`` state words worked out beforehand (registered as an
+    ``ISeedSequence``, which is all ``BitGenerator`` asks of its seed)."""
+
+    __slots__ = ("_words",)
+
+    def __init__(self, words: np.ndarray):
+        self._words = words
+
+    def generate_state(self, n_words, dtype=np.uint32):
+        if n_words != 4 or dtype is not np.uint64:
+            raise ValueError(f"precomputed PCG64 state words, asked for {n_words} of {dtype}")
+        return self._words
+
+
+np.random.bit_generator.ISeedSequence.register(_StateWords)
+
+
+def example_rngs(seed: int, keys: list[bytes | str], *extra: int) -> list[np.random.Generator]:
+    """``[example_rng(seed, key, *extra) for key in keys]``, seeded together.
+
+    The seed sequences' mixing runs vectorized over the keys (:func:`first_uniforms`' way)
+    and each ``PCG64`` starts from its words: about 3 us a generator instead of 14.
+    """
+    two_words, values = _initial_states(seed, keys, extra)
+    # one C-contiguous row of four words per generator: PCG64 reads the array's buffer as it is
+    states = np.ascontiguousarray(np.array(values, dtype=np.uint64).T) if values[0] else np.zeros((0, 4), np.uint64)
+    out: list[np.random.Generator | None] = [None] * len(keys)
+    for index, words in zip(np.flatnonzero(two_words).tolist(), states):
+        out[index] = np.random.Generator(np.random.PCG64(_StateWords(words)))
+    for index in np.flatnonzero(~two_words).tolist():
+        out[index] = example_rng(seed, keys[index], *extra)
     return out
 
 

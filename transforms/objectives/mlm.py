@@ -62,7 +62,9 @@ __all__ = [
     "STATS_KEY",
     "MLMConfig",
     "draw_non_special",
+    "draw_ranks",
     "exact_split",
+    "ids_of_ranks",
     "mlm",
     "mlm_with_stats",
     "round_half_up",
@@ -185,18 +187,29 @@ def draw_non_special(rng: np.random.Generator, special: SpecialIds, size: int) -
         raise ValueError(f"no non-special id in a vocabulary of {special.vocab_size} ids")
     if size == 0:  # drawing no ids leaves the generator untouched: skip the call
         return np.empty(0, dtype=np.int32)
+    ranks = draw_ranks(rng, n_free, size)
+    if type(ranks) is list:
+        bounds = special.non_special_rank_list()
+        return np.array([rank + bisect.bisect_right(bounds, rank) for rank in ranks], dtype=np.int32)
+    ranks += shifted.searchsorted(ranks, side="right")
+    return ranks.astype(np.int32)
+
+
+def draw_ranks(rng: np.random.Generator, n_free: int, size: int) -> list[int] | np.ndarray:
+    """The ranks (in ``[0, n_free)``) behind :func:`draw_non_special`'s ids: a list for a few, an
+    int64 array for more; nothing is drawn for ``size`` 0. Callers that draw for many examples
+    map all ranks to ids at once (:func:`ids_of_ranks`)."""
     if size <= _SCALAR_DRAWS and n_free <= 0xFFFFFFFF and type(rng) is np.random.Generator:
         # A vector of bounded ints is drawn one 32-bit value after another, exactly as that
         # many scalar draws are; for a few ids the scalar calls cost less than one vector call.
-        bounds = special.non_special_rank_list()
-        ids = []
-        for _ in range(size):
-            rank = int(rng.integers(0, n_free))
-            ids.append(rank + bisect.bisect_right(bounds, rank))
-        return np.array(ids, dtype=np.int32)
-    rank = rng.integers(0, n_free, size=size)
-    rank += shifted.searchsorted(rank, side="right")
-    return rank.astype(np.int32)
+        return [int(rng.integers(0, n_free)) for _ in range(size)]
+    return rng.integers(0, n_free, size=size)
+
+
+def ids_of_ranks(special: SpecialIds, ranks: np.ndarray) -> np.ndarray:
+    """The non-special ids of ``ranks`` (int32): what :func:`draw_non_special` returns for them."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    return (ranks + special.non_special_ranks()[1].searchsorted(ranks, side="right")).astype(np.int32)
 
 
 def _check_tokens(tokens: np.ndarray, special: SpecialIds, limit: int) -> np.ndarray:

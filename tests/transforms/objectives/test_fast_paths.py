@@ -21,6 +21,8 @@ from transforms.objectives.common import (
     _SeedSequence,
     digest_u64,
     example_rng,
+    example_rngs,
+    first_uniforms,
     generator_of,
 )
 from transforms.objectives.mlm import _cumulative_ratios, _split_counts, draw_non_special, exact_split
@@ -48,6 +50,32 @@ def test_example_rng_is_default_rng_of_the_documented_list(seed, key, extra):
     entropy = [seed & _MASK64, digest_u64(key, salt=b"lmshards-rng"), *(e & _MASK64 for e in extra)]
     expected = np.random.default_rng(entropy).bit_generator.random_raw(4).tolist()
     assert example_rng(seed, key, *extra).bit_generator.random_raw(4).tolist() == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.one_of(st.sampled_from([0, 1, 2**32 - 1, 2**32, 2**64 - 1]), st.integers(0, 2**70)),
+    keys=st.lists(st.one_of(st.text(max_size=12), st.binary(max_size=12)), max_size=12),
+    extra=st.lists(st.integers(-(2**65), 2**65), max_size=2),
+)
+def test_generators_seeded_together_are_the_example_generators(seed, keys, extra):
+    together = example_rngs(seed, keys, *extra)
+    assert len(together) == len(keys)
+    for key, generator in zip(keys, together):
+        expected = example_rng(seed, key, *extra)
+        assert generator.bit_generator.random_raw(3).tolist() == expected.bit_generator.random_raw(3).tolist()
+        assert generator.random() == expected.random()  # a Generator whose state goes on like the other's
+    assert first_uniforms(seed, keys, *extra).tolist() == [example_rng(seed, key, *extra).random() for key in keys]
+
+
+def test_generators_seeded_together_include_keys_with_a_one_word_digest(monkeypatch):
+    """About one key in 2**32 has a digest below 2**32 (one seed word): it is seeded on its own."""
+    from transforms.objectives import common
+
+    digests = {"low": 12345, "high": 2**63 + 7}
+    monkeypatch.setattr(common, "_key_u64", lambda key: digests[key])
+    plain = [np.random.default_rng([3, digests[k]]).bit_generator.random_raw(2).tolist() for k in ("low", "high")]
+    assert [g.bit_generator.random_raw(2).tolist() for g in example_rngs(3, ["low", "high"])] == plain
 
 
 @settings(max_examples=300, deadline=None)
