@@ -171,13 +171,9 @@ class BuildConfig:
         if (hasattr(objective, "build_block") and draws == 1 and not schema.scalar_columns
                 and tuple(schema.string_columns) == ("key",) and len(self.fixed) == 1):
             self.block_length = next(iter(self.fixed.values()))
-        #: chunks of this many tokens, with exactly the objective's features, are built in
-        #: blocks by the objective's ``build_many`` (every draw; each example from its own
-        #: generator); None: one at a time
-        self.many_length: int | None = None
-        if (hasattr(objective, "build_many") and not self.fixed and not schema.scalar_columns
-                and tuple(schema.string_columns) == ("key",)):
-            self.many_length = objective.many_length()
+        #: whether chunks the objective's ``builds_many`` accepts are built in blocks by its
+        #: ``build_many`` (every draw; each example from its own generator), the rest one at a time
+        self.many = hasattr(objective, "build_many") and schema.string_columns[:1] == ("key",)
         self._payload: tuple[str, bytes] | None = None
 
     def __getstate__(self):
@@ -216,8 +212,7 @@ class ChunkBuilder:
         if config.block_length is not None and len(piece.tokens) == config.block_length and not piece.features:
             self._block.append((chunk, shard_count))
             return self._build_block() if len(self._block) >= BLOCK_CHUNKS else []
-        if (config.many_length is not None and len(piece.tokens) == config.many_length
-                and piece.features.keys() == config.objective.features):
+        if config.many and config.objective.builds_many(piece, plan):
             self._many.append((chunk, shard_count))
             return self._build_many() if len(self._many) * config.draws >= MANY_ROWS else []
         features = dict(piece.features)
@@ -270,7 +265,9 @@ class ChunkBuilder:
             keys = [example_key(chunk[1], 0) for chunk, _ in chunks]
             tokens = np.stack([chunk[3].tokens for chunk, _ in chunks])
             arrays, counters = config.objective.build_block(tokens, [chunk[3].doc_lengths for chunk, _ in chunks])
-            out.extend(self._block_pieces(split, count, keys, tokens.shape[1], arrays, counters))
+            columns = ExampleColumns(config.schema, len(keys), arrays, {}, {"key": keys})
+            chunk_tokens = np.full(len(keys), tokens.shape[1], dtype=np.int64)
+            out.extend(self._block_pieces(split, count, keys, columns, chunk_tokens, counters))
         self.built += len(block)
         return out
 
@@ -289,27 +286,27 @@ class ChunkBuilder:
             rows = [(chunk, draw) for chunk, _ in chunks for draw in range(config.draws)]
             keys = [example_key(chunk[1], draw) for chunk, draw in rows]
             pieces = [chunk[3] for chunk, _ in rows]
-            tokens = np.stack([piece.tokens for piece in pieces])
-            features = {name: np.stack([piece.features[name] for piece in pieces]) for name in config.objective.features}
-            generators = example_rngs(config.seed, keys)  # bart draws for every example: seed them together
-            arrays, counters = config.objective.build_many(tokens, generators, config.special, features)
-            out.extend(self._block_pieces(split, count, keys, tokens.shape[1], arrays, counters))
+            generators = example_rngs(config.seed, keys)  # these objectives draw for every example: seed together
+            arrays, scalars, strings, counters = config.objective.build_many(
+                pieces, [chunk[2] for chunk, _ in rows], generators, config.special)
+            columns = ExampleColumns(config.schema, len(keys), arrays, scalars, {"key": keys, **strings})
+            chunk_tokens = np.fromiter((len(piece.tokens) for piece in pieces), dtype=np.int64, count=len(pieces))
+            out.extend(self._block_pieces(split, count, keys, columns, chunk_tokens, counters))
         self.built += len(block) * config.draws
         return out
 
-    def _block_pieces(self, split: str, count: int, keys: list[str], chunk_length: int, arrays: dict,
-                      counters: dict[str, int]) -> list[tuple]:
-        """The rows of a block (``keys``, columns ``arrays``, summed ``counters``) as one piece per
-        shard of the split's ``count``; the counters go to the split's stats."""
+    def _block_pieces(self, split: str, count: int, keys: list[str], columns: ExampleColumns,
+                      chunk_tokens: np.ndarray, counters: dict[str, int]) -> list[tuple]:
+        """The rows of a block (``keys``, ``columns``, source tokens per row, summed
+        ``counters``) as one piece per shard of the split's ``count``; the counters go to the
+        split's stats."""
         config = self._config
-        counters["chunk_tokens"] = counters.get("chunk_tokens", 0) + len(keys) * chunk_length
+        counters["chunk_tokens"] = counters.get("chunk_tokens", 0) + int(chunk_tokens.sum())
         add_counters(self.stats.setdefault(split, {}), counters)
-        columns = ExampleColumns(config.schema, len(keys), arrays, {}, {"key": keys})
         seed = config.seed
         hashes = np.fromiter((shard_hash(seed, key) for key in keys), dtype=np.uint64, count=len(keys))
         orders = np.frombuffer(b"".join(row_order_key(seed, key) for key in keys), dtype=np.uint8)
         orders = orders.reshape(-1, 16)
-        chunk_tokens = np.full(len(keys), chunk_length, dtype=np.int64)
         shards = hashes % np.uint64(count)
         present = np.unique(shards).tolist()
         out = []

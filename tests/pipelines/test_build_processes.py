@@ -219,16 +219,15 @@ def test_bart_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypat
 
         schema = example_schema(objective.family, **objective.schema_kwargs())
         built = parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
-        if not many:
-            built.many_length = None
+        built.many = many
         return built
 
     blocked_config, plain_config = config(True), config(False)
-    assert blocked_config.many_length == 32
+    assert blocked_config.many and objective.builds_many(chunks[0][3], 0)
     calls = []
     build_many = type(objective).build_many
-    monkeypatch.setattr(type(objective), "build_many", lambda self, tokens, *rest: calls.append(len(tokens))
-                        or build_many(self, tokens, *rest))
+    monkeypatch.setattr(type(objective), "build_many", lambda self, pieces, *rest: calls.append(len(pieces))
+                        or build_many(self, pieces, *rest))
     blocked, plain = parallel.ChunkBuilder(blocked_config), parallel.ChunkBuilder(plain_config)
     got, expected = _build(blocked, chunks), _build(plain, chunks)
     assert _rows(got, blocked_config.schema) == _rows(expected, plain_config.schema)
@@ -236,6 +235,34 @@ def test_bart_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypat
     singles = sum(1 for c in chunks if len(c[3].tokens) < 32 or not c[3].features)
     assert sum(calls) == (90 - singles) * draws and max(calls) > 8  # a block of 16 rows, cut by split
     assert blocked.stats["train"]["masked_spans"] > 0 and blocked.stats["validation"]["examples"] > 0
+
+
+@pytest.mark.parametrize("layout, draws", [("encoder_decoder", 1), ("encoder_decoder", 2), ("decoder", 2)])
+def test_ul2_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, layout, draws):
+    """UL2 builds every chunk (full or short, any denoiser) MANY_ROWS rows at a time by
+    UL2.build_many: the rows and counters of the one-at-a-time path."""
+    from schemas.examples import example_schema
+
+    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
+    modes = {"[R]": 990, "[S]": 991, "[X]": 992}
+    special = SpecialIds(vocab_size=1000, pad=0, eos=1, sentinels=tuple(range(800, 900)), mode_tokens=modes)
+    objective = make_objective("ul2", {"inputs_length": 32, "layout": layout})
+    rng = np.random.default_rng(9)
+    chunks = []
+    for i in range(70):
+        plan = int(rng.integers(0, len(objective.denoisers)))
+        length = objective.lengths[plan].raw_length - (5 if i % 23 == 4 else 0)  # a few short chunks
+        chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", plan,
+                       Piece(rng.integers(2, 800, length, dtype=np.int32), np.array([length], np.int32))))
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+               for _ in range(2)]
+    configs[1].many = False
+    assert configs[0].many
+    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
+    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
+    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    assert blocked.stats["train"]["noise_spans"] > 0
 
 
 def test_a_bundle_smaller_than_a_task_is_built_inline(monkeypatch):

@@ -64,6 +64,7 @@ import numpy as np
 
 from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range, index_range
 from transforms.objectives.mlm import STATS_KEY, draw_non_special, draw_ranks, ids_of_ranks
+from transforms.objectives.packing import Piece
 
 __all__ = [
     "MASK_LENGTHS",
@@ -776,6 +777,7 @@ class Bart:
 
     def __init__(self, config: BartConfig | None = None) -> None:
         self.config = config or BartConfig()
+        self._many = many_supported(self.config)
 
     def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
         """Every chunk has ``config.raw_length`` tokens; no randomness is drawn."""
@@ -795,36 +797,33 @@ class Bart:
         )
         return {**example, STATS_KEY: counters}
 
-    def many_length(self) -> int | None:
-        """The chunk length :meth:`build_many` takes (``raw_length``), or None when the
-        configuration needs the one-by-one path (see :func:`many_supported`)."""
-        return self.config.raw_length if many_supported(self.config) else None
+    def builds_many(self, piece: Piece, plan: int) -> bool:
+        """Whether :meth:`build_many` takes this chunk: a full chunk with both features, under
+        a configuration :func:`many_supported` covers."""
+        return (self._many and piece.tokens.shape[0] == self.config.raw_length
+                and piece.features.keys() == self.features)
 
     def build_many(
         self,
-        tokens: np.ndarray,
+        pieces: Sequence[Piece],
+        plans: Sequence[int],
         rngs: Sequence[np.random.Generator],
         special: SpecialIds,
-        features: dict[str, np.ndarray],
-    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, int]]:
-        """:meth:`build` and :meth:`stats` of many chunks at once (see :func:`bart_many`).
-
-        Args:
-            tokens: ``(n, many_length())`` chunks, one per row.
-            rngs: each row's generator.
-            special: special ids.
-            features: ``word_starts`` and ``sentence_starts``, ``(n, many_length())`` bool each.
+    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict, dict, dict[str, int]]:
+        """:meth:`build` and :meth:`stats` of many chunks :meth:`builds_many` takes (see :func:`bart_many`).
 
         Returns:
-            The examples' columns (name -> ``(flat int32 values, int64 row offsets)``) and the
-            sum of their counters.
+            The examples' array columns (name -> ``(flat int32 values, int64 row offsets)``), no
+            scalar or string columns, and the sum of their counters.
         """
-        inputs, offsets, targets, counters = bart_many(
-            tokens, rngs, self.config, special, features.get("word_starts"), features["sentence_starts"])
+        tokens = np.stack([piece.tokens for piece in pieces])
+        words = np.stack([piece.features["word_starts"] for piece in pieces])
+        sentences = np.stack([piece.features["sentence_starts"] for piece in pieces])
+        inputs, offsets, targets, counters = bart_many(tokens, rngs, self.config, special, words, sentences)
         count, framed = targets.shape
         columns = {"inputs": (inputs, offsets),
                    "targets": (targets.reshape(-1), np.arange(count + 1, dtype=np.int64) * framed)}
-        return columns, counters
+        return columns, {}, {}, counters
 
     def stats(self, example: dict[str, Any]) -> dict[str, int]:
         """Exact counters carried by :meth:`build`; lengths only for an example without them."""

@@ -15,6 +15,16 @@ Flow for one chunk (DESIGN.md sections 2 and 4):
    (requested through :attr:`Objective.features`).
 3. :meth:`Objective.stats` returns integer counters of one example (never floats, so the
    sums are exact whatever the order) that the manifest adds up.
+
+Optional fast paths the pipeline's builder (:class:`transforms.parallel.ChunkBuilder`) uses
+when an objective has them; each must give exactly the rows and summed counters of
+:meth:`Objective.build` and :meth:`Objective.stats` (property tests hold them to it):
+
+- ``build_block(tokens, doc_lengths)``: full chunks without noise, all at once (CLM).
+- ``builds_many(piece, plan)`` and ``build_many(pieces, plans, rngs, special)``: the chunks
+  ``builds_many`` accepts, a few dozen rows at a time, each row from its own generator
+  (``example_rngs``), returning ``(array columns, scalar columns, string columns other than
+  the key, summed counters)`` (BART, UL2).
 """
 
 from __future__ import annotations

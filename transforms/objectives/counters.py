@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["add_counters", "log2_bin", "merge_counters", "length_counters"]
+__all__ = ["add_counters", "add_counters_times", "log2_bin", "merge_counters", "length_counters"]
 
 
 _SUM, _MIN, _MAX = 0, 1, 2
@@ -42,6 +42,16 @@ def add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
             total[name] = min(old, value)
         else:
             total[name] = max(old, value)
+
+
+def add_counters_times(total: dict[str, int], counters: dict[str, int], times: int) -> None:
+    """:func:`add_counters` of ``counters`` ``times`` times over (``times`` >= 1): sums are
+    multiplied, minima and maxima taken once."""
+    for name, value in counters.items():
+        kind = _COMBINE.get(name)
+        if kind is None:
+            kind = _combine_of(name)
+        add_counters(total, {name: int(value) * times if kind == _SUM else value})
 
 
 def merge_counters(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

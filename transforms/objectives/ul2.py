@@ -30,6 +30,7 @@ drift at epoch end); the default mixture (R .5, S .25, X .25) is our users' choi
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -37,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.common import SpecialIds
+from transforms.objectives.common import SpecialIds, index_range
+from transforms.objectives.counters import add_counters_times
+from transforms.objectives.packing import Piece
 from transforms.objectives.span_corruption import (
     SPAN_LENGTH_HISTOGRAM_CAP,
     SpanCorruptionConfig,
@@ -267,6 +270,13 @@ class UL2Config:
                     )
 
 
+def _flat(rows: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows end to end (int32) and their ``len(rows) + 1`` int64 offsets."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return (np.concatenate(rows) if rows else np.zeros(0, np.int32)), offsets
+
+
 def _mode_id(denoiser: Denoiser, special: SpecialIds) -> int:
     if denoiser.mode_token not in special.mode_tokens:
         raise ValueError(
@@ -413,6 +423,97 @@ class UL2:
             "doc_lengths": np.array([total], dtype=np.int32),
             "denoiser": denoiser.name,
         }
+
+    def builds_many(self, piece: Piece, plan: int) -> bool:
+        """Every chunk goes to :meth:`build_many` (it applies the denoisers row by row)."""
+        return True
+
+    def build_many(
+        self,
+        pieces: Sequence[Piece],
+        plans: Sequence[int],
+        rngs: Sequence[np.random.Generator],
+        special: SpecialIds,
+    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray], dict[str, list[str]], dict[str, int]]:
+        """:meth:`build` and :meth:`stats` (with ``special``) of many chunks at once (the
+        pipeline's fast path): each row is :meth:`build` of its chunk, plan and generator;
+        the columns are laid out and the counters summed once for the block.
+
+        Returns:
+            The examples' array columns (name -> ``(flat int32 values, int64 row offsets)``),
+            scalar columns (``prefix_length`` of the decoder layout), the ``denoiser`` column,
+            and the sum of the rows' counters.
+
+        Raises:
+            ValueError: as :meth:`build`.
+        """
+        modes: dict[int, int] = {}
+        inputs_of, targets_of = [], []
+        for piece, plan, rng in zip(pieces, plans, rngs, strict=True):
+            if not 0 <= plan < len(self.denoisers):
+                raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {plan!r}")
+            denoiser, lengths = self.denoisers[plan], self.lengths[plan]
+            mode = modes.get(plan)
+            if mode is None:
+                mode = modes[plan] = _mode_id(denoiser, special)
+            inputs, targets = _apply(_checked_chunk(piece.tokens, denoiser, lengths), rng, denoiser, lengths, mode,
+                                     special)
+            inputs_of.append(inputs)
+            targets_of.append(targets)
+        count = len(inputs_of)
+        inputs_lengths = np.fromiter(map(len, inputs_of), dtype=np.int64, count=count)
+        targets_lengths = np.fromiter(map(len, targets_of), dtype=np.int64, count=count)
+        counters: dict[str, int] = {}
+        for (plan, inputs_tokens, targets_tokens), times in collections.Counter(
+                zip(plans, inputs_lengths.tolist(), targets_lengths.tolist())).items():
+            add_counters_times(counters, self._length_counters(plan, inputs_tokens, targets_tokens), times)
+        self._add_span_histograms(counters, plans, targets_of, special)
+        strings = {"denoiser": [self.denoisers[plan].name for plan in plans]}
+        if self.config.layout == ENCODER_DECODER_LAYOUT:
+            arrays = {"inputs": _flat(inputs_of, inputs_lengths), "targets": _flat(targets_of, targets_lengths)}
+            return arrays, {}, strings, counters
+        totals = inputs_lengths + targets_lengths
+        if count:
+            counters["padding_tokens"] = count * self.seq_len - int(totals.sum())
+        rows = np.full((count, self.seq_len), special.pad, dtype=np.int32)
+        rows[index_range(self.seq_len) < totals[:, None]] = np.concatenate(
+            [part for pair in zip(inputs_of, targets_of) for part in pair]) if count else 0
+        arrays = {
+            "input_ids": (rows.reshape(-1), np.arange(count + 1, dtype=np.int64) * self.seq_len),
+            "doc_lengths": (totals.astype(np.int32), np.arange(count + 1, dtype=np.int64)),
+        }
+        return arrays, {"prefix_length": inputs_lengths.astype(np.int32)}, strings, counters
+
+    def _add_span_histograms(self, counters: dict[str, int], plans: Sequence[int], targets_of: list[np.ndarray],
+                             special: SpecialIds) -> None:
+        """Add the ``denoiser/<name>/span_len_hist_<k>`` counters :meth:`stats` gives each span
+        example, for many examples: per denoiser, its rows' targets end to end, where a span
+        runs from its sentinel to the next sentinel or to its row's EOS."""
+        by_plan: dict[int, list[np.ndarray]] = {}
+        for plan, targets in zip(plans, targets_of):
+            if self.denoisers[plan].kind == "span":
+                by_plan.setdefault(plan, []).append(targets)
+        if not by_plan:
+            return
+        bounds = special.sentinel_range()
+        for plan, rows in sorted(by_plan.items()):
+            flat = np.concatenate(rows)
+            eos_at = np.cumsum([row.shape[0] for row in rows]) - 1  # each row's last slot (its EOS)
+            if bounds is not None:
+                starts = (flat >= bounds[0]) & (flat <= bounds[1])
+            else:
+                starts = np.isin(flat, special.sentinel_array())
+            starts[eos_at] = False
+            boundary = starts.copy()
+            boundary[eos_at] = True
+            boundaries = boundary.nonzero()[0]
+            starts = starts.nonzero()[0]
+            lengths = boundaries[boundaries.searchsorted(starts, side="right")] - starts - 1
+            np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP, out=lengths)
+            names = self._histogram_names[plan]
+            for length, number in enumerate(np.bincount(lengths).tolist()):
+                if number:
+                    counters[names[length]] = counters.get(names[length], 0) + number
 
     def _length_counters(self, index: int, inputs_tokens: int, targets_tokens: int) -> dict[str, int]:
         """Every counter of :meth:`stats` but the histogram, for an example of these lengths.

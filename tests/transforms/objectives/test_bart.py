@@ -14,6 +14,7 @@ from transforms.objectives import bart as bart_module
 from transforms.objectives.bart import Bart, BartConfig, bart, bart_with_stats, poisson_span_cdf
 from transforms.objectives.common import SpecialIds, example_rng
 from transforms.objectives.mlm import STATS_KEY
+from transforms.objectives.packing import Piece
 
 # ids 0..3 special (<s>, <pad>, </s>, <mask>), 4..49 ordinary
 SPECIAL = SpecialIds(vocab_size=50, pad=1, eos=2, bos=0, mask=3)
@@ -424,14 +425,18 @@ def test_bart_many_on_a_hand_checked_block():
 def test_bart_many_refuses_what_it_does_not_cover():
     tokens, generators = np.full((2, 12), 5, np.int32), [example_rng(0, "a"), example_rng(0, "b")]
     flags = np.zeros((2, 12), bool)
+    features = {"word_starts": flags[0], "sentence_starts": flags[0]}
+    full = Piece(tokens[0], np.array([12]), features)
     for passes in ({"insert": 0.1}, {"rotate": 0.5}, {"token_mask": 0.1}, {"token_delete": 0.1},
                    {"replace_length": 0}, {"replace_length": -1}):
         config = BartConfig(seq_len=14, **passes)
-        assert Bart(config).many_length() is None
+        assert not Bart(config).builds_many(full, 0)
         with pytest.raises(ValueError, match="bart_many covers"):
             bart_module.bart_many(tokens, generators, config, SPECIAL, None, flags)
     config = BartConfig(seq_len=14)
-    assert Bart(config).many_length() == 12
+    assert Bart(config).builds_many(full, 0)
+    assert not Bart(config).builds_many(Piece(tokens[0, :11], np.array([11]), {k: v[:11] for k, v in features.items()}), 0)
+    assert not Bart(config).builds_many(Piece(tokens[0], np.array([12]), {"word_starts": flags[0]}), 0)
     with pytest.raises(ValueError, match="generators"):
         bart_module.bart_many(tokens, generators[:1], config, SPECIAL, None, flags)
     with pytest.raises(ValueError, match="sentence_starts"):

@@ -345,3 +345,59 @@ def test_planning_in_blocks_equals_planning_each_chunk(preset):
         zip([length for length, _ in expected], sized.plans))
     assert len(sized.plans) == 501
     assert 501 <= len(sized._planned) <= 1.1 * 501 + 80
+
+
+# --- the block path -------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    preset=st.sampled_from(["default", "paper"]),
+    layout=st.sampled_from(["encoder_decoder", "decoder"]),
+    inputs_length=st.sampled_from([16, 64, 512]),
+    rows=st.lists(st.tuples(st.integers(0, 6), st.floats(0.0, 1.0), st.booleans()), min_size=0, max_size=10),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_build_many_equals_build_and_stats_row_by_row(preset, layout, inputs_length, rows, seed):
+    """Full and short chunks of every denoiser, some with sentinel ids among their tokens (the
+    loader may hand raw ids): the rows, the columns and the summed counters of one at a time."""
+    from schemas.examples import example_schema
+    from transforms.objectives.common import example_rngs
+    from transforms.objectives.counters import add_counters
+    from transforms.objectives.packing import Piece
+    from transforms.shard_format import ExampleColumns
+
+    objective = UL2(UL2Config(inputs_length=inputs_length, mixture=preset, layout=layout))
+    rng = np.random.default_rng(seed)
+    pieces, plans, keys = [], [], []
+    for index, (plan, fraction, with_sentinels) in enumerate(rows):
+        plan %= len(objective.denoisers)
+        length = max(1, int(objective.lengths[plan].raw_length * fraction))
+        tokens = rng.integers(2, 32000, length).astype(np.int32)
+        if with_sentinels:
+            tokens[rng.random(length) < 0.1] = SENTINELS[0]
+        pieces.append(Piece(tokens, np.array([length], np.int32)))
+        plans.append(plan)
+        keys.append(f"k{index}")
+    arrays, scalars, strings, counters = objective.build_many(pieces, plans, example_rngs(4, keys), SPECIAL)
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    got = ExampleColumns(schema, len(keys), arrays, scalars, {"key": keys, **strings})
+    examples, summed = [], {}
+    for piece, plan, key in zip(pieces, plans, keys):
+        example = objective.build(piece.tokens, example_rng(4, key), plan, SPECIAL, {})
+        add_counters(summed, objective.stats(example, SPECIAL))
+        examples.append({**example, "key": key})
+    expected = ExampleColumns.from_examples(examples, schema)
+    assert got.encode() == expected.encode()
+    for name, (flat, offsets) in got.arrays.items():
+        assert flat.dtype == np.int32 and offsets.dtype == np.int64, name
+    assert counters == summed
+
+
+def test_build_many_refuses_an_unknown_plan():
+    from transforms.objectives.common import example_rngs
+    from transforms.objectives.packing import Piece
+
+    with pytest.raises(ValueError, match=r"denoiser index in \[0, 7\), got 7"):
+        DEFAULT.build_many([Piece(np.arange(2, 40, dtype=np.int32), np.array([38]))], [7], example_rngs(0, ["k"]),
+                           SPECIAL)
