@@ -11,6 +11,7 @@ imports it.
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -263,6 +264,48 @@ def test_ul2_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatc
     assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
     assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
     assert blocked.stats["train"]["noise_spans"] > 0
+
+
+def test_tasks_carry_chunks_as_columns():
+    rng = np.random.default_rng(2)
+    chunks = [(("train", "validation")[i % 2], f"k{i}", i % 3,
+               Piece(rng.integers(0, 1000, n, dtype=np.int32), np.array([n - 1, 1], np.int32),
+                     {"word_starts": rng.random(n) < 0.5, "sentence_starts": rng.random(n) < 0.1}))
+              for i, n in enumerate([5, 1, 9, 3])]
+
+    def plain(chunks):
+        return [(s, k, p, piece.tokens.tolist(), piece.doc_lengths.tolist(),
+                 {name: flags.tolist() for name, flags in piece.features.items()}) for s, k, p, piece in chunks]
+
+    encoded = parallel.encode_chunks(chunks)
+    assert encoded[0] == "columns" and encoded[6].dtype == np.int32 and encoded[8]["word_starts"].dtype == bool
+    decoded = parallel.decode_chunks(pickle.loads(pickle.dumps(encoded)))
+    assert plain(decoded) == plain(chunks)
+    assert all(piece.tokens.dtype == np.int32 and piece.doc_lengths.dtype == np.int32 for *_, piece in decoded)
+    mixed = [*chunks, ("train", "k9", 0, Piece(np.arange(3, dtype=np.int32), np.array([3], np.int32)))]
+    assert parallel.encode_chunks(mixed)[0] == "chunks"  # chunks with different features travel as they are
+    assert plain(parallel.decode_chunks(pickle.loads(pickle.dumps(parallel.encode_chunks(mixed))))) == plain(mixed)
+    assert parallel.decode_chunks(parallel.encode_chunks([])) == []
+
+
+def test_pooled_bart_equals_the_inline_builder(monkeypatch):
+    """Chunks with features travel to the workers as columns and build the same rows."""
+    from schemas.examples import example_schema
+
+    monkeypatch.setattr(parallel, "TASK_TOKENS", 300)
+    special = SpecialIds(vocab_size=1000, pad=1, eos=2, bos=0, mask=3)
+    objective = make_objective("bart", {"seq_len": 34})
+    rng = np.random.default_rng(3)
+    chunks = [(split, key, plan, Piece(piece.tokens, piece.doc_lengths,
+                                       {"word_starts": rng.random(32) < 0.7, "sentence_starts": rng.random(32) < 0.1}))
+              for split, key, plan, piece in _chunks(80)]
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    config = parallel.BuildConfig(objective, special, schema, seed=3, draws=1, batch_rows=5, max_buffered_rows=20)
+    inline = parallel.ChunkBuilder(config)
+    expected = _build(inline, chunks)
+    pooled = parallel.PooledBuilder(config, 2)
+    assert _rows(_build(pooled, chunks), schema) == _rows(expected, schema)
+    assert pooled.stats == inline.stats and pooled.built == inline.built == 80
 
 
 def test_a_bundle_smaller_than_a_task_is_built_inline(monkeypatch):
