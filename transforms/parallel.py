@@ -41,7 +41,7 @@ from transforms.objectives.common import LazyGenerator, example_rngs
 from transforms.objectives.counters import add_counters
 from transforms.objectives.layout import row_order_key, shard_hash
 from transforms.objectives.packing import Piece
-from transforms.shard_format import ExampleColumns
+from transforms.shard_format import ExampleColumns, MergedColumns
 
 __all__ = [
     "FORKSERVER",
@@ -114,7 +114,7 @@ class ExampleBatch:
     @classmethod
     def merge_sorted(cls, parts: list[ExampleBatch], schema: ExampleSchema) -> ExampleBatch:
         """The rows of all ``parts`` in ascending order of their order keys (bytewise, like sorting
-        ``bytes``), copied once."""
+        ``bytes``); their token values stay in the parts until written (:class:`MergedColumns`)."""
         if not parts:
             return cls(np.zeros((0, 16), np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.int64),
                        ExampleColumns.from_examples([], schema))
@@ -128,7 +128,7 @@ class ExampleBatch:
             orders[order],
             np.concatenate([p.shard_hashes for p in parts])[order],
             np.concatenate([p.chunk_tokens for p in parts])[order],
-            ExampleColumns.gather([p.columns for p in parts], part, row, schema),
+            MergedColumns([p.columns for p in parts], part, row, schema),
         )
 
     def encode(self) -> tuple:

@@ -287,19 +287,30 @@ def test_example_columns_take_concat_and_encode_round_trip(max_len):
     assert both.row(64)["key"] == "k39"
 
 
-def _gather_both_ways(parts, schema, rng):
-    """ExampleColumns.gather of a random order over ``parts``, and concat-then-take of the same order."""
-    from transforms.shard_format import ExampleColumns
+def _merged_both_ways(parts, schema, rng):
+    """MergedColumns of a random order over ``parts``, and concat-then-take of the same order."""
+    from transforms.shard_format import ExampleColumns, MergedColumns
 
     starts = np.cumsum([0] + [p.count for p in parts])
     order = rng.permutation(starts[-1])
     part = np.searchsorted(starts, order, side="right") - 1
-    return (ExampleColumns.gather(parts, part, order - starts[part], schema),
+    return (MergedColumns(parts, part, order - starts[part], schema),
             ExampleColumns.concat(parts, schema).take(order))
 
 
+def _written(columns) -> tuple[bytes, bytes, list[bytes]]:
+    """Arrow and tar bytes of ``columns``, and its Arrow batches of 7 rows serialized."""
+    from transforms.shard_format import write_arrow_columns, write_tar_columns
+
+    arrow, tar = io.BytesIO(), io.BytesIO()
+    write_arrow_columns(arrow, columns)
+    write_tar_columns(tar, columns)
+    small = [batch.serialize().to_pybytes() for batch in columns.record_batches(7)]
+    return arrow.getvalue(), tar.getvalue(), small
+
+
 @pytest.mark.parametrize("max_len", [3, 300])
-def test_example_columns_gather_equals_concat_then_take(max_len):
+def test_merged_columns_write_what_concat_then_take_writes(max_len):
     from transforms.shard_format import ExampleColumns
 
     schema = example_schema("seq2seq", denoiser=True)
@@ -308,15 +319,18 @@ def test_example_columns_gather_equals_concat_then_take(max_len):
         [{"key": f"k{size}-{i}", "inputs": rng.integers(0, 99, rng.integers(0, max_len)).astype(np.int32),
           "targets": rng.integers(0, 99, rng.integers(1, max_len)).astype(np.int32),
           "denoiser": "RSX"[i % 3]} for i in range(size)], schema) for size in (5, 0, 9, 4)]
-    gathered, expected = _gather_both_ways(parts, schema, rng)
-    assert gathered.count == expected.count == 18
-    for i in range(18):
-        a, b = gathered.row(i), expected.row(i)
-        assert a["key"] == b["key"] and a["denoiser"] == b["denoiser"]
-        assert a["inputs"].tolist() == b["inputs"].tolist() and a["targets"].tolist() == b["targets"].tolist()
+    merged, expected = _merged_both_ways(parts, schema, rng)
+    assert merged.count == expected.count == 18
+    assert merged.strings == expected.strings
+    for name in ("inputs", "targets"):
+        lengths, rows = merged.array_rows(name)
+        want_lengths, want_rows = expected.array_rows(name)
+        assert lengths.tolist() == want_lengths.tolist()
+        assert [bytes(r) for r in rows] == [bytes(r) for r in want_rows]
+    assert _written(merged) == _written(expected)
 
 
-def test_example_columns_gather_of_fixed_length_rows_equals_concat_then_take():
+def test_merged_columns_of_fixed_length_rows_write_what_concat_then_take_writes():
     from transforms.shard_format import ExampleColumns
 
     schema = example_schema("decoder", seq_len=6, prefix_length=True)
@@ -326,13 +340,21 @@ def test_example_columns_gather_of_fixed_length_rows_equals_concat_then_take():
           "doc_lengths": rng.integers(1, 6, rng.integers(1, 4)).astype(np.int32),
           "prefix_length": int(rng.integers(0, 6))} for i in range(size)], schema) for size in (3, 0, 7, 1, 5)]
     parts[2] = parts[2].take(np.array([6, 0, 3, 1, 2, 5, 4]))  # a part that is itself a gather
-    gathered, expected = _gather_both_ways(parts, schema, rng)
-    assert gathered.count == expected.count == 16
-    for name in ("input_ids", "doc_lengths"):
-        np.testing.assert_array_equal(gathered.arrays[name][0], expected.arrays[name][0])
-        np.testing.assert_array_equal(gathered.arrays[name][1], expected.arrays[name][1])
-    np.testing.assert_array_equal(gathered.scalars["prefix_length"], expected.scalars["prefix_length"])
-    assert gathered.strings["key"] == expected.strings["key"]
+    merged, expected = _merged_both_ways(parts, schema, rng)
+    assert merged.count == expected.count == 16
+    np.testing.assert_array_equal(merged.scalars["prefix_length"], expected.scalars["prefix_length"])
+    assert merged.strings["key"] == expected.strings["key"]
+    assert _written(merged) == _written(expected)
+
+
+def test_merged_columns_of_no_rows():
+    from transforms.shard_format import ExampleColumns, MergedColumns
+
+    schema = example_schema("seq2seq")
+    empty = MergedColumns([ExampleColumns.from_examples([], schema)], np.zeros(0, np.int64), np.zeros(0, np.int64),
+                          schema)
+    assert empty.count == 0 and list(empty.record_batches()) == []
+    assert _written(empty)[:2] == _written(ExampleColumns.from_examples([], schema))[:2]
 
 
 def _tarfile_bytes(examples, schema) -> bytes:
