@@ -247,6 +247,37 @@ def _span_lengths(budget: int, config: BartConfig, rng: np.random.Generator) -> 
 _SEARCH_LIMIT = 1 << 14
 
 
+def _block_span_lengths(budgets: list[int], uniforms: list[np.ndarray], rngs: list[np.random.Generator],
+                        config: BartConfig) -> list[np.ndarray]:
+    """:func:`_span_lengths` of many rows, given each row's first draw ``rng.random(budget)``
+    (``span-poisson``; no draw otherwise): the categorical lookup and the trimming run once
+    for all rows; a row whose lengths fall short of its budget (rare) draws on as the
+    one-row function does."""
+    if config.mask_length != "span-poisson":
+        return [np.ones(budget, dtype=np.int64) for budget in budgets]
+    cdf = poisson_span_cdf(config.poisson_lambda)
+    sizes = np.array(budgets, dtype=np.int64)
+    lengths = cdf.searchsorted(np.concatenate(uniforms), side="right")
+    firsts = _exclusive_cumsum(sizes)
+    short = np.flatnonzero(np.add.reduceat(lengths, firsts) < sizes).tolist()
+    if short:  # rows that need more draws: per row, as _span_lengths
+        rows = np.split(lengths, firsts[1:])
+        for index in short:
+            while np.add.reduce(rows[index]) < budgets[index]:
+                rows[index] = np.concatenate([rows[index],
+                                              cdf.searchsorted(rngs[index].random(budgets[index]), side="right")])
+        sizes = np.array([row.size for row in rows], dtype=np.int64)
+        lengths, firsts = np.concatenate(rows), _exclusive_cumsum(sizes)
+    # Trim each row at its first span reaching the budget: with the running sum over all rows,
+    # a row's spans reach ``sum before the row + budget`` first at that span.
+    running = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=running[1:])
+    before = running[firsts]
+    last = running[1:].searchsorted(before + np.array(budgets, dtype=np.int64))
+    lengths[last] = before + np.array(budgets, dtype=np.int64) - running[last]
+    return [lengths[first : end + 1] for first, end in zip(firsts.tolist(), last.tolist())]
+
+
 def _span_ends(word_start: np.ndarray, barrier: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """End (exclusive) of each span of ``lengths`` words from ``starts``, stopped at the next barrier.
 
@@ -596,18 +627,32 @@ def bart_many(
     random_of: list[np.ndarray] = []  # per masked row: which of its spans become random tokens
     ranks_of: list = []  # per row with random spans: the ranks of its random ids (mapped to ids at once)
     n_free = special.non_special_ranks()[0]
+    # First every row's sentence permutation and span-length uniforms, then the span lengths of
+    # all rows at once, then every row's span starts, random flags and ids: each row's draws
+    # stay in the order bart_with_stats makes them.
+    masked_rows, budgets, uniforms = [], [], []
+    sentence_counts, word_counts = sentences.tolist(), words.tolist()
+    poisson = config.mask_length == "span-poisson"
     for row, rng in enumerate(generators):
         if permute:
-            n = int(sentences[row])
+            n = sentence_counts[row]
             if n >= 2:
                 k = _ceil(n * config.permute_sentences)
                 chosen = rng.permutation(n)[:k]
                 moves.append((row, chosen, chosen[rng.permutation(k)]))
-        if masking and words[row]:
-            lengths = _span_lengths(_ceil(int(words[row]) * config.mask), config, rng)
+        if masking and word_counts[row]:
+            budget = _ceil(word_counts[row] * config.mask)
+            masked_rows.append(row)
+            budgets.append(budget)
+            if poisson:
+                uniforms.append(rng.random(budget))
+    if masked_rows:
+        rows_lengths = _block_span_lengths(budgets, uniforms, [generators[row] for row in masked_rows], config)
+        for row, lengths in zip(masked_rows, rows_lengths):
             nonzero = int(np.count_nonzero(lengths))
             span_rows.append((row, lengths, lengths.size - nonzero))
-            starts = rng.choice(int(words[row]), size=nonzero, replace=False) if nonzero else lengths[:0]
+            rng = generators[row]
+            starts = rng.choice(word_counts[row], size=nonzero, replace=False) if nonzero else lengths[:0]
             is_random = rng.random(nonzero) < config.mask_random
             starts_of.append(starts)
             random_of.append(is_random)
