@@ -77,7 +77,8 @@ def length_counters(prefix: str, lengths: np.ndarray) -> dict[str, int]:
         f"{prefix}_min": int(lengths.min()),
         f"{prefix}_max": int(lengths.max()),
     }
-    bins = np.bincount([log2_bin(x) for x in lengths])
+    # log2_bin of each length: frexp's exponent is the bit length (exact below 2**53; 0 for 0)
+    bins = np.bincount(np.frexp(lengths.astype(np.float64))[1])
     for b, n in enumerate(bins):
         if n:
             out[f"{prefix}_hist_{b:02d}"] = int(n)

@@ -83,3 +83,15 @@ def test_add_counters_times_is_adding_that_many_times():
         add_counters(repeated, counters)
     add_counters_times(once, counters, 3)
     assert once == repeated == {"tokens": 22, "doc_tokens_min": 3, "doc_tokens_max": 9, "examples": 3, "zero": 0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 5000), st.sampled_from([0, 1, 2**31 - 1, 2**31, 2**40 - 1, 2**40])),
+                min_size=1, max_size=40))
+def test_length_histogram_bins_are_bit_lengths(lengths):
+    counters = length_counters("len", np.array(lengths, dtype=np.int64))
+    expected: dict[str, int] = {}
+    for length in lengths:
+        name = f"len_hist_{log2_bin(length):02d}"
+        expected[name] = expected.get(name, 0) + 1
+    assert {k: v for k, v in counters.items() if "_hist_" in k} == expected
