@@ -351,9 +351,8 @@ class MergedColumns:
             for name, (begins, ends) in bounds.items():
                 local = np.zeros(stop - start + 1, dtype=np.int64)
                 np.cumsum(ends[start:stop] - begins[start:stop], out=local[1:])
-                sources = flats[name]
-                values = np.concatenate([sources[p][a:b] for p, a, b in
-                                         zip(parts[start:stop], begins[start:stop].tolist(), ends[start:stop].tolist())])
+                sources, first, last = flats[name], begins[start:stop].tolist(), ends[start:stop].tolist()
+                values = np.concatenate([sources[p][a:b] for p, a, b in zip(parts[start:stop], first, last)])
                 arrays[name] = (values.astype(np.int32, copy=False), local)
             for name, values in self.scalars.items():
                 scalars[name] = values[start:stop]

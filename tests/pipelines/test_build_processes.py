@@ -219,7 +219,8 @@ def test_bart_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypat
         from schemas.examples import example_schema
 
         schema = example_schema(objective.family, **objective.schema_kwargs())
-        built = parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+        built = parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5,
+                                     max_buffered_rows=20)
         built.many = many
         return built
 

@@ -56,8 +56,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -737,7 +737,7 @@ def bart_many(
         # Zero-length spans become inserted masks, as many as fit in seq_len.
         inserted_at, inserted_random, added = [], [], np.zeros(count, dtype=np.int64)
         ranks_of = []
-        for (row, _, zero_spans), mask_positions in zip(span_rows, starts_of):
+        for row, _, zero_spans in span_rows:
             if not zero_spans:
                 continue
             allowed = max(0, min(zero_spans, config.seq_len - int(sizes[row])))

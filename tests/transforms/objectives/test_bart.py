@@ -435,7 +435,8 @@ def test_bart_many_refuses_what_it_does_not_cover():
             bart_module.bart_many(tokens, generators, config, SPECIAL, None, flags)
     config = BartConfig(seq_len=14)
     assert Bart(config).builds_many(full, 0)
-    assert not Bart(config).builds_many(Piece(tokens[0, :11], np.array([11]), {k: v[:11] for k, v in features.items()}), 0)
+    short = Piece(tokens[0, :11], np.array([11]), {name: flags[:11] for name, flags in features.items()})
+    assert not Bart(config).builds_many(short, 0)
     assert not Bart(config).builds_many(Piece(tokens[0], np.array([12]), {"word_starts": flags[0]}), 0)
     with pytest.raises(ValueError, match="generators"):
         bart_module.bart_many(tokens, generators[:1], config, SPECIAL, None, flags)
