@@ -219,14 +219,37 @@ class _TokenizeBatch(beam.DoFn):
                 yield from self._emit(*self._pending.popleft())
 
     def finish_bundle(self):
-        if self._buffer:
-            self._submit()
+        # The last texts go out in shrinking batches (halves, down to at most two first batches):
+        # the encoder works on the next while this thread emits the one before, and the batch
+        # this thread handles alone at the very end is small.
+        texts, self._buffer, self._buffer_chars = self._buffer, [], 0
+        for batch in _tail_batches(texts):
+            self._pending.append((batch, self._pool.submit(self._encode, batch)))
+            while len(self._pending) > 1:
+                yield from _windowed(self._emit(*self._pending.popleft()))
         while self._pending:
-            for output in self._emit(*self._pending.popleft()):
-                if isinstance(output, beam.pvalue.TaggedOutput):
-                    yield beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
-                else:
-                    yield GlobalWindows.windowed_value(output)
+            yield from _windowed(self._emit(*self._pending.popleft()))
+
+
+def _tail_batches(texts: list) -> list[list]:
+    """``texts`` cut into batches that halve in size, the last of at most ``2 * FIRST_BATCH``."""
+    batches = []
+    while len(texts) > 2 * FIRST_BATCH:
+        half = len(texts) // 2
+        batches.append(texts[:half])
+        texts = texts[half:]
+    if texts:
+        batches.append(texts)
+    return batches
+
+
+def _windowed(outputs):
+    """``finish_bundle`` outputs must carry their window."""
+    for output in outputs:
+        if isinstance(output, beam.pvalue.TaggedOutput):
+            yield beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+        else:
+            yield GlobalWindows.windowed_value(output)
 
 
 class Tokenize(beam.PTransform):

@@ -140,3 +140,16 @@ def test_word_start_flags_with_and_without_tokens_outside_words():
     # Tokens of no word (special tokens) each start their own.
     assert word_start_flags([None, 0, 0, None, None, 1]).tolist() == [True, True, False, True, True, True]
     assert word_start_flags([]).tolist() == []
+
+
+@pytest.mark.parametrize("count, sizes", [
+    (0, []), (1, [1]), (256, [256]), (257, [128, 129]), (713, [356, 178, 179]), (2048, [1024, 512, 256, 256]),
+])
+def test_a_bundle_ends_in_batches_that_halve(count, sizes):
+    from transforms.tokenize import FIRST_BATCH, _tail_batches
+
+    assert FIRST_BATCH == 128
+    texts = [f"t{i}" for i in range(count)]
+    batches = _tail_batches(texts)
+    assert [len(batch) for batch in batches] == sizes
+    assert [text for batch in batches for text in batch] == texts
