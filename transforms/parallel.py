@@ -259,15 +259,11 @@ class ChunkBuilder:
         example's key), as one piece per split and shard."""
         config = self._config
         block, self._block = self._block, []
-        by_split: dict[str, list[tuple]] = {}
-        for chunk, shard_count in block:
-            by_split.setdefault(chunk[0], []).append((chunk, shard_count))
         out = []
-        for split, chunks in sorted(by_split.items()):
-            count = chunks[0][1]
-            keys = [example_key(chunk[1], 0) for chunk, _ in chunks]
-            tokens = np.stack([chunk[3].tokens for chunk, _ in chunks])
-            arrays, counters = config.objective.build_block(tokens, [chunk[3].doc_lengths for chunk, _ in chunks])
+        for split, count, chunks in _by_split(block):
+            keys = [example_key(chunk[1], 0) for chunk in chunks]
+            tokens = np.stack([chunk[3].tokens for chunk in chunks])
+            arrays, counters = config.objective.build_block(tokens, [chunk[3].doc_lengths for chunk in chunks])
             columns = ExampleColumns(config.schema, len(keys), arrays, {}, {"key": keys})
             chunk_tokens = np.full(len(keys), tokens.shape[1], dtype=np.int64)
             out.extend(self._block_pieces(split, count, keys, columns, chunk_tokens, counters))
@@ -280,13 +276,9 @@ class ChunkBuilder:
         key), as one piece per split and shard."""
         config = self._config
         block, self._many = self._many, []
-        by_split: dict[str, list[tuple]] = {}
-        for chunk, shard_count in block:
-            by_split.setdefault(chunk[0], []).append((chunk, shard_count))
         out = []
-        for split, chunks in sorted(by_split.items()):
-            count = chunks[0][1]
-            rows = [(chunk, draw) for chunk, _ in chunks for draw in range(config.draws)]
+        for split, count, chunks in _by_split(block):
+            rows = [(chunk, draw) for chunk in chunks for draw in range(config.draws)]
             keys = [example_key(chunk[1], draw) for chunk, draw in rows]
             pieces = [chunk[3] for chunk, _ in rows]
             generators = example_rngs(config.seed, keys)  # these objectives draw for every example: seed together
@@ -352,6 +344,14 @@ class ChunkBuilder:
         tokens = np.fromiter((t for _, t, _ in rows), dtype=np.int64, count=len(rows))
         columns = ExampleColumns.from_examples([example for example, _, _ in rows], self._config.schema)
         return shard, ExampleBatch(orders.reshape(-1, 16), hashes, tokens, columns).encode()
+
+
+def _by_split(block: list[tuple]) -> list[tuple[str, int, list[tuple]]]:
+    """``(split, shard count, chunks)`` of a block of ``(chunk, shard count)``, by split name."""
+    by_split: dict[str, tuple[int, list[tuple]]] = {}
+    for chunk, shard_count in block:
+        by_split.setdefault(chunk[0], (shard_count, []))[1].append(chunk)
+    return [(split, count, chunks) for split, (count, chunks) in sorted(by_split.items())]
 
 
 _CONFIGS: collections.OrderedDict[str, BuildConfig] = collections.OrderedDict()

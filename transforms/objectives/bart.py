@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from transforms.objectives.base import BuiltRows
 from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range, index_range
 from transforms.objectives.mlm import STATS_KEY, draw_non_special, draw_ranks, ids_of_ranks
 from transforms.objectives.packing import Piece
@@ -198,18 +199,24 @@ def _sentence_order(
     ordering = identity.copy()
     ordering[chosen] = chosen[rng.permutation(k)]
     counters["permuted_sentences"] = int(np.count_nonzero(ordering != identity))
-    ends = np.empty_like(starts)
-    ends[:-1] = starts[1:]
-    ends[-1] = size
-    ends -= starts
-    lengths = ends[ordering]
+    return _gather_index(starts, ordering, size)
+
+
+def _gather_index(starts: np.ndarray, ordering: np.ndarray, total: int) -> np.ndarray:
+    """Gather index that lays out the sentences starting at ``starts`` (ascending, the first at
+    0, together filling ``[0, total)``) in the order ``ordering``."""
+    lengths = np.empty_like(starts)
+    lengths[:-1] = starts[1:]
+    lengths[-1] = total
+    lengths -= starts
+    lengths = lengths[ordering]
     moved_starts = starts[ordering]
     # token t of the new order comes from start(sentence) + (t - new offset(sentence))
     offsets = lengths.cumsum()
     offsets -= lengths
     moved_starts -= offsets
     index = moved_starts.repeat(lengths)
-    index += index_range(size)
+    index += index_range(total)
     return index
 
 
@@ -679,18 +686,8 @@ def bart_many(
                 np.concatenate([moved for _, _, moved in moves]) + base)
             counters["permuted_sentences"] = int(np.count_nonzero(ordering != index_range(starts.size)))
             # Each row's sentences fill exactly its tokens, so a row's last sentence ends where
-            # the next row's first starts; sentence lengths and new offsets follow as in one row.
-            ends = np.empty_like(starts)
-            ends[:-1] = starts[1:]
-            ends[-1] = count * size
-            ends -= starts
-            lengths = ends[ordering]
-            moved_starts = starts[ordering]
-            offsets = lengths.cumsum()
-            offsets -= lengths
-            moved_starts -= offsets
-            index = moved_starts.repeat(lengths)
-            index += index_range(count * size)
+            # the next row's first starts: the rows are one sequence of sentences.
+            index = _gather_index(starts, ordering, count * size)
             ids[:, 1:-1] = tokens.reshape(-1)[index].reshape(count, size)
             if word_flags is not None:
                 word_start[:, 1:-1] = word_flags.reshape(-1)[index].reshape(count, size)
@@ -854,7 +851,7 @@ class Bart:
         plans: Sequence[int],
         rngs: Sequence[np.random.Generator],
         special: SpecialIds,
-    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict, dict, dict[str, int]]:
+    ) -> BuiltRows:
         """:meth:`build` and :meth:`stats` of many chunks :meth:`builds_many` takes (see :func:`bart_many`).
 
         Returns:

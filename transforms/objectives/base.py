@@ -35,7 +35,13 @@ import numpy as np
 
 from transforms.objectives.common import SpecialIds
 
-__all__ = ["Objective"]
+__all__ = ["BuiltRows", "Objective"]
+
+#: What ``build_many`` returns: array columns (name -> ``(flat int32 values, int64 row
+#: offsets)``), scalar columns (name -> int32 values), string columns other than the key
+#: (name -> values), and the rows' summed counters.
+BuiltRows = tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray], dict[str, list[str]],
+                  dict[str, int]]
 
 
 class Objective(Protocol):

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from transforms.objectives.base import BuiltRows
 from transforms.objectives.common import SpecialIds, index_range
 from transforms.objectives.counters import add_counters_times
 from transforms.objectives.packing import Piece
@@ -434,7 +435,7 @@ class UL2:
         plans: Sequence[int],
         rngs: Sequence[np.random.Generator],
         special: SpecialIds,
-    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray], dict[str, list[str]], dict[str, int]]:
+    ) -> BuiltRows:
         """:meth:`build` and :meth:`stats` (with ``special``) of many chunks at once (the
         pipeline's fast path): each row is :meth:`build` of its chunk, plan and generator;
         the columns are laid out and the counters summed once for the block.
