@@ -267,6 +267,31 @@ def test_ul2_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatc
     assert blocked.stats["train"]["noise_spans"] > 0
 
 
+@pytest.mark.parametrize("draws", [1, 2])
+def test_span_corruption_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
+    """span_corruption builds every chunk MANY_ROWS rows at a time, short chunks padded as the
+    one-at-a-time path pads them (padding_tokens)."""
+    from schemas.examples import example_schema
+
+    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
+    special = SpecialIds(vocab_size=1000, pad=0, eos=1, sentinels=tuple(range(800, 900)))
+    objective = make_objective("span_corruption", {"inputs_length": 32})
+    rng = np.random.default_rng(10)
+    chunks = []
+    for i in range(70):
+        length = objective.raw_length - (9 if i % 11 == 4 else 0)  # a few short chunks
+        chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
+                       Piece(rng.integers(2, 800, length, dtype=np.int32), np.array([length], np.int32))))
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+               for _ in range(2)]
+    configs[1].many = False
+    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
+    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
+    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["partial_examples"] > 0
+
+
 def test_tasks_carry_chunks_as_columns():
     rng = np.random.default_rng(2)
     chunks = [(("train", "validation")[i % 2], f"k{i}", i % 3,

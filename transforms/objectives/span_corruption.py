@@ -39,13 +39,18 @@ Assumption: chunks hold no sentinel ids (the tokenizer must not turn literal
 
 from __future__ import annotations
 
+import collections
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from transforms.objectives.base import BuiltRows
 from transforms.objectives.common import SpecialIds, generator_of, index_range
+from transforms.objectives.counters import add_counters_times
+from transforms.objectives.packing import Piece
 
 __all__ = [
     "SPAN_LENGTH_HISTOGRAM_CAP",
@@ -493,6 +498,32 @@ def special_span_histogram(targets: np.ndarray, special: SpecialIds) -> list[int
     return _span_lengths_in_targets(targets, lambda body: np.isin(body, sentinels))
 
 
+def add_block_span_histograms(counters: dict[str, int], names: Sequence[str], targets_of: list[np.ndarray],
+                              special: SpecialIds) -> None:
+    """Add to ``counters`` the span-length buckets (named ``names[k]``) of all ``targets_of``
+    rows, as :func:`special_span_histogram` of each row would: the rows end to end, where a
+    span runs from its sentinel to the next sentinel or to its row's EOS (the last slot)."""
+    if not targets_of:
+        return
+    flat = np.concatenate(targets_of)
+    eos_at = np.cumsum([row.shape[0] for row in targets_of]) - 1
+    bounds = special.sentinel_range()
+    if bounds is not None:
+        starts = (flat >= bounds[0]) & (flat <= bounds[1])
+    else:
+        starts = np.isin(flat, special.sentinel_array())
+    starts[eos_at] = False
+    boundary = starts.copy()
+    boundary[eos_at] = True
+    boundaries = boundary.nonzero()[0]
+    starts = starts.nonzero()[0]
+    lengths = boundaries[boundaries.searchsorted(starts, side="right")] - starts - 1
+    np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP, out=lengths)
+    for length, number in enumerate(np.bincount(lengths).tolist()):
+        if number:
+            counters[names[length]] = counters.get(names[length], 0) + number
+
+
 class SpanCorruption:
     """T5 span corruption as an :class:`~transforms.objectives.base.Objective`.
 
@@ -539,6 +570,52 @@ class SpanCorruption:
             raise ValueError(f"span_corruption chunk has {len(tokens)} tokens, more than raw_length {self.raw_length}")
         return span_corruption(tokens, rng, self.config, special)
 
+    def builds_many(self, piece: Piece, plan: int) -> bool:
+        """Every chunk goes to :meth:`build_many` (it corrupts the rows one by one)."""
+        return True
+
+    def build_many(
+        self,
+        pieces: Sequence[Piece],
+        plans: Sequence[int],
+        rngs: Sequence[np.random.Generator],
+        special: SpecialIds,
+    ) -> BuiltRows:
+        """:meth:`build` and :meth:`stats` (with ``special``) of many chunks at once, rows padded
+        to the schema lengths with ``special.pad`` as the pipeline's builder pads one example
+        (``padding_tokens``): each row is :meth:`build` of its chunk and generator; the
+        columns are laid out and the counters summed once for the block.
+
+        Raises:
+            ValueError: as :meth:`build`.
+        """
+        inputs_of, targets_of = [], []
+        for piece, rng in zip(pieces, rngs, strict=True):
+            example = self.build(piece.tokens, rng, 0, special, {})
+            inputs_of.append(example["inputs"])
+            targets_of.append(example["targets"])
+        count = len(inputs_of)
+        inputs_lengths = np.fromiter(map(len, inputs_of), dtype=np.int64, count=count)
+        targets_lengths = np.fromiter(map(len, targets_of), dtype=np.int64, count=count)
+        counters: dict[str, int] = {}
+        for lengths, times in collections.Counter(zip(inputs_lengths.tolist(), targets_lengths.tolist())).items():
+            add_counters_times(counters, self._length_stats(*lengths), times)
+        add_block_span_histograms(counters, _HISTOGRAM_NAMES, targets_of, special)
+        arrays = {}
+        padding = 0
+        for name, rows, lengths, width in (("inputs", inputs_of, inputs_lengths, self.inputs_length),
+                                           ("targets", targets_of, targets_lengths, self.targets_length)):
+            if count and int(lengths.max()) > width:
+                raise ValueError(f"column {name!r} is fixed at {width} tokens, got a row of {int(lengths.max())}")
+            padded = np.full((count, width), special.pad, dtype=np.int32)
+            if count:
+                padded[index_range(width) < lengths[:, None]] = np.concatenate(rows)
+            arrays[name] = (padded.reshape(-1), np.arange(count + 1, dtype=np.int64) * width)
+            padding += count * width - int(lengths.sum())
+        if padding:
+            counters["padding_tokens"] = padding
+        return arrays, {}, {}, counters
+
     def stats(self, example: dict[str, Any], special: SpecialIds | None = None) -> dict[str, int]:
         """Counters of one example: examples, raw/noise tokens, spans, partial examples.
 
@@ -546,20 +623,20 @@ class SpanCorruption:
         the chunk length). Passing ``special`` adds the ``span_len_hist_<k>`` histogram,
         which needs the sentinel ids to find the spans.
         """
-        counters = span_counters(
-            len(example["inputs"]),
-            len(example["targets"]),
-            self.config.noise_density,
-            self.config.mean_noise_span_length,
-            self.raw_length,
-        )
-        counters["examples"] = 1
-        counters["partial_examples"] = int(counters["raw_tokens"] < self.raw_length)
-        counters["inputs_tokens"] = len(example["inputs"])
-        counters["targets_tokens"] = len(example["targets"])
+        counters = self._length_stats(len(example["inputs"]), len(example["targets"]))
         if special is not None:
             buckets = special_span_histogram(np.asarray(example["targets"]), special)
             counters.update({_HISTOGRAM_NAMES[k]: count for k, count in enumerate(buckets) if count})
+        return counters
+
+    def _length_stats(self, inputs_tokens: int, targets_tokens: int) -> dict[str, int]:
+        """Every counter of :meth:`stats` but the histogram: they follow from the two lengths."""
+        counters = span_counters(inputs_tokens, targets_tokens, self.config.noise_density,
+                                 self.config.mean_noise_span_length, self.raw_length)
+        counters["examples"] = 1
+        counters["partial_examples"] = int(counters["raw_tokens"] < self.raw_length)
+        counters["inputs_tokens"] = inputs_tokens
+        counters["targets_tokens"] = targets_tokens
         return counters
 
     def schema_kwargs(self) -> dict[str, Any]:

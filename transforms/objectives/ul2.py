@@ -45,6 +45,7 @@ from transforms.objectives.packing import Piece
 from transforms.objectives.span_corruption import (
     SPAN_LENGTH_HISTOGRAM_CAP,
     SpanCorruptionConfig,
+    add_block_span_histograms,
     corrupt_spans,
     span_counters,
     special_span_histogram,
@@ -488,33 +489,13 @@ class UL2:
     def _add_span_histograms(self, counters: dict[str, int], plans: Sequence[int], targets_of: list[np.ndarray],
                              special: SpecialIds) -> None:
         """Add the ``denoiser/<name>/span_len_hist_<k>`` counters :meth:`stats` gives each span
-        example, for many examples: per denoiser, its rows' targets end to end, where a span
-        runs from its sentinel to the next sentinel or to its row's EOS."""
+        example, for many examples: per denoiser, from its rows' targets at once."""
         by_plan: dict[int, list[np.ndarray]] = {}
         for plan, targets in zip(plans, targets_of):
             if self.denoisers[plan].kind == "span":
                 by_plan.setdefault(plan, []).append(targets)
-        if not by_plan:
-            return
-        bounds = special.sentinel_range()
         for plan, rows in sorted(by_plan.items()):
-            flat = np.concatenate(rows)
-            eos_at = np.cumsum([row.shape[0] for row in rows]) - 1  # each row's last slot (its EOS)
-            if bounds is not None:
-                starts = (flat >= bounds[0]) & (flat <= bounds[1])
-            else:
-                starts = np.isin(flat, special.sentinel_array())
-            starts[eos_at] = False
-            boundary = starts.copy()
-            boundary[eos_at] = True
-            boundaries = boundary.nonzero()[0]
-            starts = starts.nonzero()[0]
-            lengths = boundaries[boundaries.searchsorted(starts, side="right")] - starts - 1
-            np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP, out=lengths)
-            names = self._histogram_names[plan]
-            for length, number in enumerate(np.bincount(lengths).tolist()):
-                if number:
-                    counters[names[length]] = counters.get(names[length], 0) + number
+            add_block_span_histograms(counters, self._histogram_names[plan], rows, special)
 
     def _length_counters(self, index: int, inputs_tokens: int, targets_tokens: int) -> dict[str, int]:
         """Every counter of :meth:`stats` but the histogram, for an example of these lengths.

@@ -421,3 +421,53 @@ def test_density_over_partial_lengths():
     expected = sum(min(max(round(length * 0.15), 1), length - 1) for length in lengths.tolist())
     assert noise == expected
     assert abs(noise / lengths.sum() - 0.15) < 0.005
+
+
+# --- the block path -------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    inputs_length=st.sampled_from([8, 64, 512]),
+    noise=st.sampled_from([(0.15, 3.0), (0.5, 3.0), (0.15, 8.0), (0.5, 64.0)]),
+    rows=st.lists(st.tuples(st.floats(0.0, 1.0), st.booleans()), max_size=10),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_build_many_equals_build_stats_and_padding_row_by_row(inputs_length, noise, rows, seed):
+    """Full and short chunks (padded rows, partial examples), some with sentinel ids among their
+    tokens: the padded columns and the counters (with padding_tokens) of one at a time."""
+    from schemas.examples import example_schema
+    from transforms.objectives.common import example_rngs
+    from transforms.objectives.counters import add_counters
+    from transforms.objectives.packing import Piece
+    from transforms.shard_format import ExampleColumns
+
+    objective = SpanCorruption(SpanCorruptionConfig(inputs_length, *noise))
+    rng = np.random.default_rng(seed)
+    pieces, keys = [], []
+    for index, (fraction, with_sentinels) in enumerate(rows):
+        length = max(1, int(objective.raw_length * fraction))
+        tokens = rng.integers(3, 32000, length).astype(np.int32)
+        if with_sentinels:
+            tokens[rng.random(length) < 0.1] = SENTINELS[0]
+        pieces.append(Piece(tokens, np.array([length], np.int32)))
+        keys.append(f"k{index}")
+    arrays, scalars, strings, counters = objective.build_many(pieces, [0] * len(keys), example_rngs(4, keys), SPECIAL)
+    assert scalars == {} and strings == {}
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    examples, summed = [], {}
+    for piece, key in zip(pieces, keys):
+        example = objective.build(piece.tokens, example_rng(4, key), 0, SPECIAL, {})
+        add_counters(summed, objective.stats(example, SPECIAL))
+        padded = {"key": key}
+        for name, width in (("inputs", objective.inputs_length), ("targets", objective.targets_length)):
+            values = np.full(width, SPECIAL.pad, dtype=np.int32)
+            values[: len(example[name])] = example[name]
+            if width > len(example[name]):
+                summed["padding_tokens"] = summed.get("padding_tokens", 0) + width - len(example[name])
+            padded[name] = values
+        examples.append(padded)
+    expected = ExampleColumns.from_examples(examples, schema)
+    got = ExampleColumns(schema, len(keys), arrays, {}, {"key": keys})
+    assert got.encode() == expected.encode()
+    assert counters == summed
