@@ -174,8 +174,8 @@ class BuildConfig:
         if (hasattr(objective, "build_block") and draws == 1 and not schema.scalar_columns
                 and tuple(schema.string_columns) == ("key",) and len(self.fixed) == 1):
             self.block_length = next(iter(self.fixed.values()))
-        #: whether chunks the objective's ``builds_many`` accepts are built in blocks by its
-        #: ``build_many`` (every draw; each example from its own generator), the rest one at a time
+        #: whether chunks are built in blocks by the objective's ``build_many`` (every draw; each
+        #: example from its own generator): all of them, or those its ``builds_many`` accepts
         self.many = hasattr(objective, "build_many") and schema.string_columns[:1] == ("key",)
         self._payload: tuple[str, bytes] | None = None
 
@@ -204,6 +204,7 @@ class ChunkBuilder:
         self._buffered = 0
         self._block: list[tuple] = []  # (chunk, shard count) waiting for the objective's build_block
         self._many: list[tuple] = []  # (chunk, shard count) waiting for the objective's build_many
+        self._accepts = getattr(config.objective, "builds_many", None)  # None: every chunk
         self.stats: dict[str, dict[str, int]] = {}
         self.built = 0
 
@@ -215,7 +216,7 @@ class ChunkBuilder:
         if config.block_length is not None and len(piece.tokens) == config.block_length and not piece.features:
             self._block.append((chunk, shard_count))
             return self._build_block() if len(self._block) >= BLOCK_CHUNKS else []
-        if config.many and config.objective.builds_many(piece, plan):
+        if config.many and (self._accepts is None or self._accepts(piece, plan)):
             self._many.append((chunk, shard_count))
             return self._build_many() if len(self._many) * config.draws >= MANY_ROWS else []
         features = dict(piece.features)

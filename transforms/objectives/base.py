@@ -21,10 +21,10 @@ when an objective has them; each must give exactly the rows and summed counters 
 :meth:`Objective.build` and :meth:`Objective.stats` (property tests hold them to it):
 
 - ``build_block(tokens, doc_lengths)``: full chunks without noise, all at once (CLM).
-- ``builds_many(piece, plan)`` and ``build_many(pieces, plans, rngs, special)``: the chunks
-  ``builds_many`` accepts, a few dozen rows at a time, each row from its own generator
-  (``example_rngs``), returning ``(array columns, scalar columns, string columns other than
-  the key, summed counters)`` (BART, UL2).
+- ``build_many(pieces, plans, rngs, special)``: chunks a few dozen rows at a time, each row
+  from its own generator (``example_rngs``), returning :data:`BuiltRows`; rows of fixed-length
+  columns come padded (BART, UL2, span corruption). With ``builds_many(piece, plan)`` it takes
+  only the chunks that method accepts (BART: full chunks with both features).
 """
 
 from __future__ import annotations

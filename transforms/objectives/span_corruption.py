@@ -570,10 +570,6 @@ class SpanCorruption:
             raise ValueError(f"span_corruption chunk has {len(tokens)} tokens, more than raw_length {self.raw_length}")
         return span_corruption(tokens, rng, self.config, special)
 
-    def builds_many(self, piece: Piece, plan: int) -> bool:
-        """Every chunk goes to :meth:`build_many` (it corrupts the rows one by one)."""
-        return True
-
     def build_many(
         self,
         pieces: Sequence[Piece],

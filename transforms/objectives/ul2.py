@@ -426,10 +426,6 @@ class UL2:
             "denoiser": denoiser.name,
         }
 
-    def builds_many(self, piece: Piece, plan: int) -> bool:
-        """Every chunk goes to :meth:`build_many` (it applies the denoisers row by row)."""
-        return True
-
     def build_many(
         self,
         pieces: Sequence[Piece],
