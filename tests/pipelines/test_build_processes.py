@@ -292,6 +292,30 @@ def test_span_corruption_blocks_give_the_rows_and_counters_of_one_chunk_at_a_tim
     assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["partial_examples"] > 0
 
 
+@pytest.mark.parametrize("params, draws", [({"seq_len": 32}, 1), ({"seq_len": 32, "whole_word_mask": True}, 2)])
+def test_mlm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, params, draws):
+    from schemas.examples import example_schema
+
+    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
+    special = SpecialIds(vocab_size=1000, pad=0, eos=1, mask=2)
+    objective = make_objective("mlm", params)
+    rng = np.random.default_rng(12)
+    chunks = []
+    for i in range(70):
+        length = 32 - (9 if i % 11 == 4 else 0)  # a few short chunks
+        features = {"word_starts": rng.random(length) < 0.6} if objective.features else {}
+        chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
+                       Piece(rng.integers(3, 1000, length, dtype=np.int32), np.array([length], np.int32), features)))
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+               for _ in range(2)]
+    configs[1].many = False
+    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
+    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
+    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["masked"] > 0
+
+
 def test_tasks_carry_chunks_as_columns():
     rng = np.random.default_rng(2)
     chunks = [(("train", "validation")[i % 2], f"k{i}", i % 3,

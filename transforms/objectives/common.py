@@ -32,6 +32,7 @@ __all__ = [
     "generator_of",
     "ids_out_of_range",
     "index_range",
+    "padded_rows",
     "unit_interval",
 ]
 
@@ -253,6 +254,22 @@ def example_rngs(seed: int, keys: list[bytes | str], *extra: int) -> list[np.ran
     for index in np.flatnonzero(~two_words).tolist():
         out[index] = example_rng(seed, keys[index], *extra)
     return out
+
+
+def padded_rows(rows: list[np.ndarray], width: int, pad: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``rows`` as one ``(len(rows), width)`` int32 array, each padded with ``pad`` at its end:
+    ``(flat values, int64 row offsets, padding tokens)``.
+
+    Raises:
+        ValueError: a row longer than ``width``.
+    """
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    if rows and int(lengths.max()) > width:
+        raise ValueError(f"a row of {int(lengths.max())} tokens does not fit the fixed length {width}")
+    padded = np.full((len(rows), width), pad, dtype=np.int32)
+    if rows:
+        padded[index_range(width) < lengths[:, None]] = np.concatenate(rows)
+    return padded.reshape(-1), np.arange(len(rows) + 1, dtype=np.int64) * width, len(rows) * width - int(lengths.sum())
 
 
 def index_range(size: int) -> np.ndarray:

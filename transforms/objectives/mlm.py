@@ -49,12 +49,16 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range
+from transforms.objectives.base import BuiltRows
+from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range, padded_rows
+from transforms.objectives.counters import add_counters
+from transforms.objectives.packing import Piece
 
 __all__ = [
     "IGNORE_INDEX",
@@ -390,6 +394,33 @@ class MLM:
         word_starts = features.get("word_starts") if self.config.whole_word_mask else None
         example, counters = mlm_with_stats(tokens, rng, self.config, special, word_starts=word_starts)
         return {**example, STATS_KEY: counters}
+
+    def build_many(
+        self,
+        pieces: Sequence[Piece],
+        plans: Sequence[int],
+        rngs: Sequence[np.random.Generator],
+        special: SpecialIds,
+    ) -> BuiltRows:
+        """:meth:`build` and :meth:`stats` of many chunks at once, rows padded to ``seq_len`` with
+        ``special.pad`` as the pipeline's builder pads one example (``padding_tokens``)."""
+        counters: dict[str, int] = {}
+        input_ids, labels = [], []
+        whole_words = self.config.whole_word_mask
+        for piece, rng in zip(pieces, rngs, strict=True):
+            word_starts = piece.features.get("word_starts") if whole_words else None
+            example, row_counters = mlm_with_stats(piece.tokens, rng, self.config, special, word_starts=word_starts)
+            add_counters(counters, row_counters)
+            input_ids.append(example["input_ids"])
+            labels.append(example["labels"])
+        arrays, padding = {}, 0
+        for name, rows in (("input_ids", input_ids), ("labels", labels)):
+            flat, offsets, pads = padded_rows(rows, self.config.seq_len, special.pad)
+            arrays[name] = (flat, offsets)
+            padding += pads
+        if padding:
+            counters["padding_tokens"] = counters.get("padding_tokens", 0) + padding
+        return arrays, {}, {}, counters
 
     def stats(self, example: dict[str, Any]) -> dict[str, int]:
         """Exact counters carried under :data:`STATS_KEY` by :meth:`build`.

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from transforms.objectives.base import BuiltRows
-from transforms.objectives.common import SpecialIds, generator_of, index_range
+from transforms.objectives.common import SpecialIds, generator_of, index_range, padded_rows
 from transforms.objectives.counters import add_counters_times
 from transforms.objectives.packing import Piece
 
@@ -599,15 +599,11 @@ class SpanCorruption:
         add_block_span_histograms(counters, _HISTOGRAM_NAMES, targets_of, special)
         arrays = {}
         padding = 0
-        for name, rows, lengths, width in (("inputs", inputs_of, inputs_lengths, self.inputs_length),
-                                           ("targets", targets_of, targets_lengths, self.targets_length)):
-            if count and int(lengths.max()) > width:
-                raise ValueError(f"column {name!r} is fixed at {width} tokens, got a row of {int(lengths.max())}")
-            padded = np.full((count, width), special.pad, dtype=np.int32)
-            if count:
-                padded[index_range(width) < lengths[:, None]] = np.concatenate(rows)
-            arrays[name] = (padded.reshape(-1), np.arange(count + 1, dtype=np.int64) * width)
-            padding += count * width - int(lengths.sum())
+        for name, rows, width in (("inputs", inputs_of, self.inputs_length),
+                                  ("targets", targets_of, self.targets_length)):
+            flat, offsets, pads = padded_rows(rows, width, special.pad)
+            arrays[name] = (flat, offsets)
+            padding += pads
         if padding:
             counters["padding_tokens"] = padding
         return arrays, {}, {}, counters

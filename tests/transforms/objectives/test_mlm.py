@@ -282,3 +282,46 @@ def test_imports_only_numpy_and_stdlib():
         "sys.exit(str(bad) if bad else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[3])
+
+
+# --- the block path -------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seq_len=st.sampled_from([4, 16, 128]),
+    options=st.sampled_from([{}, {"whole_word_mask": True}, {"frame": True}, {"mlm_probability": 0.5}]),
+    rows=st.lists(st.floats(0.0, 1.0), max_size=10),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_build_many_equals_build_and_stats_row_by_row(seq_len, options, rows, seed):
+    """Full and short chunks with special ids among their tokens: the columns and counters of
+    MLM.build + stats one example at a time."""
+    from schemas.examples import example_schema
+    from transforms.objectives.common import example_rngs
+    from transforms.objectives.counters import add_counters
+    from transforms.objectives.mlm import MLM, MLMConfig
+    from transforms.objectives.packing import Piece
+    from transforms.shard_format import ExampleColumns
+
+    special = SpecialIds(vocab_size=60, pad=1, eos=2, mask=3, cls=4, sep=5)
+    objective = MLM(MLMConfig(seq_len=seq_len, **options))
+    rng = np.random.default_rng(seed)
+    pieces, keys = [], []
+    for index, fraction in enumerate(rows):
+        length = max(1, int(objective.config.raw_length * fraction))
+        tokens = rng.integers(6, 60, length).astype(np.int32)
+        tokens[rng.random(length) < 0.1] = special.eos
+        pieces.append(Piece(tokens, np.array([length], np.int32), {"word_starts": rng.random(length) < 0.6}))
+        keys.append(f"k{index}")
+    arrays, scalars, strings, counters = objective.build_many(pieces, [0] * len(keys), example_rngs(6, keys), special)
+    assert scalars == {} and strings == {}
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    examples, summed = [], {}
+    for piece, key in zip(pieces, keys):
+        example = objective.build(piece.tokens, example_rng(6, key), 0, special, dict(piece.features))
+        add_counters(summed, objective.stats(example))
+        examples.append({"key": key, "input_ids": example["input_ids"], "labels": example["labels"]})
+    expected = ExampleColumns.from_examples(examples, schema)
+    assert ExampleColumns(schema, len(keys), arrays, {}, {"key": keys}).encode() == expected.encode()
+    assert counters == summed
