@@ -316,6 +316,24 @@ def test_mlm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatc
     assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["masked"] > 0
 
 
+@pytest.mark.parametrize("draws", [1, 2])
+def test_prefix_lm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
+    from schemas.examples import example_schema
+
+    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
+    objective = make_objective("prefix_lm", {"seq_len": 32})
+    chunks = [(split, key, plan, piece if i % 13 != 6 else Piece(piece.tokens[:20], np.array([20], np.int32)))
+              for i, (split, key, plan, piece) in enumerate(_chunks(70))]  # two documents, a few short chunks
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    configs = [parallel.BuildConfig(objective, SPECIAL, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+               for _ in range(2)]
+    configs[1].many = False
+    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
+    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
+    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["suffix_tokens"] > 0
+
+
 def test_tasks_carry_chunks_as_columns():
     rng = np.random.default_rng(2)
     chunks = [(("train", "validation")[i % 2], f"k{i}", i % 3,

@@ -23,7 +23,7 @@ when an objective has them; each must give exactly the rows and summed counters 
 - ``build_block(tokens, doc_lengths)``: full chunks without noise, all at once (CLM).
 - ``build_many(pieces, plans, rngs, special)``: chunks a few dozen rows at a time, each row
   from its own generator (``example_rngs``), returning :data:`BuiltRows`; rows of fixed-length
-  columns come padded (BART, UL2, span corruption). With ``builds_many(piece, plan)`` it takes
+  columns come padded (every objective but CLM). With ``builds_many(piece, plan)`` it takes
   only the chunks that method accepts (BART: full chunks with both features).
 """
 

@@ -18,12 +18,15 @@ gets ``prefix_length = 1`` (nothing to predict).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from transforms.objectives.base import BuiltRows
 from transforms.objectives.common import SpecialIds, generator_of
+from transforms.objectives.packing import Piece
 
 __all__ = ["PrefixLM", "PrefixLMConfig", "draw_prefix_length", "prefix_lm"]
 
@@ -134,6 +137,39 @@ class PrefixLM:
     ) -> dict[str, Any]:
         """Split ``tokens``; ``features["doc_lengths"]``, when present, passes through."""
         return prefix_lm(tokens, rng, self.config, special, features.get("doc_lengths"))
+
+    def build_many(
+        self,
+        pieces: Sequence[Piece],
+        plans: Sequence[int],
+        rngs: Sequence[np.random.Generator],
+        special: SpecialIds,
+    ) -> BuiltRows:
+        """:meth:`build` and :meth:`stats` of many chunks at once: each row's split from its own
+        generator, the columns laid out and the counters summed once for the block."""
+        rows, prefixes, segments = [], [], []
+        for piece, rng in zip(pieces, rngs, strict=True):
+            example = self.build(piece.tokens, rng, 0, special, {"doc_lengths": piece.doc_lengths})
+            rows.append(example["input_ids"])
+            prefixes.append(example["prefix_length"])
+            segments.append(example["doc_lengths"])
+        count, seq_len = len(rows), self.config.seq_len
+        lengths = np.fromiter((int(piece.tokens.shape[0]) for piece in pieces), dtype=np.int64, count=count)
+        prefix = np.array(prefixes, dtype=np.int32)
+        segment_offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in segments], out=segment_offsets[1:])
+        if not count:
+            empty = np.zeros(0, np.int32)
+            return {"input_ids": (empty, segment_offsets), "doc_lengths": (empty, segment_offsets)}, \
+                {"prefix_length": prefix}, {}, {}
+        arrays = {
+            "input_ids": (np.concatenate(rows), np.arange(count + 1, dtype=np.int64) * seq_len),
+            "doc_lengths": (np.concatenate(segments).astype(np.int32, copy=False), segment_offsets),
+        }
+        tokens, prefix_tokens = int(lengths.sum()), int(prefix.sum(dtype=np.int64))
+        counters = {"examples": count, "tokens": tokens, "prefix_tokens": prefix_tokens,
+                    "suffix_tokens": tokens - prefix_tokens, "padding_tokens": count * seq_len - tokens}
+        return arrays, {"prefix_length": prefix}, {}, counters
 
     def stats(self, example: dict[str, Any]) -> dict[str, int]:
         """Counters: examples, tokens, prefix and suffix (loss) tokens, padding tokens."""

@@ -93,3 +93,40 @@ def test_split_is_uniform():
     long = np.array([draw_prefix_length(2048, example_rng(2, f"l{i}")) for i in range(10_000)])
     assert long.min() >= 1 and long.max() <= 2047
     assert abs(long.mean() - 1024) / 1024 < 0.02
+
+
+@settings(max_examples=150, deadline=None)
+@given(seq_len=st.sampled_from([2, 16, 1024]), rows=st.lists(st.lists(st.floats(0.01, 1.0), min_size=1, max_size=4),
+                                                            max_size=10), seed=st.integers(0, 2**32 - 1))
+def test_build_many_equals_build_and_stats_row_by_row(seq_len, rows, seed):
+    """Full and short chunks of one or more documents: the columns and counters of
+    PrefixLM.build + stats one example at a time."""
+    from schemas.examples import example_schema
+    from transforms.objectives.common import example_rngs
+    from transforms.objectives.counters import add_counters
+    from transforms.objectives.packing import Piece
+    from transforms.shard_format import ExampleColumns
+
+    objective = PrefixLM(PrefixLMConfig(seq_len=seq_len))
+    special = SpecialIds(vocab_size=100, pad=0, eos=1)
+    rng = np.random.default_rng(seed)
+    pieces, keys = [], []
+    for index, fractions in enumerate(rows):
+        segments = [max(1, int(seq_len * f / len(fractions))) for f in fractions]
+        while sum(segments) > seq_len:
+            segments.pop()
+        segments = segments or [1]
+        length = sum(segments)
+        pieces.append(Piece(rng.integers(2, 100, length).astype(np.int32), np.array(segments, np.int32)))
+        keys.append(f"k{index}")
+    arrays, scalars, strings, counters = objective.build_many(pieces, [0] * len(keys), example_rngs(8, keys), special)
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    examples, summed = [], {}
+    for piece, key in zip(pieces, keys):
+        example = objective.build(piece.tokens, example_rng(8, key), 0, special, {"doc_lengths": piece.doc_lengths})
+        add_counters(summed, objective.stats(example))
+        examples.append({**example, "key": key})
+    expected = ExampleColumns.from_examples(examples, schema)
+    got = ExampleColumns(schema, len(keys), arrays, scalars, {"key": keys, **strings})
+    assert got.encode() == expected.encode()
+    assert counters == summed
