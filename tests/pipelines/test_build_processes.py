@@ -239,13 +239,27 @@ def test_bart_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypat
     assert blocked.stats["train"]["masked_spans"] > 0 and blocked.stats["validation"]["examples"] > 0
 
 
+def _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws):
+    """Build ``chunks`` through the objective's ``build_many`` (blocks of 16 rows) and one at a
+    time; both give the same rows and counters. Returns the block builder."""
+    from schemas.examples import example_schema
+
+    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+               for _ in range(2)]
+    configs[1].many = False
+    assert configs[0].many
+    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
+    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
+    assert blocked.stats == plain.stats and blocked.built == plain.built == len(chunks) * draws
+    return blocked
+
+
 @pytest.mark.parametrize("layout, draws", [("encoder_decoder", 1), ("encoder_decoder", 2), ("decoder", 2)])
 def test_ul2_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, layout, draws):
     """UL2 builds every chunk (full or short, any denoiser) MANY_ROWS rows at a time by
     UL2.build_many: the rows and counters of the one-at-a-time path."""
-    from schemas.examples import example_schema
-
-    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
     modes = {"[R]": 990, "[S]": 991, "[X]": 992}
     special = SpecialIds(vocab_size=1000, pad=0, eos=1, sentinels=tuple(range(800, 900)), mode_tokens=modes)
     objective = make_objective("ul2", {"inputs_length": 32, "layout": layout})
@@ -256,14 +270,7 @@ def test_ul2_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatc
         length = objective.lengths[plan].raw_length - (5 if i % 23 == 4 else 0)  # a few short chunks
         chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", plan,
                        Piece(rng.integers(2, 800, length, dtype=np.int32), np.array([length], np.int32))))
-    schema = example_schema(objective.family, **objective.schema_kwargs())
-    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
-               for _ in range(2)]
-    configs[1].many = False
-    assert configs[0].many
-    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
-    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
-    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws)
     assert blocked.stats["train"]["noise_spans"] > 0
 
 
@@ -271,9 +278,6 @@ def test_ul2_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatc
 def test_span_corruption_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
     """span_corruption builds every chunk MANY_ROWS rows at a time, short chunks padded as the
     one-at-a-time path pads them (padding_tokens)."""
-    from schemas.examples import example_schema
-
-    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
     special = SpecialIds(vocab_size=1000, pad=0, eos=1, sentinels=tuple(range(800, 900)))
     objective = make_objective("span_corruption", {"inputs_length": 32})
     rng = np.random.default_rng(10)
@@ -282,21 +286,12 @@ def test_span_corruption_blocks_give_the_rows_and_counters_of_one_chunk_at_a_tim
         length = objective.raw_length - (9 if i % 11 == 4 else 0)  # a few short chunks
         chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
                        Piece(rng.integers(2, 800, length, dtype=np.int32), np.array([length], np.int32))))
-    schema = example_schema(objective.family, **objective.schema_kwargs())
-    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
-               for _ in range(2)]
-    configs[1].many = False
-    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
-    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
-    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws)
     assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["partial_examples"] > 0
 
 
 @pytest.mark.parametrize("params, draws", [({"seq_len": 32}, 1), ({"seq_len": 32, "whole_word_mask": True}, 2)])
 def test_mlm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, params, draws):
-    from schemas.examples import example_schema
-
-    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
     special = SpecialIds(vocab_size=1000, pad=0, eos=1, mask=2)
     objective = make_objective("mlm", params)
     rng = np.random.default_rng(12)
@@ -306,31 +301,16 @@ def test_mlm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatc
         features = {"word_starts": rng.random(length) < 0.6} if objective.features else {}
         chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
                        Piece(rng.integers(3, 1000, length, dtype=np.int32), np.array([length], np.int32), features)))
-    schema = example_schema(objective.family, **objective.schema_kwargs())
-    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
-               for _ in range(2)]
-    configs[1].many = False
-    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
-    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
-    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws)
     assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["masked"] > 0
 
 
 @pytest.mark.parametrize("draws", [1, 2])
 def test_prefix_lm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
-    from schemas.examples import example_schema
-
-    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
     objective = make_objective("prefix_lm", {"seq_len": 32})
     chunks = [(split, key, plan, piece if i % 13 != 6 else Piece(piece.tokens[:20], np.array([20], np.int32)))
               for i, (split, key, plan, piece) in enumerate(_chunks(70))]  # two documents, a few short chunks
-    schema = example_schema(objective.family, **objective.schema_kwargs())
-    configs = [parallel.BuildConfig(objective, SPECIAL, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
-               for _ in range(2)]
-    configs[1].many = False
-    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
-    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
-    assert blocked.stats == plain.stats and blocked.built == plain.built == 70 * draws
+    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, SPECIAL, chunks, draws)
     assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["suffix_tokens"] > 0
 
 
