@@ -324,13 +324,18 @@ class MergedColumns:
             for name in schema.scalar_columns
         }
         self.strings = {name: [parts[p].strings[name][r] for p, r in pairs] for name in schema.string_columns}
+        self._bounds_of: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def _bounds(self, column: str) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's start and end in the flat values of its part."""
-        offsets = [p.arrays[column][1] for p in self._parts]
-        starts = np.concatenate([o[:-1] for o in offsets]) if offsets else np.zeros(0, np.int64)
-        ends = np.concatenate([o[1:] for o in offsets]) if offsets else np.zeros(0, np.int64)
-        return starts[self._index], ends[self._index]
+        """Each row's start and end in the flat values of its part (worked out once per column:
+        both formats' writers ask)."""
+        bounds = self._bounds_of.get(column)
+        if bounds is None:
+            offsets = [p.arrays[column][1] for p in self._parts]
+            starts = np.concatenate([o[:-1] for o in offsets]) if offsets else np.zeros(0, np.int64)
+            ends = np.concatenate([o[1:] for o in offsets]) if offsets else np.zeros(0, np.int64)
+            bounds = self._bounds_of[column] = (starts[self._index], ends[self._index])
+        return bounds
 
     def array_rows(self, column: str) -> tuple[np.ndarray, list]:
         """As :meth:`ExampleColumns.array_rows`: views into the parts, in row order."""

@@ -235,14 +235,20 @@ def _permute_sentences(
     return tokens[index], [f[index] for f in flags]
 
 
+def _cover_budget(lengths: np.ndarray, budget: int, cdf: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``lengths`` and as many more draws as cover ``budget``: fairseq draws ``budget`` lengths
+    at a time until they suffice."""
+    while np.add.reduce(lengths) < budget:
+        lengths = np.concatenate([lengths, cdf.searchsorted(rng.random(budget), side="right")])
+    return lengths
+
+
 def _span_lengths(budget: int, config: BartConfig, rng: np.random.Generator) -> np.ndarray:
     """Span lengths in words covering exactly ``budget`` words (zero-length ones included)."""
     if config.mask_length != "span-poisson":
         return np.ones(budget, dtype=np.int64)
     cdf = poisson_span_cdf(config.poisson_lambda)
-    lengths = cdf.searchsorted(rng.random(budget), side="right")
-    while np.add.reduce(lengths) < budget:  # fairseq draws ``budget`` at a time until they suffice
-        lengths = np.concatenate([lengths, cdf.searchsorted(rng.random(budget), side="right")])
+    lengths = _cover_budget(cdf.searchsorted(rng.random(budget), side="right"), budget, cdf, rng)
     cum = lengths.cumsum()
     last = int(cum.searchsorted(budget))  # first span reaching the budget
     lengths = lengths[: last + 1].copy()
@@ -270,9 +276,7 @@ def _block_span_lengths(budgets: list[int], uniforms: list[np.ndarray], rngs: li
     if short:  # rows that need more draws: per row, as _span_lengths
         rows = np.split(lengths, firsts[1:])
         for index in short:
-            while np.add.reduce(rows[index]) < budgets[index]:
-                rows[index] = np.concatenate([rows[index],
-                                              cdf.searchsorted(rngs[index].random(budgets[index]), side="right")])
+            rows[index] = _cover_budget(rows[index], budgets[index], cdf, rngs[index])
         sizes = np.array([row.size for row in rows], dtype=np.int64)
         lengths, firsts = np.concatenate(rows), _exclusive_cumsum(sizes)
     # Trim each row at its first span reaching the budget: with the running sum over all rows,
@@ -445,6 +449,20 @@ def _checked_tokens(
 _HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(129))
 
 
+def _count_spans(counters: dict[str, int], lengths: np.ndarray) -> int:
+    """Set the span counters of applied span lengths (in words, zero-length ones included):
+    ``mask_budget`` (their sum), ``span_len_hist_<k>``, ``masked_spans`` and
+    ``zero_length_spans``; return the number of zero-length spans."""
+    histogram = np.bincount(lengths).tolist()
+    for k, count in enumerate(histogram):
+        if count:
+            counters[_HISTOGRAM_NAMES[k] if k < len(_HISTOGRAM_NAMES) else f"span_len_hist_{k}"] = count
+    zero = histogram[0] if histogram else 0
+    counters["mask_budget"] = int(lengths.sum())
+    counters["masked_spans"], counters["zero_length_spans"] = int(lengths.size - zero), zero
+    return zero
+
+
 def bart_with_stats(
     tokens: np.ndarray,
     rng: np.random.Generator,
@@ -504,13 +522,7 @@ def bart_with_stats(
     if config.mask > 0 and words:
         budget = _ceil(words * config.mask)
         lengths = _span_lengths(budget, config, rng)
-        counters["mask_budget"] = budget
-        histogram = np.bincount(lengths).tolist()
-        for k, count in enumerate(histogram):
-            if count:
-                counters[_HISTOGRAM_NAMES[k] if k < len(_HISTOGRAM_NAMES) else f"span_len_hist_{k}"] = count
-        zero = histogram[0] if histogram else 0
-        counters["masked_spans"], counters["zero_length_spans"] = int(lengths.size - zero), zero
+        zero = _count_spans(counters, lengths)
         nonzero = lengths[lengths > 0] if zero else lengths
         _mask_spans(src, nonzero, config.replace_length, config, special, rng, counters, pool)
         allowed = max(0, min(zero, config.seq_len - src.ids.size))
@@ -697,13 +709,7 @@ def bart_many(
     inputs, offsets = ids.reshape(-1), np.arange(count + 1, dtype=np.int64) * framed
     if span_rows:
         all_lengths = np.concatenate([lengths for _, lengths, _ in span_rows])
-        histogram = np.bincount(all_lengths).tolist()
-        for k, number in enumerate(histogram):
-            if number:
-                counters[_HISTOGRAM_NAMES[k] if k < len(_HISTOGRAM_NAMES) else f"span_len_hist_{k}"] = number
-        zero = histogram[0] if histogram else 0
-        counters["mask_budget"] = int(all_lengths.sum())
-        counters["masked_spans"], counters["zero_length_spans"] = int(all_lengths.size - zero), zero
+        zero = _count_spans(counters, all_lengths)
         # Span starts as global positions: row r's pool is its maskable word starts in order.
         pool = np.flatnonzero(np.greater(word_start, barrier))
         masked = np.array([row for row, _, _ in span_rows])

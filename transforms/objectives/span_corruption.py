@@ -457,23 +457,32 @@ def _span_counts(
 _HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
 
 
-def _span_lengths_in_targets(targets: np.ndarray, is_sentinel) -> list[int]:
-    """Bucket counts (index = capped span length) of the spans of ``targets``.
+def _span_buckets(targets: np.ndarray, eos_at: np.ndarray, is_sentinel) -> list[int]:
+    """Bucket counts (index = capped span length) of the spans of one or more targets rows laid
+    end to end, ``eos_at`` holding each row's last slot (its EOS).
 
-    ``is_sentinel(body)`` flags the sentinel positions of the targets without their EOS.
+    A span runs from its sentinel to the next sentinel or to its row's EOS, sentinel excluded.
+    ``is_sentinel(targets)`` flags the sentinel positions (a new array).
     """
-    body = targets[:-1]
-    starts = is_sentinel(body).nonzero()[0]
+    if targets.shape[0] == 0:
+        return []
+    starts = is_sentinel(targets)
+    starts[eos_at] = False  # an EOS ends its row's last span, whatever its id
+    boundary = starts.copy()
+    boundary[eos_at] = True
+    starts = starts.nonzero()[0]
     if starts.shape[0] == 0:
         return []
-    # A span runs from its sentinel to the next one (or to the EOS), sentinel excluded.
-    lengths = np.empty_like(starts)
-    lengths[:-1] = starts[1:]
-    lengths[-1] = body.shape[0]
+    boundaries = boundary.nonzero()[0]
+    lengths = boundaries[boundaries.searchsorted(starts, side="right")]
     lengths -= starts
     lengths -= 1
     np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP, out=lengths)
     return np.bincount(lengths).tolist()
+
+
+def _last_slot(targets: np.ndarray) -> list[int]:
+    return [targets.shape[0] - 1]
 
 
 def span_length_histogram(targets: np.ndarray, sentinels: np.ndarray) -> dict[str, int]:
@@ -481,45 +490,36 @@ def span_length_histogram(targets: np.ndarray, sentinels: np.ndarray) -> dict[st
     if len(sentinels) and sentinels[-1] - sentinels[0] == len(sentinels) - 1 and np.all(np.diff(sentinels) == 1):
         # The usual case: sentinels are consecutive ids, so a range test replaces np.isin.
         low, high = sentinels[0], sentinels[-1]
-        buckets = _span_lengths_in_targets(targets, lambda body: (body >= low) & (body <= high))
+        buckets = _span_buckets(targets, _last_slot(targets), lambda body: (body >= low) & (body <= high))
     else:
-        buckets = _span_lengths_in_targets(targets, lambda body: np.isin(body, sentinels))
+        buckets = _span_buckets(targets, _last_slot(targets), lambda body: np.isin(body, sentinels))
     return {_HISTOGRAM_NAMES[k]: count for k, count in enumerate(buckets) if count}
 
 
-def special_span_histogram(targets: np.ndarray, special: SpecialIds) -> list[int]:
-    """Bucket counts of :func:`span_length_histogram` for ``special.sentinels``, without
-    converting the sentinels per call (a range test whenever they are a range of ids)."""
+def _sentinel_test(special: SpecialIds):
+    """``targets -> bool array`` flagging ``special.sentinels``: a range test whenever they are a
+    range of ids, without converting the sentinels per call."""
     bounds = special.sentinel_range()
     if bounds is not None:
         low, high = bounds
-        return _span_lengths_in_targets(targets, lambda body: (body >= low) & (body <= high))
+        return lambda targets: (targets >= low) & (targets <= high)
     sentinels = special.sentinel_array()
-    return _span_lengths_in_targets(targets, lambda body: np.isin(body, sentinels))
+    return lambda targets: np.isin(targets, sentinels)
+
+
+def special_span_histogram(targets: np.ndarray, special: SpecialIds) -> list[int]:
+    """Bucket counts of :func:`span_length_histogram` for ``special.sentinels``."""
+    return _span_buckets(targets, _last_slot(targets), _sentinel_test(special))
 
 
 def add_block_span_histograms(counters: dict[str, int], names: Sequence[str], targets_of: list[np.ndarray],
                               special: SpecialIds) -> None:
     """Add to ``counters`` the span-length buckets (named ``names[k]``) of all ``targets_of``
-    rows, as :func:`special_span_histogram` of each row would: the rows end to end, where a
-    span runs from its sentinel to the next sentinel or to its row's EOS (the last slot)."""
+    rows at once, as :func:`special_span_histogram` of each row would."""
     if not targets_of:
         return
-    flat = np.concatenate(targets_of)
     eos_at = np.cumsum([row.shape[0] for row in targets_of]) - 1
-    bounds = special.sentinel_range()
-    if bounds is not None:
-        starts = (flat >= bounds[0]) & (flat <= bounds[1])
-    else:
-        starts = np.isin(flat, special.sentinel_array())
-    starts[eos_at] = False
-    boundary = starts.copy()
-    boundary[eos_at] = True
-    boundaries = boundary.nonzero()[0]
-    starts = starts.nonzero()[0]
-    lengths = boundaries[boundaries.searchsorted(starts, side="right")] - starts - 1
-    np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP, out=lengths)
-    for length, number in enumerate(np.bincount(lengths).tolist()):
+    for length, number in enumerate(_span_buckets(np.concatenate(targets_of), eos_at, _sentinel_test(special))):
         if number:
             counters[names[length]] = counters.get(names[length], 0) + number
 
