@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import re
@@ -344,7 +345,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     handoff_scope = scope() if options.in_one_process and not dry_run else None
     build_pipeline(pipeline, plan, argv, handoff_scope)
     try:
-        with _quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError):
+        with _quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError), _frozen_heap():
             result = pipeline.run()
             result.wait_until_finish()
     except Exception as exc:
@@ -365,6 +366,28 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         manifest = Manifest.loads(handle.read().decode("utf-8"))
     manifest.run["wall_seconds"] = round(time.monotonic() - start, 3)
     return manifest, result
+
+
+@contextlib.contextmanager
+def _frozen_heap():
+    """Keep the objects that exist when the pipeline starts (modules, Beam's and the graph's)
+    out of the garbage collector's full passes while it runs.
+
+    The in-process runner holds its stages' data in this process, so full collections come
+    during the run; each traversed every object of the process, Beam's hundreds of
+    thousands included: about 80 ms each, two of them in a 60 MB run (0.16 s of its 11 s,
+    measured). Frozen, those objects are skipped; what the run makes is collected as usual.
+    Left alone when something in this process froze objects already (:func:`gc.freeze` has
+    no undo of one caller's freeze alone).
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 #: Longest sleep of Beam's state-sampler thread, in ms (Beam's default: 200).

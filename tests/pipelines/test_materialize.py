@@ -242,6 +242,43 @@ def test_beam_type_check_is_off_unless_asked_for_and_never_changes_bytes(tmp_pat
     assert checked == [True, False]
 
 
+def test_the_run_keeps_older_objects_out_of_full_collections_and_undoes_that_after(tmp_path, monkeypatch,
+                                                                                  clm_dataset, sample_glob,
+                                                                                  tokenizer_path):
+    """While the pipeline runs, the objects made before it are frozen (full collections skip
+    them); afterwards nothing stays frozen. A freeze somebody else made is left as it is."""
+    import gc
+
+    import transforms.write as write
+
+    reference_out, reference = clm_dataset
+    seen = []
+    atomic = write.write_atomic
+
+    def spying(root, relative, writer):
+        seen.append(gc.get_freeze_count())
+        return atomic(root, relative, writer)
+
+    monkeypatch.setattr(write, "write_atomic", spying)
+    assert gc.get_freeze_count() == 0
+    out = tmp_path / "frozen"
+    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
+    assert seen and min(seen) > 1000  # every shard, rejected-record file and manifest write
+    assert gc.get_freeze_count() == 0
+    assert file_digests(out) == file_digests(reference_out)
+    assert manifest.deterministic_view() == reference.deterministic_view()
+    seen.clear()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        materialize(tmp_path / "frozen-before", *_base_args(sample_glob, tokenizer_path))
+        # frozen objects may die, none is added (the run's own freeze adds hundreds of thousands)
+        assert seen and max(seen) <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, monkeypatch, clm_dataset, sample_glob,
                                                            tokenizer_path):
     """Tiny tokenizer batches and example batches (and the flush of many shards' buffers) give the
