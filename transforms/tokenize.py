@@ -22,6 +22,7 @@ A text that encodes to no token is rejected with reason ``no_tokens``.
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import struct
 import sys
@@ -50,6 +51,30 @@ FIRST_BATCH = 128
 TRAIN, VALIDATION = "train", "validation"
 #: The environment variable the Rust encoder's thread pool (rayon) is sized by.
 ENCODER_THREADS_ENV = "RAYON_NUM_THREADS"
+
+
+#: The module a Beam SDK worker process runs as ``__main__`` (the portable runners' subprocess
+#: workers, Dataflow's harness).
+SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
+
+
+def freeze_worker_heap() -> bool:
+    """In a Beam SDK worker process, freeze its objects as they are when its first Tokenize
+    starts (Beam's modules, the worker's machinery), so that later full garbage collections
+    skip them; return whether it froze them.
+
+    Nothing else is touched: the process of a materialize run freezes its own objects for
+    as long as its pipeline runs (:func:`pipelines.materialize._frozen_heap`), and any other
+    process belongs to somebody else. A worker lives as long as its job, so the freeze is not
+    undone. Measured with 2 multi-processing workers on 60 MB: clm 12.1 s -> 11.6 s, bart
+    14.6 s -> 14.0 s (two runs each).
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) != SDK_WORKER_MAIN or gc.get_freeze_count():
+        return False
+    gc.freeze()
+    return True
 
 
 def document_key(text: str) -> bytes:
@@ -115,6 +140,7 @@ class _TokenizeBatch(beam.DoFn):
         self._encoder_threads = encoder_threads
 
     def setup(self):
+        freeze_worker_heap()
         if self._encoder_threads and ENCODER_THREADS_ENV not in os.environ:
             # The Rust encoder sizes its thread pool from this on its first batch in the process
             # (a Beam worker process is fresh); a value the user set wins.
