@@ -41,7 +41,8 @@ from transforms.text_rules import byte_positions, sentence_start_chars, token_fl
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
 from transforms.word_starts import ByteLevelWords, word_start_flags
 
-__all__ = ["BATCH_SIZE", "Tokenize", "assign_split", "bucket_of", "document_key", "read_tokenizer_bytes"]
+__all__ = ["BATCH_SIZE", "SDK_WORKER_MAIN", "Tokenize", "assign_split", "bucket_of", "document_key",
+           "freeze_worker_heap", "read_tokenizer_bytes"]
 
 BATCH_SIZE = 2048
 #: A batch is also sent once its texts hold this many characters (bounds memory for long documents).
