@@ -184,6 +184,9 @@ class _TokenizeBatch(beam.DoFn):
 
     def _submit(self):
         texts, self._buffer, self._buffer_chars = self._buffer, [], 0
+        self._queue(texts)
+
+    def _queue(self, texts):
         self._pending.append((texts, self._pool.submit(self._encode, texts)))
 
     def _emit(self, texts, future):
@@ -251,7 +254,7 @@ class _TokenizeBatch(beam.DoFn):
         # this thread handles alone at the very end is small.
         texts, self._buffer, self._buffer_chars = self._buffer, [], 0
         for batch in _tail_batches(texts):
-            self._pending.append((batch, self._pool.submit(self._encode, batch)))
+            self._queue(batch)
             while len(self._pending) > 1:
                 yield from _windowed(self._emit(*self._pending.popleft()))
         while self._pending:

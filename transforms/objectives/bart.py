@@ -269,23 +269,23 @@ def _block_span_lengths(budgets: list[int], uniforms: list[np.ndarray], rngs: li
     if config.mask_length != "span-poisson":
         return [np.ones(budget, dtype=np.int64) for budget in budgets]
     cdf = poisson_span_cdf(config.poisson_lambda)
-    sizes = np.array(budgets, dtype=np.int64)
+    wanted = np.array(budgets, dtype=np.int64)  # each row's first draws number its budget
     lengths = cdf.searchsorted(np.concatenate(uniforms), side="right")
-    firsts = _exclusive_cumsum(sizes)
-    short = np.flatnonzero(np.add.reduceat(lengths, firsts) < sizes).tolist()
+    firsts = _exclusive_cumsum(wanted)
+    short = np.flatnonzero(np.add.reduceat(lengths, firsts) < wanted).tolist()
     if short:  # rows that need more draws: per row, as _span_lengths
         rows = np.split(lengths, firsts[1:])
         for index in short:
             rows[index] = _cover_budget(rows[index], budgets[index], cdf, rngs[index])
-        sizes = np.array([row.size for row in rows], dtype=np.int64)
-        lengths, firsts = np.concatenate(rows), _exclusive_cumsum(sizes)
+        lengths = np.concatenate(rows)
+        firsts = _exclusive_cumsum(np.array([row.size for row in rows], dtype=np.int64))
     # Trim each row at its first span reaching the budget: with the running sum over all rows,
     # a row's spans reach ``sum before the row + budget`` first at that span.
     running = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=running[1:])
-    before = running[firsts]
-    last = running[1:].searchsorted(before + np.array(budgets, dtype=np.int64))
-    lengths[last] = before + np.array(budgets, dtype=np.int64) - running[last]
+    reached = running[firsts] + wanted
+    last = running[1:].searchsorted(reached)
+    lengths[last] = reached - running[last]
     return [lengths[first : end + 1] for first, end in zip(firsts.tolist(), last.tolist())]
 
 

@@ -19,9 +19,11 @@ _COMBINE: dict[str, int] = {}
 
 
 def _combine_of(name: str) -> int:
-    kind = _MIN if name.endswith("_min") else _MAX if name.endswith("_max") else _SUM
-    if len(_COMBINE) < 100_000:
-        _COMBINE[name] = kind
+    kind = _COMBINE.get(name)
+    if kind is None:
+        kind = _MIN if name.endswith("_min") else _MAX if name.endswith("_max") else _SUM
+        if len(_COMBINE) < 100_000:
+            _COMBINE[name] = kind
     return kind
 
 
@@ -33,9 +35,7 @@ def add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
         if old is None:
             total[name] = value
             continue
-        kind = _COMBINE.get(name)
-        if kind is None:
-            kind = _combine_of(name)
+        kind = _combine_of(name)
         if kind == _SUM:
             total[name] = old + value
         elif kind == _MIN:
@@ -47,11 +47,8 @@ def add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
 def add_counters_times(total: dict[str, int], counters: dict[str, int], times: int) -> None:
     """:func:`add_counters` of ``counters`` ``times`` times over (``times`` >= 1): sums are
     multiplied, minima and maxima taken once."""
-    for name, value in counters.items():
-        kind = _COMBINE.get(name)
-        if kind is None:
-            kind = _combine_of(name)
-        add_counters(total, {name: int(value) * times if kind == _SUM else value})
+    add_counters(total, {name: int(value) * times if _combine_of(name) == _SUM else value
+                         for name, value in counters.items()})
 
 
 def merge_counters(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

@@ -186,7 +186,7 @@ def draw_non_special(rng: np.random.Generator, special: SpecialIds, size: int) -
     Raises:
         ValueError: every id of the vocabulary is special.
     """
-    n_free, shifted = special.non_special_ranks()
+    n_free = special.non_special_ranks()[0]
     if n_free <= 0:
         raise ValueError(f"no non-special id in a vocabulary of {special.vocab_size} ids")
     if size == 0:  # drawing no ids leaves the generator untouched: skip the call
@@ -195,8 +195,7 @@ def draw_non_special(rng: np.random.Generator, special: SpecialIds, size: int) -
     if type(ranks) is list:
         bounds = special.non_special_rank_list()
         return np.array([rank + bisect.bisect_right(bounds, rank) for rank in ranks], dtype=np.int32)
-    ranks += shifted.searchsorted(ranks, side="right")
-    return ranks.astype(np.int32)
+    return ids_of_ranks(special, ranks)
 
 
 def draw_ranks(rng: np.random.Generator, n_free: int, size: int) -> list[int] | np.ndarray:

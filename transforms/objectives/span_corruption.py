@@ -487,24 +487,27 @@ def _last_slot(targets: np.ndarray) -> list[int]:
 
 def span_length_histogram(targets: np.ndarray, sentinels: np.ndarray) -> dict[str, int]:
     """``span_len_hist_<k>`` counters from targets (bucket ``SPAN_LENGTH_HISTOGRAM_CAP`` is ">= cap")."""
-    if len(sentinels) and sentinels[-1] - sentinels[0] == len(sentinels) - 1 and np.all(np.diff(sentinels) == 1):
-        # The usual case: sentinels are consecutive ids, so a range test replaces np.isin.
-        low, high = sentinels[0], sentinels[-1]
-        buckets = _span_buckets(targets, _last_slot(targets), lambda body: (body >= low) & (body <= high))
-    else:
-        buckets = _span_buckets(targets, _last_slot(targets), lambda body: np.isin(body, sentinels))
+    # The usual case: sentinels are consecutive ids, so a range test replaces np.isin.
+    consecutive = len(sentinels) and sentinels[-1] - sentinels[0] == len(sentinels) - 1 and np.all(
+        np.diff(sentinels) == 1)
+    test = _membership_test((sentinels[0], sentinels[-1]) if consecutive else None, sentinels)
+    buckets = _span_buckets(targets, _last_slot(targets), test)
     return {_HISTOGRAM_NAMES[k]: count for k, count in enumerate(buckets) if count}
 
 
-def _sentinel_test(special: SpecialIds):
-    """``targets -> bool array`` flagging ``special.sentinels``: a range test whenever they are a
-    range of ids, without converting the sentinels per call."""
-    bounds = special.sentinel_range()
+def _membership_test(bounds: tuple[int, int] | None, values):
+    """``targets -> bool array`` flagging ``values``: a range test when they are exactly the ids
+    ``bounds`` (lowest, highest), else ``np.isin`` (``values`` is only read then)."""
     if bounds is not None:
         low, high = bounds
         return lambda targets: (targets >= low) & (targets <= high)
-    sentinels = special.sentinel_array()
-    return lambda targets: np.isin(targets, sentinels)
+    return lambda targets: np.isin(targets, values)
+
+
+def _sentinel_test(special: SpecialIds):
+    """:func:`_membership_test` of ``special.sentinels``, without converting them per call."""
+    bounds = special.sentinel_range()
+    return _membership_test(bounds, None if bounds is not None else special.sentinel_array())
 
 
 def special_span_histogram(targets: np.ndarray, special: SpecialIds) -> list[int]:

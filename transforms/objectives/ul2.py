@@ -406,11 +406,8 @@ class UL2:
         Raises:
             ValueError: unknown plan, too many tokens, missing mode token or sentinels.
         """
-        if not 0 <= plan < len(self.denoisers):
-            raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {plan!r}")
-        denoiser, lengths = self.denoisers[plan], self.lengths[plan]
-        tokens = _checked_chunk(tokens, denoiser, lengths)
-        inputs, targets = _apply(tokens, rng, denoiser, lengths, _mode_id(denoiser, special), special)
+        inputs, targets = self._denoised(tokens, rng, plan, special)
+        denoiser = self.denoisers[plan]
         if self.config.layout == ENCODER_DECODER_LAYOUT:
             return {"inputs": inputs, "targets": targets, "denoiser": denoiser.name}
         prefix_length = inputs.shape[0]
@@ -448,14 +445,7 @@ class UL2:
         modes: dict[int, int] = {}
         inputs_of, targets_of = [], []
         for piece, plan, rng in zip(pieces, plans, rngs, strict=True):
-            if not 0 <= plan < len(self.denoisers):
-                raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {plan!r}")
-            denoiser, lengths = self.denoisers[plan], self.lengths[plan]
-            mode = modes.get(plan)
-            if mode is None:
-                mode = modes[plan] = _mode_id(denoiser, special)
-            inputs, targets = _apply(_checked_chunk(piece.tokens, denoiser, lengths), rng, denoiser, lengths, mode,
-                                     special)
+            inputs, targets = self._denoised(piece.tokens, rng, plan, special, modes)
             inputs_of.append(inputs)
             targets_of.append(targets)
         count = len(inputs_of)
@@ -481,6 +471,25 @@ class UL2:
             "doc_lengths": (totals.astype(np.int32), np.arange(count + 1, dtype=np.int64)),
         }
         return arrays, {"prefix_length": inputs_lengths.astype(np.int32)}, strings, counters
+
+    def _denoised(self, tokens: np.ndarray, rng: np.random.Generator, plan: int, special: SpecialIds,
+                  modes: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(inputs, targets)`` of denoiser ``plan`` on ``tokens``; ``modes`` (plan -> mode id),
+        when given, keeps each mode id once looked up.
+
+        Raises:
+            ValueError: unknown plan, too many tokens, missing mode token or sentinels.
+        """
+        if not 0 <= plan < len(self.denoisers):
+            raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {plan!r}")
+        denoiser, lengths = self.denoisers[plan], self.lengths[plan]
+        tokens = _checked_chunk(tokens, denoiser, lengths)
+        mode = modes.get(plan) if modes is not None else None
+        if mode is None:
+            mode = _mode_id(denoiser, special)
+            if modes is not None:
+                modes[plan] = mode
+        return _apply(tokens, rng, denoiser, lengths, mode, special)
 
     def _add_span_histograms(self, counters: dict[str, int], plans: Sequence[int], targets_of: list[np.ndarray],
                              special: SpecialIds) -> None:
