@@ -1,12 +1,15 @@
-"""Throughput of ``lmshards materialize`` as a ratio to the tokenizer's own ceiling.
+"""Throughput of ``lmshards materialize`` as a ratio to the encoders' own ceilings.
 
 One run, one corpus, one tokenizer:
 
-1. ceiling: the Rust batch encoder (``encode_batch_fast``, batches of 512, all cores) over
-   every document already in memory: the fastest any pipeline could tokenize this corpus;
+1. ceilings: each exact encoder over every document already in memory, batches of 512, all
+   cores: fastokens' ``encode_batch_flat`` (the fastest any pipeline could tokenize this
+   corpus: the ratios are to it) and HF tokenizers' ``encode_batch_fast`` (the reference,
+   and the ceiling of earlier benchmark runs: its ratio is printed beside);
 2. ``materialize`` wall time (reading, decompressing, hashing, tokenizing, packing, building
    examples, writing Arrow and WebDataset shards and the manifest, Beam start-up included)
-   per objective and runner mode, as tokens/s and as a ratio to the ceiling;
+   per objective, runner mode and ``--encoder`` (``--encoders auto,tokenizers``), as tokens/s
+   and as ratios to the two ceilings;
 3. the HF ``datasets.map(batched=True, num_proc=2)`` + ``group_texts`` idiom on the same
    corpus and tokenizer, as a ratio (``--hf-idiom``);
 4. time per token and peak resident memory (whole process tree) of ``materialize`` runs on
@@ -15,6 +18,7 @@ One run, one corpus, one tokenizer:
 The machine may be shared and noisy, so only ratios measured in the same run mean much.
 
     python -m benchmarks.bench_materialize --megabytes 60 --objectives clm,ul2 --hf-idiom --sizes 20,80,320
+    python -m benchmarks.bench_materialize --objectives clm --encoders auto,tokenizers --repeats 3
     python -m benchmarks.bench_materialize --corpus 'DIR/*.jsonl.gz' --tokenizer tok.json --repeats 3
 
 The ceiling and the materialize runs are measured in interleaved rounds (``--repeats N``
@@ -69,21 +73,41 @@ def corpus_of(megabytes: float) -> str:
     return os.path.join(directory, "*.jsonl.gz")
 
 
-def ceiling(tokenizer_path: str, texts: list[str], batch_size: int = 512, repeats: int = 2,
-            method: str = "encode_batch_fast") -> tuple[float, int]:
-    from tokenizers import Tokenizer
+#: Ceiling methods: a backend's batch call, as the pipeline makes it ("</s>" in a text is text).
+CEILINGS = {
+    "fastokens": "fastokens encode_batch_flat",
+    "encode_batch_fast": "tokenizers encode_batch_fast",
+    "encode_batch": "tokenizers encode_batch (offsets and word ids)",
+}
 
-    tokenizer = Tokenizer.from_file(tokenizer_path)
-    tokenizer.encode_special_tokens = True  # as the pipeline does: "</s>" in a text is text
-    encode = getattr(tokenizer, method)
+
+def ceiling(tokenizer_path: str, texts: list[str], batch_size: int = 512, repeats: int = 2,
+            method: str = "fastokens") -> tuple[float, int]:
+    """Tokens/s of one encoder method over ``texts`` (best of ``repeats``) and the token count."""
+    with open(tokenizer_path, encoding="utf-8") as handle:
+        data = handle.read()
+    if method == "fastokens":
+        import fastokens
+
+        tokenizer = fastokens.Tokenizer.from_json_str(data)
+
+        def count(batch):
+            ids, _ = tokenizer.encode_batch_flat(batch, add_special_tokens=False, split_special_tokens=True)
+            return len(ids) // 4
+    else:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(data)
+        tokenizer.encode_special_tokens = True
+        encode = getattr(tokenizer, method)
+
+        def count(batch):
+            return sum(len(encoding.ids) for encoding in encode(batch, add_special_tokens=False))
     best = float("inf")
     tokens = 0
     for _ in range(repeats):
         start = time.perf_counter()
-        tokens = 0
-        for i in range(0, len(texts), batch_size):
-            for encoding in encode(texts[i : i + batch_size], add_special_tokens=False):
-                tokens += len(encoding.ids)
+        tokens = sum(count(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size))
         best = min(best, time.perf_counter() - start)
     return tokens / best, tokens
 
@@ -146,8 +170,10 @@ def measure(spec: dict) -> dict:
 _RESULT = "bench-result "
 
 
-def line(label: str, rate: float, ceiling_rate: float, extra: str = "") -> None:
-    print(f"{label:<58} {rate:>12,.0f} tokens/s   {rate / ceiling_rate:5.2f}   {extra}", flush=True)
+def line(label: str, rate: float, ceilings: tuple[float, float], extra: str = "") -> None:
+    fast, reference = ceilings
+    print(f"{label:<60} {rate:>12,.0f} tokens/s   {rate / fast:6.3f}   {rate / reference:6.2f}   {extra}",
+          flush=True)
 
 
 def main() -> None:
@@ -158,6 +184,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--objectives", default="clm", help="comma-separated objectives to time")
     parser.add_argument("--modes", default="in_process,multi_processing", help="runner modes to time")
+    parser.add_argument("--encoders", default="auto",
+                        help="comma-separated --encoder values of the materialize runs (auto, fastokens, tokenizers)")
     parser.add_argument("--hf-idiom", action="store_true", help="also time the HF datasets.map idiom")
     parser.add_argument("--sizes", default="", help="corpus sizes in MB for time/token and memory, e.g. 20,80,320")
     parser.add_argument("--with-offsets", action="store_true",
@@ -182,47 +210,55 @@ def main() -> None:
                                       extra_tokens=("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]"))
             trained.save(tokenizer)
     print(f"corpus: {corpus}: {len(texts):,} documents, {size:.1f} MB of text; tokenizer {tokenizer}")
-    print(f"cores: {os.cpu_count()}; columns: tokens/s, ratio to the ceiling")
-    # Rounds: each measures the ceiling(s) once and then every materialize run once, so that
-    # all of them sample the same phases of a shared, noisy machine; each figure printed is
-    # the best of its rounds.
-    slow_ceiling = args.with_offsets
-    runs = [(objective, mode) for objective in args.objectives.split(",") for mode in args.modes.split(",")]
-    rate = slow = 0.0
+    print(f"cores: {os.cpu_count()}; columns: tokens/s, ratio to the fastokens ceiling, ratio to the tokenizers "
+          "ceiling")
+    # Rounds: each measures the ceilings once and then every materialize run once, so that all
+    # of them sample the same phases of a shared, noisy machine; each figure printed is the
+    # best of its rounds.
+    methods = ["fastokens", "encode_batch_fast"] + (["encode_batch"] if args.with_offsets else [])
+    runs = [(objective, mode, encoder) for objective in args.objectives.split(",")
+            for mode in args.modes.split(",") for encoder in args.encoders.split(",")]
+    rates = dict.fromkeys(methods, 0.0)
     tokens = None
     walls = {run: float("inf") for run in runs}
     rounds = max(2, args.repeats)
     for round_index in range(rounds):
-        spec = {"kind": "ceiling", "corpus": corpus, "tokenizer": tokenizer, "method": "encode_batch_fast"}
-        result = measure(spec)
-        rate, tokens = max(rate, result["rate"]), result["tokens"]
-        if slow_ceiling:
-            slow = max(slow, measure({**spec, "method": "encode_batch"})["rate"])
+        for method in methods:
+            result = measure({"kind": "ceiling", "corpus": corpus, "tokenizer": tokenizer, "method": method})
+            if tokens is not None and result["tokens"] != tokens:
+                raise SystemExit(f"the {method} ceiling saw {result['tokens']} tokens, another {tokens}")
+            rates[method], tokens = max(rates[method], result["rate"]), result["tokens"]
         if round_index >= max(1, args.repeats):
-            continue  # the ceiling gets at least two rounds, like before
-        for objective, mode in runs:
+            continue  # the ceilings get at least two rounds, like before
+        for objective, mode, encoder in runs:
             out = tempfile.mkdtemp(prefix="lmshards-bench-")
             try:
                 result = measure({"kind": "materialize", "args": [
                     "--input", corpus, "--tokenizer", tokenizer, "--output", out, "--formats", "arrow,webdataset",
                     "--validation-fraction", "0.01", "--overwrite", "--progress-seconds", "0",
-                    *objective_args(objective, args.seq_len), *MODES[mode]]})
+                    "--encoder", encoder, *objective_args(objective, args.seq_len), *MODES[mode]]})
                 run_wall, got = result["wall"], result["tokens"]
             finally:
                 shutil.rmtree(out, ignore_errors=True)
             if got != tokens:
                 raise SystemExit(f"materialize saw {got} tokens, the ceiling run {tokens}")
-            walls[objective, mode] = min(walls[objective, mode], run_wall)
+            walls[objective, mode, encoder] = min(walls[objective, mode, encoder], run_wall)
     del texts
-    print(f"best of {rounds} rounds (ceiling) and {max(1, args.repeats)} (materialize), interleaved")
-    line("tokenizer ceiling (encode_batch_fast, all cores)", rate, rate)
-    if slow_ceiling:
-        line("  encode_batch (offsets and word ids)", slow, rate)
-    for (objective, mode), wall in walls.items():
-        line(f"materialize {objective} ({mode})", tokens / wall, rate, f"({wall:.1f} s)")
+    print(f"best of {rounds} rounds (ceilings) and {max(1, args.repeats)} (materialize), interleaved")
+    ceilings = (rates["fastokens"], rates["encode_batch_fast"])
+    for method in methods:
+        line(f"ceiling: {CEILINGS[method]}", rates[method], ceilings, f"({tokens / rates[method]:.2f} s)")
+    for (objective, mode, encoder), wall in walls.items():
+        line(f"materialize {objective} ({mode}, --encoder {encoder})", tokens / wall, ceilings, f"({wall:.1f} s)")
+    for objective, mode in dict.fromkeys((o, m) for o, m, _ in runs):
+        by_encoder = {e: walls[o, m, e] for o, m, e in runs if (o, m) == (objective, mode)}
+        if "tokenizers" in by_encoder and len(by_encoder) > 1:
+            others = ", ".join(f"--encoder {e} {by_encoder['tokenizers'] / w:.2f}x"
+                               for e, w in by_encoder.items() if e != "tokenizers")
+            print(f"speed-up over --encoder tokenizers, {objective} ({mode}): {others}")
     if args.hf_idiom:
         result = measure({"kind": "hf_idiom", "corpus": corpus, "tokenizer": tokenizer, "seq_len": args.seq_len})
-        line("HF datasets.map(num_proc=2) + group_texts", result["tokens"] / result["wall"], rate,
+        line("HF datasets.map(num_proc=2) + group_texts", result["tokens"] / result["wall"], ceilings,
              f"({result['wall']:.1f} s)")
     if args.sizes:
         print("\nscaling (clm, in_process, each run in its own process; wall includes interpreter start-up):")

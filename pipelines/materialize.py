@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import json
 import logging
 import os
 import re
@@ -45,17 +46,19 @@ from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import RejectedFractionError, UnreconciledCountsError
 from transforms.build import BuildExamples
+from transforms.encoder import EncoderChoice, choose_encoder
 from transforms.handoff import release, scope, unwrap
 from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
 from transforms.pack import CountersCombineFn, Pack
 from transforms.parallel import prestart
-from transforms.read import ReadCorpus, expand_inputs
-from transforms.tokenize import Tokenize, read_tokenizer_bytes
+from transforms.read import ReadCorpus, expand_inputs, iter_file_records
+from transforms.tokenize import Tokenize, needs_full_encodings, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path, write_atomic
 
-__all__ = ["Plan", "plan_run", "build_pipeline", "run", "run_job", "main", "serial_encoder_warning"]
+__all__ = ["Plan", "plan_run", "plan_encoder", "probe_documents", "build_pipeline", "run", "run_job", "main",
+           "serial_encoder_warning"]
 
 _LOG = logging.getLogger("lmshards")
 
@@ -63,12 +66,15 @@ _LOG = logging.getLogger("lmshards")
 class Plan:
     """Everything decided before the pipeline starts."""
 
-    def __init__(self, options: MaterializeOptions, objective, resolved: ResolvedTokenizer, files, schema):
+    def __init__(self, options: MaterializeOptions, objective, resolved: ResolvedTokenizer, files, schema,
+                 encoder: EncoderChoice | None = None):
         self.options = options
         self.objective = objective
         self.resolved = resolved
         self.files = files
         self.schema = schema
+        #: the encoder backend every worker uses (decided here, probed against tokenizers)
+        self.encoder = encoder or EncoderChoice(options.encoder, "tokenizers")
         self.splits = ["train", "validation"] if options.validation_fraction > 0 else ["train"]
 
 
@@ -143,6 +149,10 @@ def plan_run(options: MaterializeOptions) -> Plan:
     except Exception as exc:
         raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc})") from exc
     tokenizer = tokenizer_from_bytes(data, options.tokenizer)
+    dropout = json.loads(tokenizer.to_str()).get("model", {}).get("dropout")
+    if dropout:
+        raise ValueError(f"--tokenizer {options.tokenizer}: BPE dropout (model.dropout {dropout}) makes every encoding "
+                         "random, so the dataset could not be reproduced; remove it from the tokenizer.json")
     required = set(objective.required_specials)
     if options.packing != "concat" or options.last_chunk == "pad":
         required.add("pad")
@@ -160,7 +170,50 @@ def plan_run(options: MaterializeOptions) -> Plan:
         raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
     files = expand_inputs(options.inputs)
     schema = example_schema(objective.family, **objective.schema_kwargs())
-    return Plan(options, objective, resolved, files, schema)
+    encoder = plan_encoder(options, resolved, objective.features, files)
+    return Plan(options, objective, resolved, files, schema, encoder)
+
+
+#: The corpus sample of the encoder's parity probe: the first documents of the first input file,
+#: up to this many documents or characters, whichever comes first.
+PROBE_DOCUMENTS, PROBE_CHARS = 1000, 1 << 20
+
+
+def probe_documents(options: MaterializeOptions, files: list[tuple[str, int]]) -> list[str]:
+    """The first documents of the first input file (read as the pipeline reads them), for the probe."""
+    texts: list[str] = []
+    chars = 0
+    if not files:
+        return texts
+    records = iter_file_records(files[0][0], text_mode=options.text_mode, text_field=options.text_field,
+                                policy=options.record_policy)
+    for record in records:
+        if isinstance(record, dict):  # a rejected record: the pipeline reports it
+            continue
+        texts.append(record[2])
+        chars += len(record[2])
+        if len(texts) >= PROBE_DOCUMENTS or chars >= PROBE_CHARS:
+            break
+    return texts
+
+
+def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, features, files) -> EncoderChoice:
+    """``--encoder``: the backend the workers use; ``auto`` falls back to tokenizers with a
+    one-line warning when fastokens is not importable or its parity probe fails.
+
+    Raises:
+        ValueError: ``--encoder fastokens`` where it cannot be used (:func:`choose_encoder`).
+    """
+    if options.encoder == "tokenizers":
+        return EncoderChoice(options.encoder, "tokenizers")
+    tokenizer_bytes = resolved.to_json_bytes()
+    needs_full = needs_full_encodings(tokenizer_from_bytes(tokenizer_bytes, options.tokenizer), features)
+    documents = [] if needs_full else probe_documents(options, files)
+    choice = choose_encoder(options.encoder, tokenizer_bytes.decode("utf-8"), needs_full=needs_full,
+                            documents=documents)
+    if choice.reason and (choice.probe.get("result") in ("mismatch", "error") or "not importable" in choice.reason):
+        _LOG.warning("lmshards: encoding with tokenizers: %s", choice.reason)
+    return choice
 
 
 def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
@@ -211,6 +264,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "input_patterns": list(o.inputs),
             "input_files": [{"path": p, "bytes": size} for p, size in plan.files],
             "beam_args": list(o.beam_args),
+            "encoder": plan.encoder.to_json(),
         },
     }
 
@@ -250,6 +304,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         progress_seconds=o.progress_seconds,
         encoder_threads=o.encoder_threads,
         handoff_scope=handoff_scope,
+        encoder=plan.encoder.backend,
     )
     chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
@@ -320,9 +375,6 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     options = parse_args(argv)
     start = time.monotonic()
-    warning = serial_encoder_warning(options)
-    if warning:
-        _LOG.warning(warning)
     pipeline_options = PipelineOptions(options.beam_args)
     if not options.pipeline_type_check:
         # Beam type-checks every transform's hints while the graph is built: about 0.2 s of a
@@ -330,6 +382,9 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         pipeline_options.view_as(TypeOptions).pipeline_type_check = False
     FileSystems.set_options(pipeline_options)
     plan = plan_run(options)
+    warning = serial_encoder_warning(options) if plan.encoder.backend == "tokenizers" else None
+    if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
+        _LOG.warning(warning)
     dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
     if dry_run:
         # Build and validate the job only: check the output, but change nothing there.
@@ -488,9 +543,23 @@ def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
             f"{split}: {info['examples']:,} examples, {info['tokens']:,} tokens in {info['num_shards']} shards"
             f" (padding {info['padding_tokens']:,}, dropped {info['dropped_tokens']:,})"
         )
+    encoder = manifest.run.get("encoder")
+    if encoder:
+        lines.append(f"encoder: {encoder_summary(encoder)}")
     rate = total_tokens / wall_seconds if wall_seconds > 0 else 0.0
     lines.append(f"wall time {wall_seconds:.1f} s, {total_tokens:,} document tokens, {rate:,.0f} tokens/s")
     return lines
+
+
+def encoder_summary(encoder: dict[str, Any]) -> str:
+    """One phrase for the manifest's ``run.encoder``: the backend, its version and why."""
+    backend = encoder["backend"]
+    version = encoder.get(f"{backend}_version") or "?"
+    probe = encoder.get("probe", {})
+    if backend == "fastokens":
+        return f"fastokens {version} (parity probe against tokenizers passed on {probe.get('texts', 0):,} texts)"
+    why = encoder.get("reason") or f"--encoder {encoder.get('requested', 'tokenizers')}"
+    return f"tokenizers {version} ({why})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from transforms.encoder import ENCODER_CHOICES
 from transforms.objectives.packing import PACKING_MODES
 from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
@@ -93,6 +94,8 @@ class MaterializeOptions:
     build_processes: int = 0
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
+    #: the encoder backend asked for: auto, fastokens or tokenizers (:mod:`transforms.encoder`)
+    encoder: str = "auto"
     #: run Beam's construction-time type check (``--pipeline-type-check``)
     pipeline_type_check: bool = False
     #: the runner runs every stage in this process (large values cross its shuffles by reference)
@@ -323,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="use TOKEN for ROLE (pad, eos, bos, unk, mask, cls, sep); repeatable")
     tok.add_argument("--add-special-tokens", action="store_true",
                      help="add missing special tokens, sentinels and mode tokens to the tokenizer")
+    tok.add_argument("--encoder", choices=ENCODER_CHOICES, default="auto",
+                     help="token encoder backend; both give the same ids. auto (default): fastokens where it loads "
+                     "the tokenizer and a parity probe against tokenizers passes, else HF tokenizers")
     tok.add_argument("--batch-size", type=_positive_int("--batch-size"), default=2048,
                      help="texts per encode_batch call (default 2048; batches also stop at 8M characters)")
     tok.add_argument("--progress-seconds", type=float, default=10.0,
@@ -433,6 +439,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_rejected_fraction=args.max_rejected_fraction,
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
+        encoder=args.encoder,
         in_one_process=runner_setup.in_one_process,
         pipeline_type_check=args.pipeline_type_check,
         param_sources=sources,

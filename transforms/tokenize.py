@@ -1,9 +1,9 @@
 """Tokenize: texts -> tokenized documents keyed for packing.
 
-The tokenizer.json is loaded once per DoFn instance in ``setup`` (through
-``FileSystems``, so gs:// works) and batches of texts go through the Rust batch encoder:
-``encode_batch_fast`` (no offsets, word ids or token strings) unless a feature needs what
-only ``encode_batch`` computes, which costs about half as much again. Each document gets:
+The tokenizer.json is read once per DoFn instance in ``setup`` (through ``FileSystems``,
+so gs:// works) and loaded into the encoder backend the job was planned with
+(:mod:`transforms.encoder`: ``fastokens`` or HF ``tokenizers``, which give the same ids);
+batches of texts are encoded on a background thread. Each document gets:
 
 - ``key``: a 16-byte blake2b digest of its text (exact duplicates collide on purpose);
 - its split: ``validation`` when a salted digest of the key, as a number in [0, 1), falls
@@ -13,8 +13,10 @@ only ``encode_batch`` computes, which costs about half as much again. Each docum
   from the previous token's) and ``sentence_starts`` (see :mod:`transforms.text_rules`).
   For a lossless byte-level BPE both come from the tokens' byte lengths and the text
   (word starts by the GPT-2 pre-tokenizer's rules, :mod:`transforms.word_starts`), so the
-  fast encoder serves; otherwise from the encoder's word ids and offsets. A document the
-  fast path cannot map (its tokens do not spell its bytes) is encoded again, alone.
+  ids are all the encoder must give; otherwise they come from the word ids and offsets of
+  ``tokenizers``' full encodings (:func:`needs_full_encodings`: such a job encodes with
+  ``tokenizers``). A document the byte-level path cannot map (its tokens do not spell its
+  bytes) is encoded again, alone, by ``tokenizers``.
 
 A text that encodes to no token is rejected with reason ``no_tokens``.
 """
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 import collections
 import gc
+import logging
 import os
-import struct
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +36,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.encoder import EncoderUnavailable, error_line, load_encoder
 from transforms.handoff import wrap
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
@@ -41,8 +44,8 @@ from transforms.text_rules import byte_positions, sentence_start_chars, token_fl
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
 from transforms.word_starts import ByteLevelWords, word_start_flags
 
-__all__ = ["BATCH_SIZE", "SDK_WORKER_MAIN", "Tokenize", "assign_split", "bucket_of", "document_key",
-           "freeze_worker_heap", "read_tokenizer_bytes"]
+__all__ = ["BATCH_SIZE", "SDK_WORKER_MAIN", "TokenFeatures", "Tokenize", "assign_split", "bucket_of", "document_key",
+           "freeze_worker_heap", "needs_full_encodings", "read_tokenizer_bytes"]
 
 BATCH_SIZE = 2048
 #: A batch is also sent once its texts hold this many characters (bounds memory for long documents).
@@ -50,8 +53,10 @@ BATCH_CHARS = 1 << 23
 #: Texts in a bundle's first batch; each next batch doubles, up to the batch size.
 FIRST_BATCH = 128
 TRAIN, VALIDATION = "train", "validation"
-#: The environment variable the Rust encoder's thread pool (rayon) is sized by.
-ENCODER_THREADS_ENV = "RAYON_NUM_THREADS"
+_LOG = logging.getLogger("lmshards")
+#: The environment variables the Rust encoders' thread pools are sized by: ``tokenizers``' (rayon)
+#: and fastokens' (its own pool; the count includes the calling thread).
+ENCODER_THREADS_ENV = ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS")
 
 
 #: The module a Beam SDK worker process runs as ``__main__`` (the portable runners' subprocess
@@ -121,16 +126,75 @@ class _Progress:
                   f"{rate:,.0f} tokens/s (pid {os.getpid()})", file=sys.stderr, flush=True)
 
 
+class TokenFeatures:
+    """Per-token word and sentence starts of documents, for one tokenizer.
+
+    For a lossless byte-level BPE they follow from the ids and the text (:attr:`ids_suffice`);
+    otherwise from the word ids and offsets of ``tokenizers``' full encodings.
+
+    Args:
+        tokenizer: the HF tokenizer of the job (it encodes special-token text as text).
+        features: the features to compute (``word_starts``, ``sentence_starts``).
+    """
+
+    def __init__(self, tokenizer, features):
+        self.features = frozenset(features)
+        tokenizer.encode_special_tokens = True
+        self.tokenizer = tokenizer
+        # Byte-level BPE: tokens' byte spans follow from their ids (no offsets to convert), and
+        # for the GPT-2 regex pre-tokenizer word starts follow from the text (no word ids).
+        self.byte_lengths = byte_level_lengths(tokenizer) if self.features else None
+        self.words = None
+        if "word_starts" in self.features:
+            self.words = ByteLevelWords.of(tokenizer, self.byte_lengths)
+        self.ids_suffice = not self.features or (
+            self.byte_lengths is not None and ("word_starts" not in self.features or self.words is not None))
+
+    def of(self, text: str, ids: np.ndarray, encoding=None) -> dict[str, np.ndarray]:
+        """The features of one document from its ids (and its full encoding, where one is needed:
+        without it a document the byte-level path cannot map is encoded again here)."""
+        spelled = False
+        if self.byte_lengths is not None:
+            ends = np.cumsum(self.byte_lengths[ids])
+            encoded = text.encode("utf-8")
+            spelled = bool(ends[-1] == len(encoded))
+        full = encoding
+        features = {}
+        if "word_starts" in self.features:
+            flags = self.words.token_flags(text, encoded, ends) if spelled and self.words is not None else None
+            if flags is None:
+                if full is None:  # a rare text the byte-level path cannot handle: encode it again
+                    full = self.tokenizer.encode(text, add_special_tokens=False)
+                flags = word_start_flags(full.word_ids)
+            features["word_starts"] = flags
+        if "sentence_starts" in self.features:
+            chars = sentence_start_chars(text)
+            if spelled:
+                features["sentence_starts"] = token_flags(ends, byte_positions(text, encoded, chars))
+            else:
+                if full is None:
+                    full = self.tokenizer.encode(text, add_special_tokens=False)
+                offset_ends = np.maximum.accumulate(np.array([end for _, end in full.offsets], dtype=np.int64))
+                features["sentence_starts"] = token_flags(offset_ends, chars)
+        return features
+
+
+def needs_full_encodings(tokenizer, features) -> bool:
+    """Whether a job's features need the offsets and word ids of ``tokenizers``' full encodings
+    (so it must encode with ``tokenizers``), rather than the ids alone."""
+    return not TokenFeatures(tokenizer, features).ids_suffice
+
+
 class _TokenizeBatch(beam.DoFn):
     """Buffers texts into batches and encodes them on a background thread.
 
-    The Rust encoder releases the GIL, so while batch ``i`` is encoded the Python side
+    The Rust encoders release the GIL, so while batch ``i`` is encoded the Python side
     keeps reading and parsing input and emits the documents of batch ``i - 1``. At most
     two batches are in flight; ``finish_bundle`` drains them.
     """
 
     def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size, progress_seconds,
-                 encoder_threads=None, handoff_scope=None):
+                 encoder_threads=None, handoff_scope=None, encoder="tokenizers"):
         self._handoff_scope = handoff_scope
         self._tokenizer_path = tokenizer_path
         self._features = frozenset(features)
@@ -139,29 +203,35 @@ class _TokenizeBatch(beam.DoFn):
         self._batch_size = batch_size
         self._progress_seconds = progress_seconds
         self._encoder_threads = encoder_threads
+        self._backend = encoder
 
     def setup(self):
         freeze_worker_heap()
-        if self._encoder_threads and ENCODER_THREADS_ENV not in os.environ:
-            # The Rust encoder sizes its thread pool from this on its first batch in the process
-            # (a Beam worker process is fresh); a value the user set wins.
-            os.environ[ENCODER_THREADS_ENV] = str(self._encoder_threads)
-        self._tokenizer = tokenizer_from_bytes(read_tokenizer_bytes(self._tokenizer_path), self._tokenizer_path)
-        # Text that spells a special token ("<extra_id_0>", "</s>") is text, not a control id.
-        self._tokenizer.encode_special_tokens = True
-        # Byte-level BPE: tokens' byte spans follow from their ids (no offsets to convert), and
-        # for the GPT-2 regex pre-tokenizer word starts follow from the text (no word ids).
-        self._byte_lengths = byte_level_lengths(self._tokenizer) if self._features else None
-        self._words = None
-        if "word_starts" in self._features:
-            self._words = ByteLevelWords.of(self._tokenizer, self._byte_lengths)
-        # Offsets and word ids cost the encoder about half as much again; skip them unless some
-        # feature cannot do without (a document the fast path cannot handle is encoded again).
-        self._fast = not self._features or (
-            self._byte_lengths is not None and ("word_starts" not in self._features or self._words is not None))
+        if self._encoder_threads:
+            for name in ENCODER_THREADS_ENV:
+                # The Rust encoders size their thread pools from these on their first batch in the
+                # process (a Beam worker process is fresh); a value the user set wins.
+                os.environ.setdefault(name, str(self._encoder_threads))
+        data = read_tokenizer_bytes(self._tokenizer_path)
+        self._token_features = None
+        full = False
+        if self._features:
+            self._token_features = TokenFeatures(tokenizer_from_bytes(data, self._tokenizer_path), self._features)
+            full = not self._token_features.ids_suffice
+        self._tokenizer_bytes = data
+        self._reference = None
+        self.fallback_batches = 0  #: batches fastokens refused and tokenizers encoded (also a Beam counter)
+        try:
+            self._encoder = load_encoder(self._backend, data.decode("utf-8"), full=full)
+        except EncoderUnavailable as exc:
+            raise RuntimeError(
+                f"lmshards: the job was planned to encode with {self._backend}, which cannot be used in this worker "
+                f"(pid {os.getpid()}): {exc}; install the same lmshards dependencies on the workers, "
+                "or run with --encoder tokenizers") from None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-encode")
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
+        self._fallback_batches = beam.metrics.Metrics.counter("lmshards", "encoder_fallback_batches")
         self._progress = _Progress(self._progress_seconds)
 
     def teardown(self):
@@ -177,11 +247,6 @@ class _TokenizeBatch(beam.DoFn):
         # would still be read; batching never changes an encoding.
         self._limit = min(self._batch_size, FIRST_BATCH)
 
-    def _encode(self, texts):
-        if self._fast:
-            return self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        return self._tokenizer.encode_batch(texts, add_special_tokens=False)
-
     def _submit(self):
         texts, self._buffer, self._buffer_chars = self._buffer, [], 0
         self._queue(texts)
@@ -189,55 +254,48 @@ class _TokenizeBatch(beam.DoFn):
     def _queue(self, texts):
         self._pending.append((texts, self._pool.submit(self._encode, texts)))
 
+    def _encode(self, texts):
+        """The batch's ids, and whether ``tokenizers`` had to encode it instead of fastokens."""
+        try:
+            return self._encoder.encode(texts), False
+        except Exception as exc:
+            if self._encoder.name == "tokenizers":
+                raise
+            # fastokens refused a text the parity probe did not cover (e.g. a byte its vocabulary
+            # lacks, which tokenizers maps to the unknown token): the reference encodes the batch.
+            if self._reference is None:
+                _LOG.warning("lmshards: fastokens failed on a batch (%s); tokenizers encodes the batches it "
+                             "refuses (same ids, slower)", error_line(exc))
+                self._reference = load_encoder("tokenizers", self._tokenizer_bytes.decode("utf-8"))
+            return self._reference.encode(texts), True
+
     def _emit(self, texts, future):
+        batch, fell_back = future.result()
+        if fell_back:
+            self._fallback_batches.inc()
+            self.fallback_batches += 1
+        offsets = batch.offsets.tolist()
         tokens = 0
-        for text, encoding in zip(texts, future.result()):
-            ids = encoding.ids
-            # int32 bytes of the id list: struct packs a list about twice as fast as np.fromiter
-            # (14 against 26 us for 1,800 ids) and gives the bytes the shuffle carries.
-            data = struct.pack(f"={len(ids)}i", *ids)  # "=": native order, 4-byte ints
-            ids = np.frombuffer(data, dtype=np.int32)
-            if ids.size == 0:
+        for index, text in enumerate(texts):
+            start, end = offsets[index], offsets[index + 1]
+            if start == end:
                 beam.metrics.Metrics.counter("lmshards", "rejected_no_tokens").inc()
                 yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, rejection("<tokenizer>", 0, "no_tokens", text))
                 continue
-            features = self._token_features(text, ids, encoding) if self._features else {}
+            ids = batch.ids[start:end]
+            data = ids.tobytes()  # the int32 bytes the shuffle carries
+            features = {}
+            if self._token_features is not None:
+                encoding = batch.encodings[index] if batch.encodings is not None else None
+                features = self._token_features.of(text, ids, encoding)
             key = document_key(text)
             split = assign_split(key, self._validation_fraction)
-            tokens += ids.size
+            tokens += end - start
             # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
             yield (split, bucket_of(key, self._num_buckets)), wrap((key, data, features), self._handoff_scope)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         self._progress.add(len(texts), tokens)
-
-    def _token_features(self, text, ids, encoding):
-        """Per-token word and sentence starts, from the tokens' byte spans where they spell the
-        text's bytes, else from the encoder's word ids and offsets."""
-        spelled = False
-        if self._byte_lengths is not None:
-            ends = np.cumsum(self._byte_lengths[ids])
-            encoded = text.encode("utf-8")
-            spelled = bool(ends[-1] == len(encoded))
-        full = None if self._fast else encoding  # an encoding with word ids and offsets
-        features = {}
-        if "word_starts" in self._features:
-            flags = self._words.token_flags(text, encoded, ends) if spelled and self._words is not None else None
-            if flags is None:
-                if full is None:  # a rare text the fast path cannot handle: encode it again
-                    full = self._tokenizer.encode(text, add_special_tokens=False)
-                flags = word_start_flags(full.word_ids)
-            features["word_starts"] = flags
-        if "sentence_starts" in self._features:
-            chars = sentence_start_chars(text)
-            if spelled:
-                features["sentence_starts"] = token_flags(ends, byte_positions(text, encoded, chars))
-            else:
-                if full is None:
-                    full = self._tokenizer.encode(text, add_special_tokens=False)
-                offset_ends = np.maximum.accumulate(np.array([end for _, end in full.offsets], dtype=np.int64))
-                features["sentence_starts"] = token_flags(offset_ends, chars)
-        return features
 
     def process(self, text):
         self._buffer.append(text)
@@ -295,7 +353,11 @@ class Tokenize(beam.PTransform):
         batch_size: texts per ``encode_batch`` call (at most; also capped at ``BATCH_CHARS`` characters).
         progress_seconds: interval of progress lines on stderr (0 turns them off).
         encoder_threads: threads of the Rust encoder in each worker process (sets
-            ``RAYON_NUM_THREADS`` there when unset; None leaves the tokenizer's default).
+            ``RAYON_NUM_THREADS`` and ``FASTOKENS_BPE_THREADS`` there where unset; None leaves
+            the encoders' defaults, every core).
+        encoder: the backend, ``fastokens`` or ``tokenizers`` (the reference; the default),
+            as :func:`transforms.encoder.choose_encoder` decided for the job. A worker where it
+            cannot load fails.
         handoff_scope: wrap each value in a :class:`~transforms.handoff.ByReference` of this
             scope (only where every stage runs in this process); None emits it as it is.
 
@@ -305,12 +367,15 @@ class Tokenize(beam.PTransform):
     REJECTED = "rejected"
 
     def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
-                 batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None, handoff_scope=None):
+                 batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None, handoff_scope=None,
+                 encoder="tokenizers"):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"--batch-size {batch_size}: must be >= 1")
+        if encoder not in ("fastokens", "tokenizers"):
+            raise ValueError(f"encoder {encoder!r}: expected fastokens or tokenizers")
         self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size,
-                                  progress_seconds, encoder_threads, handoff_scope)
+                                  progress_seconds, encoder_threads, handoff_scope, encoder)
 
     def expand(self, texts):
         return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")

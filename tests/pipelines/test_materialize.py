@@ -461,6 +461,11 @@ def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_p
         assert serial_encoder_warning(multi, {"TOKENIZERS_PARALLELISM": "false"}) is None
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     with caplog.at_level("WARNING", logger="lmshards"):
-        materialize(tmp_path / "serial", *_base_args(sample_glob, tokenizer_path))
+        materialize(tmp_path / "serial", *_base_args(sample_glob, tokenizer_path), "--encoder", "tokenizers")
     assert [r.getMessage() for r in caplog.records if r.name == "lmshards"] == [
         serial_encoder_warning(in_process, {"TOKENIZERS_PARALLELISM": "false"})]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lmshards"):  # fastokens does not read the variable
+        manifest = materialize(tmp_path / "fast", *_base_args(sample_glob, tokenizer_path))
+    assert manifest.run["encoder"]["backend"] == "fastokens"
+    assert [r.getMessage() for r in caplog.records if r.name == "lmshards"] == []

@@ -33,8 +33,8 @@ def _unigram(path: Path) -> str:
 
 
 def _documents(tokenizer_path: str, features=("word_starts", "sentence_starts"),
-               texts=TEXTS) -> tuple[_TokenizeBatch, list]:
-    fn = _TokenizeBatch(tokenizer_path, set(features), 0.0, 4, 2, 0)
+               texts=TEXTS, encoder="tokenizers") -> tuple[_TokenizeBatch, list]:
+    fn = _TokenizeBatch(tokenizer_path, set(features), 0.0, 4, 2, 0, encoder=encoder)
     fn.setup()
     fn.start_bundle()
     out = [o for text in texts for o in fn.process(text)] + list(fn.finish_bundle())
@@ -47,7 +47,8 @@ def test_sentence_starts_flag_the_token_holding_each_start(kind, tmp_path):
     path = str(PROJECT_TOKENIZER) if kind == "byte-level bpe" else _unigram(tmp_path / "unigram.json")
     fn, documents = _documents(path)
     # Which mapping ran: byte spans and the text's word rules, or the encoder's offsets and word ids.
-    assert fn._fast == (fn._byte_lengths is not None) == (fn._words is not None) == (kind == "byte-level bpe")
+    made = fn._token_features
+    assert made.ids_suffice == (made.byte_lengths is not None) == (made.words is not None) == (kind == "byte-level bpe")
     tokenizer = Tokenizer.from_file(path)
     tokenizer.encode_special_tokens = True
     by_text = {}
@@ -72,11 +73,12 @@ def _expected_word_flags(encoding) -> list[bool]:
     return [True] + (words[1:] != words[:-1]).tolist()
 
 
+@pytest.mark.parametrize("encoder", ["tokenizers", "fastokens"])
 @pytest.mark.parametrize("features", [("sentence_starts",), ("word_starts",), ("word_starts", "sentence_starts")])
-def test_a_byte_level_bpe_uses_the_fast_encoder_and_falls_back_per_document(features, tmp_path):
-    """A byte-level BPE encodes without offsets and word ids, and a document whose tokens do
-    not spell its bytes (here: a character the vocabulary lacks, encoded as <unk>) is encoded
-    once more, with them."""
+def test_a_byte_level_bpe_encodes_ids_only_and_falls_back_per_document(features, encoder, tmp_path):
+    """A byte-level BPE encodes without offsets and word ids (with either backend), and a
+    document whose tokens do not spell its bytes (here: a character the vocabulary lacks,
+    encoded as <unk>) is encoded once more, by tokenizers, with them."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"], show_progress=False)
@@ -85,12 +87,16 @@ def test_a_byte_level_bpe_uses_the_fast_encoder_and_falls_back_per_document(feat
     path = str(tmp_path / "ascii-bpe.json")
     tokenizer.save(path)
     texts = [*TEXTS, "Caf\u00e9 open. Closed now! Bye", "This is it. Done here."]
-    fn, documents = _documents(path, features, texts)
-    assert fn._fast and fn._byte_lengths is not None
-    assert (fn._words is not None) == ("word_starts" in features)
+    fn, documents = _documents(path, features, texts, encoder)
+    assert fn._encoder.name == encoder
+    assert fn._token_features.ids_suffice and fn._token_features.byte_lengths is not None
+    assert (fn._token_features.words is not None) == ("word_starts" in features)
     tokenizer.encode_special_tokens = True
     assert len(documents) == len(texts)
     unknown = tokenizer.token_to_id("<unk>")
+    # fastokens refuses a byte the vocabulary lacks, where tokenizers gives <unk>: the batches
+    # holding one are encoded by tokenizers, so the ids are the reference's either way.
+    assert (fn.fallback_batches > 0) == (encoder == "fastokens")
     for (_, (_, ids, made)), text in zip(documents, texts):
         encoding = tokenizer.encode(text, add_special_tokens=False)
         assert np.frombuffer(ids, np.int32).tolist() == encoding.ids
@@ -101,8 +107,8 @@ def test_a_byte_level_bpe_uses_the_fast_encoder_and_falls_back_per_document(feat
         if "word_starts" in features:
             assert made["word_starts"].tolist() == _expected_word_flags(encoding)
     # The project's tokenizer: fast too, and the same flags as the offsets and word ids give.
-    fn, documents = _documents(str(PROJECT_TOKENIZER), features)
-    assert fn._fast
+    fn, documents = _documents(str(PROJECT_TOKENIZER), features, encoder=encoder)
+    assert fn._token_features.ids_suffice
     project = Tokenizer.from_file(str(PROJECT_TOKENIZER))
     project.encode_special_tokens = True
     for (_, (_, _ids, made)), text in zip(documents, TEXTS):
@@ -112,25 +118,28 @@ def test_a_byte_level_bpe_uses_the_fast_encoder_and_falls_back_per_document(feat
         if "word_starts" in features:
             assert made["word_starts"].tolist() == _expected_word_flags(encoding)
     # Word starts: fast for the GPT-2 regex byte-level pre-tokenizer only (see the next test).
-    assert _documents(str(PROJECT_TOKENIZER), ("word_starts",))[0]._fast
-    assert not _documents(_unigram(tmp_path / "unigram.json"), ("word_starts",))[0]._fast
+    assert _documents(str(PROJECT_TOKENIZER), ("word_starts",))[0]._token_features.ids_suffice
+    assert not _documents(_unigram(tmp_path / "unigram.json"), ("word_starts",))[0]._token_features.ids_suffice
 
 
 def test_encoder_threads_are_set_for_the_worker_unless_the_user_set_them(monkeypatch):
-    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    for name in ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS"):
+        monkeypatch.delenv(name, raising=False)
     fn = _TokenizeBatch(str(PROJECT_TOKENIZER), frozenset(), 0.0, 4, 2, 0, encoder_threads=1)
     fn.setup()
     fn.teardown()
-    assert os.environ["RAYON_NUM_THREADS"] == "1"
+    assert os.environ["RAYON_NUM_THREADS"] == os.environ["FASTOKENS_BPE_THREADS"] == "1"
     monkeypatch.setenv("RAYON_NUM_THREADS", "7")
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "5")
     fn.setup()
     fn.teardown()
-    assert os.environ["RAYON_NUM_THREADS"] == "7"
+    assert (os.environ["RAYON_NUM_THREADS"], os.environ["FASTOKENS_BPE_THREADS"]) == ("7", "5")
     monkeypatch.delenv("RAYON_NUM_THREADS")
+    monkeypatch.delenv("FASTOKENS_BPE_THREADS")
     default = _TokenizeBatch(str(PROJECT_TOKENIZER), frozenset(), 0.0, 4, 2, 0)
     default.setup()
     default.teardown()
-    assert "RAYON_NUM_THREADS" not in os.environ
+    assert "RAYON_NUM_THREADS" not in os.environ and "FASTOKENS_BPE_THREADS" not in os.environ
 
 
 def test_word_start_flags_with_and_without_tokens_outside_words():
