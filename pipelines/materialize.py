@@ -18,8 +18,10 @@ one line naming the flag, the measured fraction and the counts, and no manifest)
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
+import difflib
 import gc
 import json
 import logging
@@ -41,10 +43,11 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import __version__
-from pipelines.options import MaterializeOptions, parse_args
+from pipelines.beam_logging import set_beam_verbosity
+from pipelines.options import OBJECTIVE_FLAGS, MaterializeOptions, build_parser, parse_args
 from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
-from transforms.accounting import RejectedFractionError, UnreconciledCountsError
+from transforms.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
 from transforms.build import BuildExamples
 from transforms.encoder import EncoderChoice, choose_encoder
 from transforms.handoff import release, scope, unwrap
@@ -52,13 +55,13 @@ from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
 from transforms.pack import CountersCombineFn, Pack
 from transforms.parallel import prestart
-from transforms.read import ReadCorpus, expand_inputs, iter_file_records
+from transforms.read import ReadCorpus, expand_inputs, iter_file_records, record_fields
 from transforms.tokenize import Tokenize, needs_full_encodings, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path, write_atomic
 
-__all__ = ["Plan", "plan_run", "plan_encoder", "probe_documents", "build_pipeline", "run", "run_job", "main",
-           "serial_encoder_warning"]
+__all__ = ["Plan", "plan_run", "plan_encoder", "sample_records", "check_text_field", "build_pipeline", "run",
+           "run_job", "main", "serial_encoder_warning", "summary_lines"]
 
 _LOG = logging.getLogger("lmshards")
 
@@ -78,18 +81,45 @@ class Plan:
         self.splits = ["train", "validation"] if options.validation_fraction > 0 else ["train"]
 
 
-def check_beam_args(beam_args: list[str]) -> None:
-    """Fail on flags neither we nor Beam know (Beam itself only logs and drops them)."""
+def _beam_parser() -> argparse.ArgumentParser:
     parser = _BeamArgumentParser(allow_abbrev=False)
     seen = set()
     for cls in PipelineOptions.__subclasses__():
         if str(cls) not in seen:
             seen.add(str(cls))
             cls._add_argparse_args(parser)
+    return parser
+
+
+def _suggestion(flag: str, beam_flags: list[str]) -> str:
+    """``; did you mean --seq-len?`` for a mistyped flag (ours first), else an empty string."""
+    ours = [option for option in build_parser()._option_string_actions if option.startswith("--")]
+    for candidates in (ours, beam_flags):
+        close = difflib.get_close_matches(flag, candidates, n=1, cutoff=0.75)
+        if close:
+            return f"; did you mean {close[0]}?"
+    prefixed = sorted(option for option in ours if option.startswith(flag) and len(flag) > 2)
+    if prefixed:  # a prefix abbreviation, which lmshards does not accept
+        return f"; did you mean {' or '.join(prefixed)}? (flags are not abbreviated)"
+    return ""
+
+
+def check_beam_args(beam_args: list[str]) -> None:
+    """Fail on flags neither we nor Beam know (Beam itself only logs and drops them), with a
+    suggestion for a typo, and on stray positional arguments (an unquoted glob the shell
+    expanded into several file names: only the first would be read)."""
+    parser = _beam_parser()
     _, unknown = parser.parse_known_args(beam_args)
     flags = [a for a in unknown if a.startswith("-")]
     if flags:
-        raise ValueError(f"unknown option {flags[0].split('=', 1)[0]} (not an lmshards or Apache Beam flag)")
+        flag = flags[0].split("=", 1)[0]
+        beam_flags = [option for option in parser._option_string_actions if option.startswith("--")]
+        raise ValueError(f"unknown option {flag} (not an lmshards or Apache Beam flag){_suggestion(flag, beam_flags)}")
+    if unknown:
+        shown = " ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+        raise ValueError(f"unexpected argument{'s' if len(unknown) > 1 else ''} {shown}: an unquoted glob? The shell "
+                         "expands --input data/*.jsonl into several names and only the first is read; quote it "
+                         "(--input 'data/*.jsonl') or repeat --input for each file")
     if PipelineOptions(beam_args).view_as(DirectOptions).direct_running_mode == "multi_threading":
         raise ValueError(
             "--direct_running_mode=multi_threading: not supported: Beam's multi-threading mode drops elements "
@@ -170,34 +200,56 @@ def plan_run(options: MaterializeOptions) -> Plan:
         raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
     files = expand_inputs(options.inputs)
     schema = example_schema(objective.family, **objective.schema_kwargs())
-    encoder = plan_encoder(options, resolved, objective.features, files)
+    texts, rejected = sample_records(options, files)
+    if files:
+        check_text_field(options, files[0][0], texts, rejected)
+    encoder = plan_encoder(options, resolved, objective.features, texts)
     return Plan(options, objective, resolved, files, schema, encoder)
 
 
-#: The corpus sample of the encoder's parity probe: the first documents of the first input file,
-#: up to this many documents or characters, whichever comes first.
-PROBE_DOCUMENTS, PROBE_CHARS = 1000, 1 << 20
+#: The corpus sample read before the pipeline starts (the encoder's parity probe, the text-field
+#: check): the first records of the first input file, up to this many records or characters.
+SAMPLE_RECORDS, SAMPLE_CHARS = 1000, 1 << 20
 
 
-def probe_documents(options: MaterializeOptions, files: list[tuple[str, int]]) -> list[str]:
-    """The first documents of the first input file (read as the pipeline reads them), for the probe."""
+def sample_records(options: MaterializeOptions, files: list[tuple[str, int]]) -> tuple[list[str], list[dict]]:
+    """The texts and the rejected records among the first records of the first input file,
+    read as the pipeline reads them."""
     texts: list[str] = []
+    rejected: list[dict] = []
     chars = 0
     if not files:
-        return texts
+        return texts, rejected
     records = iter_file_records(files[0][0], text_mode=options.text_mode, text_field=options.text_field,
                                 policy=options.record_policy)
     for record in records:
-        if isinstance(record, dict):  # a rejected record: the pipeline reports it
-            continue
-        texts.append(record[2])
-        chars += len(record[2])
-        if len(texts) >= PROBE_DOCUMENTS or chars >= PROBE_CHARS:
+        if isinstance(record, dict):
+            rejected.append(record)
+        else:
+            texts.append(record[2])
+            chars += len(record[2])
+        if len(texts) + len(rejected) >= SAMPLE_RECORDS or chars >= SAMPLE_CHARS:
             break
-    return texts
+    return texts, rejected
 
 
-def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, features, files) -> EncoderChoice:
+def check_text_field(options: MaterializeOptions, path: str, texts: list[str], rejected: list[dict]) -> None:
+    """Fail before any work when no record at the start of the first file has ``--text-field``:
+    every document of the run would be rejected.
+
+    Raises:
+        ValueError: naming the field, the file and the fields its records have.
+    """
+    if texts or not rejected or any(r["reason"] != "missing_text_field" for r in rejected):
+        return
+    fields = record_fields(path)
+    seen = f"; fields seen: {', '.join(fields)}" if fields else ""
+    raise ValueError(f"--text-field {options.text_field}: no record has the field {options.text_field!r} "
+                     f"(the first {len(rejected):,} of {path}){seen}")
+
+
+def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, features,
+                 documents: list[str]) -> EncoderChoice:
     """``--encoder``: the backend the workers use; ``auto`` falls back to tokenizers with a
     one-line warning when fastokens is not importable or its parity probe fails.
 
@@ -208,9 +260,8 @@ def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, featu
         return EncoderChoice(options.encoder, "tokenizers")
     tokenizer_bytes = resolved.to_json_bytes()
     needs_full = needs_full_encodings(tokenizer_from_bytes(tokenizer_bytes, options.tokenizer), features)
-    documents = [] if needs_full else probe_documents(options, files)
     choice = choose_encoder(options.encoder, tokenizer_bytes.decode("utf-8"), needs_full=needs_full,
-                            documents=documents)
+                            documents=[] if needs_full else documents)
     if choice.reason and (choice.probe.get("result") in ("mismatch", "error") or "not importable" in choice.reason):
         _LOG.warning("lmshards: encoding with tokenizers: %s", choice.reason)
     return choice
@@ -244,6 +295,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "file": "tokenizer.json",
             "sha256": resolved.sha256(),
             "vocab_size": special.vocab_size,
+            "source_vocab_size": special.vocab_size - len(resolved.added),
             "roles": dict(sorted(resolved.roles.items())),
             "special_ids": {
                 role: getattr(special, role)
@@ -374,6 +426,7 @@ def serial_encoder_warning(options: MaterializeOptions, environ=None) -> str | N
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     options = parse_args(argv)
+    set_beam_verbosity(options.verbose)
     start = time.monotonic()
     pipeline_options = PipelineOptions(options.beam_args)
     if not options.pipeline_type_check:
@@ -400,16 +453,18 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     handoff_scope = scope() if options.in_one_process and not dry_run else None
     build_pipeline(pipeline, plan, argv, handoff_scope)
     try:
-        with _quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError), _frozen_heap():
+        with (_quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError),
+              _quiet_logs_of(EmptySplitError), _frozen_heap()):
             result = pipeline.run()
             result.wait_until_finish()
     except Exception as exc:
         message = _check_message(exc, RejectedFractionError, "--max-rejected-fraction ")
         if message is not None:
             raise RejectedFractionError(message) from None
-        message = _check_message(exc, UnreconciledCountsError, "documents do not add up")
-        if message is not None:
-            raise JobFailedError(message) from None
+        for error_type, start in ((UnreconciledCountsError, "documents do not add up"), (EmptySplitError, "split ")):
+            message = _check_message(exc, error_type, start)
+            if message is not None:
+                raise JobFailedError(message) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise JobFailedError(f"the pipeline failed: {type(exc).__name__}: {first}") from exc
     finally:
@@ -516,15 +571,49 @@ def _quiet_logs_of(error_type: type[BaseException]):
             logger.removeFilter(drop)
 
 
+#: Objective parameters the summary names (the lengths that shape every example).
+_KEY_LENGTHS = ("seq_len", "inputs_length", "targets_length")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count:,} B"
+
+
+def _objective_line(manifest: Manifest) -> str:
+    """``clm, seq_len 1024 (default), packing concat``: the default lengths marked as such."""
+    argv = manifest.run.get("argv") or []
+    flags_given = {a.split("=", 1)[0] for a in argv}
+    from_config = "--config" in flags_given
+    flag_of = {dest: flag for flag, dest, *_ in OBJECTIVE_FLAGS}
+    params = manifest.objective.get("params", {})
+    parts = [manifest.objective["name"]]
+    for name in _KEY_LENGTHS:
+        if params.get(name) is not None:
+            default = not from_config and flag_of.get(name) not in flags_given
+            parts.append(f"{name} {params[name]:,}{' (default)' if default else ''}")
+    parts.append(f"packing {manifest.config.get('packing')}")
+    return ", ".join(parts)
+
+
 def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
-    """Human summary of a finished run: the document accounting first, then the splits."""
+    """Human summary of a finished run: where it went, what was built, the document accounting,
+    the splits with their shards, what was added to the tokenizer, the encoder."""
+    output = manifest.run.get("output", "")
     counts = manifest.counts
     reasons = ", ".join(f"{k} {v:,}" for k, v in counts["rejected_by_reason"].items())
     lines = [
+        f"dataset: {output} (manifest.json)",
+        f"objective: {_objective_line(manifest)}",
         f"documents: read {counts['documents_read']:,} {'=' if counts['reconciled'] else '!='} "
         f"written {counts['documents_written']:,} + duplicates {counts['duplicates']:,} "
         f"+ rejected {counts['rejected']:,}{f' ({reasons})' if reasons else ''} + filtered {counts['filtered']:,}",
     ]
+    if counts["rejected"]:
+        files = [entry["path"] for entry in counts.get("rejected_files", [])] or ["rejected/rejected.jsonl"]
+        lines.append(f"rejected records: {', '.join(join_path(output, f) for f in files)}")
     repaired = counts.get("repaired", {})
     repairs = [
         f"{name.replace('_', ' ')} {repaired[name]:,}"
@@ -539,10 +628,24 @@ def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
     total_tokens = 0
     for split, info in manifest.splits.items():
         total_tokens += info["document_tokens"]
+        sizes: dict[str, int] = {}
+        for shard in info["shards"]:
+            for fmt, entry in shard["files"].items():
+                sizes[fmt] = sizes.get(fmt, 0) + entry["bytes"]
+        shards = f"{info['num_shards']} shard{'s' if info['num_shards'] != 1 else ''}"
+        formats = ", ".join(f"{fmt} {_size(size)}" for fmt, size in sizes.items())
         lines.append(
-            f"{split}: {info['examples']:,} examples, {info['tokens']:,} tokens in {info['num_shards']} shards"
-            f" (padding {info['padding_tokens']:,}, dropped {info['dropped_tokens']:,})"
+            f"{split}: {info['examples']:,} examples, {info['tokens']:,} tokens in {shards} ({formats}; "
+            f"padding {info['padding_tokens']:,}, dropped {info['dropped_tokens']:,})"
         )
+    if "validation" not in manifest.splits:
+        lines.append("validation: none (--validation-fraction 0; e.g. --validation-fraction 0.01 holds out 1%)")
+    added = manifest.tokenizer.get("added_tokens") or []
+    if added:
+        after = manifest.tokenizer["vocab_size"]
+        before = manifest.tokenizer.get("source_vocab_size", after - len(added))
+        lines.append(f"tokenizer: added {len(added):,} special tokens: vocabulary {before:,} -> {after:,} "
+                     f"(resize the model's embeddings to {after:,}); {join_path(output, 'tokenizer.json')}")
     encoder = manifest.run.get("encoder")
     if encoder:
         lines.append(f"encoder: {encoder_summary(encoder)}")

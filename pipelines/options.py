@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
 from transforms.encoder import ENCODER_CHOICES
 from transforms.objectives.packing import PACKING_MODES
 from transforms.pack import LAST_CHUNK_MODES
@@ -22,7 +23,7 @@ from transforms.read import TEXT_MODES
 from transforms.record_policy import INVALID_UTF8_POLICIES, LONG_DOC_POLICIES, NUL_POLICIES, RecordPolicy
 
 __all__ = ["FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args", "resolve_build_processes",
-           "resolve_encoder_threads"]
+           "resolve_encoder_threads", "worker_flags"]
 
 FORMATS = ("arrow", "webdataset")
 #: Objective parameter flags: (flag, config field, type, objectives that take it, help).
@@ -89,13 +90,15 @@ class MaterializeOptions:
     nul_bytes: str = "reject"
     max_doc_chars: int | None = None
     long_docs: str = "split"
-    max_rejected_fraction: float | None = None
+    max_rejected_fraction: float | None = DEFAULT_MAX_REJECTED_FRACTION
     #: worker processes that build examples beside the in-process runner's thread (0: none)
     build_processes: int = 0
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
     #: the encoder backend asked for: auto, fastokens or tokenizers (:mod:`transforms.encoder`)
     encoder: str = "auto"
+    #: show the warnings Beam's workers relay (``--verbose``)
+    verbose: bool = False
     #: run Beam's construction-time type check (``--pipeline-type-check``)
     pipeline_type_check: bool = False
     #: the runner runs every stage in this process (large values cross its shuffles by reference)
@@ -245,6 +248,30 @@ def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
     return max(1, cores // (setup.num_workers or cores))  # Beam: 0 workers means one per core
 
 
+#: Beam flags that --workers sets, which the user must not also give.
+_WORKER_FLAGS = ("--direct_running_mode", "--direct_num_workers", "--num_workers")
+
+
+def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
+    """The Beam flags of ``--workers N`` for the runner in ``beam_args``.
+
+    Raises:
+        ValueError: the user also gave one of those flags, or the runner has no such setting.
+    """
+    given = [a.split("=", 1)[0] for a in beam_args if a.split("=", 1)[0] in _WORKER_FLAGS]
+    if given:
+        raise ValueError(f"--workers {workers}: also given {given[0]}; use one or the other")
+    runner = RunnerSetup.from_beam_args(beam_args).runner
+    if runner in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner"):
+        if workers == 1:
+            return ["--direct_running_mode=in_memory"]
+        return ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+    if runner == "DataflowRunner":
+        return [f"--num_workers={workers}"]
+    raise ValueError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
+                     "its parallelism")
+
+
 def _formats(value):
     formats = tuple(f.strip() for f in value.split(",") if f.strip())
     bad = [f for f in formats if f not in FORMATS]
@@ -269,6 +296,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
+        allow_abbrev=False,  # a new flag must never change what an old command line means
         prog="lmshards materialize",
         description="Turn a raw text corpus into packed, sharded pretraining examples. "
         "Flags not listed here are passed to Apache Beam (--runner, --direct_num_workers, Dataflow flags).",
@@ -295,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="longest document in characters (default: no limit); see --long-docs")
     bad.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default=None,
                      help="split a longer document at paragraph/line/space boundaries (default) or reject it")
-    bad.add_argument("--max-rejected-fraction", type=_rejected_fraction, default=None, metavar="F",
-                     help="fail the job, writing no manifest, when more than F of the documents read are rejected")
+    bad.add_argument("--max-rejected-fraction", type=_rejected_fraction, default=DEFAULT_MAX_REJECTED_FRACTION,
+                     metavar="F", help="fail the job, writing no manifest, when more than F of the documents read "
+                     f"are rejected (default {DEFAULT_MAX_REJECTED_FRACTION}; 1 never fails)")
     obj = parser.add_argument_group("objective")
     obj.add_argument("--objective", default="clm",
                      help="clm (default), prefix_lm, mlm, span_corruption, bart or ul2")
@@ -333,7 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="texts per encode_batch call (default 2048; batches also stop at 8M characters)")
     tok.add_argument("--progress-seconds", type=float, default=10.0,
                      help="print tokenizing progress to stderr this often (0: never; default 10)")
+    io.add_argument("--verbose", action="store_true",
+                    help="also show the warnings Beam's workers relay (multi-process runs; hidden by default)")
     run = parser.add_argument_group("parallelism")
+    run.add_argument("--workers", type=_positive_int("--workers"), default=None, metavar="N",
+                     help="worker processes: on the local runners --direct_running_mode=multi_processing "
+                     "--direct_num_workers=N (1: in-process), on Dataflow --num_workers=N")
     run.add_argument("--pipeline-type-check", action="store_true",
                      help="run Beam's construction-time type check of the transforms (off by default: the "
                      "pipeline is fixed and tested, and the check takes about a third of its start-up)")
@@ -406,6 +440,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         sources[dest] = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
     if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
         beam_args = [f"--runner={DEFAULT_RUNNER}", *beam_args]
+    if args.workers is not None:
+        beam_args = [*beam_args, *worker_flags(args.workers, beam_args)]
     runner_setup = RunnerSetup.from_beam_args(beam_args)
     roles = dict(args.special_token)
     return MaterializeOptions(
@@ -440,6 +476,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         encoder=args.encoder,
+        verbose=args.verbose,
         in_one_process=runner_setup.in_one_process,
         pipeline_type_check=args.pipeline_type_check,
         param_sources=sources,

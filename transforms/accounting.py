@@ -17,15 +17,34 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "DEFAULT_MAX_REJECTED_FRACTION",
+    "EmptySplitError",
     "RejectedFractionError",
     "UnreconciledCountsError",
     "check_reconciled",
     "check_rejected_fraction",
+    "check_splits_have_examples",
     "document_counts",
     "rejected_fraction",
 ]
 
 REPAIRS = ("invalid_utf8_replaced", "nul_bytes_stripped", "long_documents_split", "split_pieces")
+#: ``--max-rejected-fraction`` unless given: a run that rejects more than half of what it read
+#: is a mistake (a wrong --text-field, the wrong files), not a dataset.
+DEFAULT_MAX_REJECTED_FRACTION = 0.5
+#: What to look at first, by the most common rejection reason.
+_REASON_HINTS = {
+    "missing_text_field": "check --text-field",
+    "text_not_string": "check --text-field (it names a field that is not a string)",
+    "malformed_json": "are the inputs JSON lines? (--text-mode applies to .txt files)",
+    "not_an_object": "each JSON line must be an object",
+    "invalid_utf8": "--invalid-utf8 replace keeps such records",
+    "nul_bytes": "--nul-bytes strip keeps such records",
+    "too_long": "--long-docs split keeps such records",
+    "empty_text": "the text fields are empty",
+    "unreadable_file": "the files are damaged or not of the format their names say",
+    "empty_file": "the input files are empty",
+}
 
 
 class RejectedFractionError(ValueError):
@@ -91,12 +110,41 @@ def check_rejected_fraction(counts: dict[str, Any], max_fraction: float | None, 
     fraction = rejected_fraction(counts)
     if fraction <= max_fraction:
         return
-    reasons = ", ".join(f"{reason} {n:,}" for reason, n in counts["rejected_by_reason"].items())
+    by_reason = counts["rejected_by_reason"]
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in by_reason.items())
+    top = max(by_reason, key=lambda reason: (by_reason[reason], reason)) if by_reason else None
+    hint = f"; mostly {top}: {_REASON_HINTS[top]}" if top in _REASON_HINTS else ""
     raise RejectedFractionError(
         f"--max-rejected-fraction {max_fraction:g} exceeded: {fraction:.2%} of documents rejected "
-        f"({counts['rejected']:,} of {counts['documents_read']:,} read: {reasons}); "
+        f"({counts['rejected']:,} of {counts['documents_read']:,} read: {reasons}){hint}; "
         f"no manifest written, the rejected records are in {rejected_path}"
     )
+
+
+class EmptySplitError(ValueError):
+    """A split of the run holds no example: a dataset a training job cannot use.
+
+    Raised by WriteManifest before it writes anything; the message is one line naming the split.
+    """
+
+
+def check_splits_have_examples(splits: dict[str, dict[str, Any]], last_chunk: str | None = None) -> None:
+    """Raise :class:`EmptySplitError` when a split has no example.
+
+    Args:
+        splits: the manifest's ``splits`` block (``examples``, ``documents``, ``document_tokens``).
+        last_chunk: the ``--last-chunk`` mode (``drop`` explains where a short split's tokens went).
+    """
+    for split, info in splits.items():
+        if info["examples"]:
+            continue
+        hint = ("--last-chunk pad keeps a split's last partial chunk, or lower the example length"
+                if last_chunk == "drop" else "lower the example length")
+        if split == "validation":
+            hint += ", or raise --validation-fraction"
+        raise EmptySplitError(
+            f"split {split} has no examples: {info['documents']:,} documents of {info['document_tokens']:,} "
+            f"tokens in all make no example ({hint}); no manifest written")
 
 
 def check_reconciled(counts: dict[str, Any]) -> None:

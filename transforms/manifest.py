@@ -1,8 +1,10 @@
 """WriteManifest: the last stage. Collects shard infos and statistics (as side inputs, so
 it runs only after every shard is written; per split, the summed integer counters under
 ``stats[split]["objective"]`` and their summary from :mod:`transforms.objectives.summary`
-under ``stats[split]["objective_summary"]``), writes the ``datasets`` metadata next to the
-Arrow shards, then ``manifest.json`` (atomically), then removes ``OUT/.tmp``.
+under ``stats[split]["objective_summary"]``), writes the ``datasets`` metadata (so that
+``datasets.load_from_disk`` opens ``OUT`` as a ``DatasetDict`` of the splits, ``OUT/SPLIT``
+and ``OUT/SPLIT/arrow`` as one split), then ``manifest.json`` (atomically), then removes
+``OUT/.tmp``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
-from transforms.accounting import check_reconciled, check_rejected_fraction, document_counts
+from transforms.accounting import (
+    check_reconciled,
+    check_rejected_fraction,
+    check_splits_have_examples,
+    document_counts,
+)
 from transforms.objectives.summary import summarize_objective
 from transforms.write import TMP_DIR, join_path, write_atomic
 
@@ -37,11 +44,16 @@ def summarize_lengths(counters: dict[str, int], prefix: str) -> dict[str, Any]:
     }
 
 
-def hf_dataset_files(split: str, shard_paths: list[str], schema_meta: dict) -> dict[str, bytes]:
-    """``state.json`` and ``dataset_info.json`` that let ``datasets.load_from_disk`` open a split."""
+def hf_dataset_files(split: str, shard_paths: list[str], schema_meta: dict, prefix: str = "") -> dict[str, bytes]:
+    """``state.json`` and ``dataset_info.json`` that let ``datasets.load_from_disk`` open a split.
+
+    Args:
+        prefix: the shards' directory relative to where these files go (``arrow/`` for the
+            files in ``OUT/SPLIT``; empty for those beside the shards).
+    """
     fingerprint = hashlib.sha256("\n".join(shard_paths).encode()).hexdigest()[:16]
     state = {
-        "_data_files": [{"filename": p.rsplit("/", 1)[-1]} for p in shard_paths],
+        "_data_files": [{"filename": prefix + p.rsplit("/", 1)[-1]} for p in shard_paths],
         "_fingerprint": fingerprint,
         "_format_columns": None,
         "_format_kwargs": {},
@@ -96,12 +108,19 @@ class _WriteManifest(beam.DoFn):
         check_reconciled(counts)
         check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
                                 join_path(self._output, "rejected/rejected.jsonl"))
+        check_splits_have_examples(splits, static["config"].get("last_chunk"))
+        hf_splits = []
         for split, info in splits.items():
             if "arrow" in static["formats"] and info["shards"]:
                 paths = [s["files"]["arrow"]["path"] for s in info["shards"]]
-                for name, payload in hf_dataset_files(split, paths, static["schema"]).items():
-                    relative = f"{split}/{FORMAT_DIRS['arrow']}/{name}"
-                    write_atomic(self._output, relative, lambda h, p=payload: h.write(p))
+                arrow_dir = FORMAT_DIRS["arrow"]
+                for directory, prefix in ((f"{split}/{arrow_dir}", ""), (split, f"{arrow_dir}/")):
+                    for name, payload in hf_dataset_files(split, paths, static["schema"], prefix).items():
+                        write_atomic(self._output, f"{directory}/{name}", lambda h, p=payload: h.write(p))
+                hf_splits.append(split)
+        if hf_splits:
+            listing = (json.dumps({"splits": hf_splits}, indent=2, sort_keys=True) + "\n").encode()
+            write_atomic(self._output, "dataset_dict.json", lambda h: h.write(listing))
         manifest = Manifest(
             objective=static["objective"],
             config=static["config"],

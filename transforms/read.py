@@ -48,6 +48,7 @@ __all__ = [
     "RecordPolicy",
     "expand_inputs",
     "iter_file_records",
+    "record_fields",
     "rejection",
 ]
 
@@ -385,6 +386,38 @@ def iter_file_records(
         yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # zstandard.ZstdError and pyarrow errors have no common base
         yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
+
+
+def record_fields(path: str, records: int = 20) -> list[str]:
+    """The top-level field names of the first ``records`` JSON lines (or the columns) of a
+    JSONL or Parquet file, sorted; empty for a text file or one that cannot be read. For
+    messages about a ``--text-field`` that nothing has."""
+    kind = file_format(path)
+    fields: set[str] = set()
+    try:
+        with _open_decompressed(path) as stream:
+            if kind == "parquet":
+                import pyarrow.parquet as pq
+
+                return sorted(pq.ParquetFile(stream).schema_arrow.names)
+            if kind != "jsonl":
+                return []
+            seen = 0
+            for _, line in _iter_lines(stream):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except (ValueError, RecursionError):
+                    obj = None
+                if isinstance(obj, dict):
+                    fields.update(str(key) for key in obj)
+                seen += 1
+                if seen >= records:
+                    break
+    except Exception:  # a message helper: an unreadable file is reported by the pipeline itself
+        return sorted(fields)
+    return sorted(fields)
 
 
 class _ReadFile(beam.DoFn):

@@ -176,30 +176,32 @@ def resolve_special_tokens(
         )
     added: list[str] = []
     roles: dict[str, str] = {}
+    problems: list[str] = []  # everything missing, so that one message names it all
+    missing_roles: list[str] = []
+
+    def add(token: str) -> None:
+        tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)])
+        added.append(token)
+
     for role, candidates in ROLE_CANDIDATES.items():
         if role in overrides:
             token = overrides[role]
             if tokenizer.token_to_id(token) is None:
                 if not add_missing:
-                    raise ValueError(
-                        f"--special-token {role}={token}: token not in the tokenizer vocabulary "
-                        "(pass --add-special-tokens to add it)"
-                    )
-                tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)])
-                added.append(token)
+                    problems.append(f"--special-token {role}={token}: token not in the tokenizer vocabulary")
+                    continue
+                add(token)
             roles[role] = token
             continue
         found = next((c for c in candidates if tokenizer.token_to_id(c) is not None), None)
         if found is None and role in required:
             if not add_missing:
-                raise ValueError(
-                    f"the tokenizer has no {role} token (tried {', '.join(candidates)}); pass "
-                    f"--special-token {role}=TOKEN or --add-special-tokens to add {DEFAULT_NAMES[role]}"
-                )
+                problems.append(f"no {role} token (tried {', '.join(candidates)})")
+                missing_roles.append(role)
+                continue
             found = DEFAULT_NAMES[role]
             if tokenizer.token_to_id(found) is None:
-                tokenizer.add_special_tokens([AddedToken(found, special=True, normalized=False)])
-                added.append(found)
+                add(found)
         if found is not None:
             roles[role] = found
 
@@ -207,19 +209,24 @@ def resolve_special_tokens(
         sentinel_token(k) for k in range(num_sentinels) if tokenizer.token_to_id(sentinel_token(k)) is None
     ]
     missing_modes = [t for t in mode_tokens if tokenizer.token_to_id(t) is None]
-    if missing_sentinels or missing_modes:
-        if not add_missing:
-            have = sum(1 for k in range(num_sentinels) if tokenizer.token_to_id(sentinel_token(k)) is not None)
-            what = []
-            if missing_sentinels:
-                what.append(f"{num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}> are needed, it has {have}")
-            if missing_modes:
-                what.append(f"mode tokens {missing_modes} are missing")
-            raise ValueError(f"the tokenizer is short of special tokens: {'; '.join(what)} "
-                             "(pass --add-special-tokens to add them)")
-        new = missing_sentinels + missing_modes
-        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new])
-        added.extend(new)
+    if (missing_sentinels or missing_modes) and not add_missing:
+        have = num_sentinels - len(missing_sentinels)
+        if missing_sentinels:
+            problems.append(f"{num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}> are needed, it has {have}")
+        if missing_modes:
+            problems.append(f"mode tokens {missing_modes} are missing")
+    if len(problems) == 1 and missing_roles:
+        role = missing_roles[0]
+        raise ValueError(f"the tokenizer has {problems[0]}; pass --special-token {role}=TOKEN or "
+                         f"--add-special-tokens to add {DEFAULT_NAMES[role]}")
+    if len(problems) == 1 and problems[0].startswith("--special-token"):
+        raise ValueError(f"{problems[0]} (pass --add-special-tokens to add it)")
+    if problems:
+        roles_fix = f"--special-token ROLE=TOKEN for {', '.join(missing_roles)}, or " if missing_roles else ""
+        raise ValueError(f"the tokenizer is short of special tokens: {'; '.join(problems)} "
+                         f"(pass {roles_fix}--add-special-tokens to add what is missing)")
+    for token in missing_sentinels + missing_modes:
+        add(token)
 
     ids = {role: tokenizer.token_to_id(tok) for role, tok in roles.items()}
     if ids.get("pad") is None and "eos" in ids:

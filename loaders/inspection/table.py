@@ -102,10 +102,12 @@ def _objective_lines(measured: dict[str, Any], manifest_summary: dict[str, Any] 
         split, cfg = m["split"], m["configured_split"]
         lines.append(f"  selected {m['selected']:,} of {m['candidates']:,} maskable = {_num(m['density'])} "
                      f"(configured {_num(m['configured_density'])})")
-        lines.append("  replacement mask/random/kept " + " / ".join(_num(split[k]) for k in split)
-                     + "  (configured " + " / ".join(_num(cfg[k]) for k in cfg) + ")")
+        # Named, never in dict order: a manifest's dicts come back with sorted keys (keep, mask, random).
+        parts = ("masked", "random", "kept")
+        lines.append("  replacement mask/random/kept " + " / ".join(_num(split[k]) for k in parts)
+                     + "  (configured " + " / ".join(_num(cfg[k]) for k in parts) + ")")
         if "replacement" in ms:
-            exact = " / ".join(_num(v) for v in ms["replacement"].values())
+            exact = " / ".join(_num(ms["replacement"][k]) for k in ("mask", "random", "keep"))
             lines.append(f"  manifest (exact) mask/random/kept {exact}")
     if "bart" in measured:
         b = measured["bart"]

@@ -114,6 +114,8 @@ def _check_file(ds: InspectedDataset, relative: str, size: int | None, sha256: s
 def _check_manifest(ds: InspectedDataset, report: ValidationReport) -> None:
     for split, info in ds.manifest.splits.items():
         shards = ds.shards(split)
+        if not info.get("examples"):
+            report.problems.append(Problem("empty", split, "the split has no examples (a training job cannot use it)"))
         if [s.index for s in shards] != list(range(len(shards))) or info.get("num_shards", len(shards)) != len(shards):
             report.problems.append(Problem("manifest", split, f"shard indices {[s.index for s in shards]} are not "
                                            f"0..{info.get('num_shards', len(shards)) - 1}"))

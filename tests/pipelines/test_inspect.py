@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -562,3 +563,19 @@ def test_validate_reports_a_truncated_shard_and_goes_on(capsys, dataset, tmp_pat
     name = shards[0]["files"]["arrow"]["path"]
     assert code == 1 and {("size", name), ("checksum", name), ("read", name)} <= set(by_file), found
     assert {p["check"] for p in found} <= {"size", "checksum", "read"}  # the other shards are still sound
+
+
+def test_inspect_prints_the_mlm_replacement_split_in_the_order_it_names(capsys, dataset):
+    """``mask/random/kept`` is followed by those three shares in that order, measured and as the
+    manifest counted them (its dicts come back from JSON with sorted keys: keep, mask, random)."""
+    code, out, _ = run(capsys, "inspect", dataset("mlm"))
+    assert code == 0
+    manifest = json.loads((Path(dataset("mlm")) / "manifest.json").read_text())
+    exact = manifest["stats"]["train"]["objective_summary"]["replacement"]
+    line = next(line for line in out.splitlines() if "manifest (exact) mask/random/kept" in line)
+    shares = [float(v) for v in line.split("mask/random/kept")[1].split("/")]
+    assert shares == pytest.approx([exact["mask"], exact["random"], exact["keep"]], abs=1e-4)
+    assert shares[0] > 0.7 and shares[1] < 0.2 and shares[2] < 0.2  # 80/10/10, mask first
+    measured = next(line for line in out.splitlines() if line.strip().startswith("replacement mask/random/kept"))
+    first = float(measured.split("mask/random/kept")[1].split("/")[0])
+    assert first > 0.7

@@ -136,6 +136,12 @@ def test_datasets_and_webdataset_read_the_shards(clm_dataset):
     row = hf[5]
     np.testing.assert_array_equal(np.asarray(row["input_ids"], np.int32), ours[row["key"]]["input_ids"])
     assert row["doc_lengths"] == ours[row["key"]]["doc_lengths"].tolist()
+    # The dataset root opens as a DatasetDict of its splits, a split directory as one split.
+    splits = datasets.load_from_disk(str(out))
+    assert isinstance(splits, datasets.DatasetDict) and sorted(splits) == sorted(manifest.splits)
+    for split, info in manifest.splits.items():
+        assert len(splits[split]) == len(datasets.load_from_disk(str(out / split))) == info["examples"]
+    assert splits["train"][5]["key"] == row["key"] and splits["train"][5]["input_ids"] == row["input_ids"]
     urls = sorted(glob.glob(str(out / "train" / "wds" / "*.tar")))
     n = 0
     for sample in webdataset.WebDataset(urls, shardshuffle=False).decode():
@@ -348,7 +354,7 @@ def test_refuses_non_empty_output_and_overwrites_when_asked(tmp_path, sample_glo
     proc = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
-    assert "documents: read 682" in proc.stdout and "tokens/s" in proc.stdout and "shards" in proc.stdout
+    assert "documents: read 682" in proc.stdout and "tokens/s" in proc.stdout and " shard" in proc.stdout
 
 
 @pytest.mark.parametrize(

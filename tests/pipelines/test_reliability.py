@@ -272,14 +272,17 @@ def test_max_rejected_fraction_fails_the_job_without_a_manifest(hostile, capfd):
     assert len(err) == 1, err
     match = re.fullmatch(
         r"lmshards materialize: error: --max-rejected-fraction 0\.05 exceeded: ([\d.]+)% of documents rejected "
-        r"\((\d+) of (\d+) read: (.*)\); no manifest written, the rejected records are in (.*)",
+        r"\((\d+) of (\d+) read: (.*)\); mostly (\w+): (.*); no manifest written, the rejected records are in (.*)",
         err[0],
     )
     assert match, err[0]
+    by_reason = collections.Counter(r[2] for r in rejected)
+    top = max(by_reason, key=lambda reason: (by_reason[reason], reason))
+    assert (match.group(5), match.group(6)) == (top, "--nul-bytes strip keeps such records")
     assert (int(match.group(2)), int(match.group(3))) == (len(rejected), read)
     assert match.group(1) == f"{100 * len(rejected) / read:.2f}"
     assert "malformed_json 1" in match.group(4)
-    assert match.group(5) == str(out / "rejected" / "rejected.jsonl")
+    assert match.group(7) == str(out / "rejected" / "rejected.jsonl")
     assert not (out / "manifest.json").exists()
     assert (out / "rejected" / "rejected.jsonl").exists()
     assert not handoff._STORE  # a failed run releases what it handed over by reference too

@@ -38,6 +38,7 @@ def trained(tmp_path_factory) -> dict[str, Path]:
             "[R]",
             "--extra-token",
             "[S]",
+            "--no-mode-tokens",
             "--max-documents",
             "60",
         ]
@@ -140,7 +141,7 @@ def test_vocab_too_small_for_bpe(tmp_path, capsys):
     ]
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == (
-        "lmshards train-tokenizer: error: --vocab-size 200: must exceed 264 (special tokens + 256 bytes)"
+        "lmshards train-tokenizer: error: --vocab-size 200: must exceed 270 (special tokens + 256 bytes)"
     )
     assert not out.exists()
 
@@ -172,5 +173,36 @@ def test_main_reports_what_it_wrote(tmp_path, capsys):
         "5",
     ]
     assert main(argv) == 0
-    assert capsys.readouterr().out.strip() == f"wrote {out}: bpe, vocab 400, 6 special tokens"
+    assert capsys.readouterr().out.strip() == (f"wrote {out}: bpe, vocab 400, 12 special tokens (1 sentinel, "
+                                               "the UL2 mode tokens)")
     assert Tokenizer.from_file(str(out)).token_to_id("<extra_id_0>") == 5
+    assert Tokenizer.from_file(str(out)).token_to_id("[NLG]") == 11
+
+
+def test_an_existing_output_is_kept_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "tok.json"
+    out.write_text("mine", encoding="utf-8")
+    argv = ["--input", SAMPLE, "--output", str(out), "--vocab-size", "400", "--max-documents", "5"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (f"lmshards train-tokenizer: error: --output {out}: the file exists "
+                                               "(pass --overwrite to replace it)")
+    assert out.read_text(encoding="utf-8") == "mine"
+    assert main([*argv, "--overwrite"]) == 0
+    assert Tokenizer.from_file(str(out)).get_vocab_size() == 400
+
+
+def test_the_defaults_serve_every_built_in_objective_without_adding_tokens(tmp_path):
+    """train-tokenizer's defaults, then materialize's plan for each objective and UL2 preset at
+    their default lengths: nothing is missing, so no --add-special-tokens is needed."""
+    from pipelines.materialize import plan_run
+    from pipelines.options import parse_args
+    from transforms.objectives.registry import OBJECTIVES
+
+    out = tmp_path / "tok.json"
+    assert main(["--input", SAMPLE, "--output", str(out), "--vocab-size", "1000", "--max-documents", "50"]) == 0
+    runs = [[name] for name in OBJECTIVES] + [["ul2", "--ul2-preset", "paper"], ["ul2", "--layout", "decoder"]]
+    for objective, *extra in runs:
+        plan = plan_run(parse_args(["--input", SAMPLE, "--tokenizer", str(out), "--output", str(tmp_path / "o"),
+                                    "--objective", objective, *extra, "--encoder", "tokenizers"]))
+        assert plan.resolved.added == [], (objective, extra)
+        assert len(plan.resolved.special.sentinels) == plan.objective.max_sentinels() <= 128

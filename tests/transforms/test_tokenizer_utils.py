@@ -267,3 +267,19 @@ def test_byte_level_lengths_accept_splits_that_keep_text_and_refuse_stripping_ad
     stripping = gpt2_like_tokenizer()
     stripping.add_tokens([AddedToken("<sep>", lstrip=True)])
     assert byte_level_lengths(stripping) is None
+
+
+def test_everything_missing_is_reported_in_one_message():
+    """A GPT-2 style tokenizer for mlm lacks pad and mask: one run names both (and any sentinel
+    or mode token shortfall), not one per attempt."""
+    with pytest.raises(ValueError) as info:
+        resolve_special_tokens(gpt2_like_tokenizer(), required={"eos", "pad", "mask"}, num_sentinels=3,
+                               mode_tokens=("[R]",), overrides={"bos": "<nope>"})
+    assert str(info.value) == (
+        "the tokenizer is short of special tokens: no pad token (tried <pad>, [PAD], <|pad|>, <|padding|>); "
+        "--special-token bos=<nope>: token not in the tokenizer vocabulary; no mask token (tried <mask>, [MASK], "
+        "<|mask|>); 3 sentinels <extra_id_0..2> are needed, it has 0; mode tokens ['[R]'] are missing "
+        "(pass --special-token ROLE=TOKEN for pad, mask, or --add-special-tokens to add what is missing)")
+    resolved = resolve_special_tokens(gpt2_like_tokenizer(), required={"eos", "pad", "mask"}, num_sentinels=3,
+                                      mode_tokens=("[R]",), overrides={"bos": "<nope>"}, add_missing=True)
+    assert resolved.added == ["<pad>", "<nope>", "<mask>", "<extra_id_0>", "<extra_id_1>", "<extra_id_2>", "[R]"]
