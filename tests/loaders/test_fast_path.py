@@ -162,7 +162,8 @@ def test_collators_give_the_same_tensors_from_columns(family_dataset):
     if family == "decoder":
         collators = [CausalCollator(0), CausalCollator(0, documents="position_ids", flash_attention_kwargs=True),
                      CausalCollator(0, documents="none"), CausalCollator(0, pad_to_multiple_of=16, shift_labels=True),
-                     PrefixLMCollator(0, return_prefix_length=True), StackCollator(["input_ids", "doc_lengths"], pad_id=0)]
+                     PrefixLMCollator(0, return_prefix_length=True),
+                     StackCollator(["input_ids", "doc_lengths"], pad_id=0)]
     elif family == "encoder":
         collators = [MLMCollator(0), MLMCollator(0, pad_to_multiple_of=12), StackCollator(["input_ids", "labels"])]
     else:
