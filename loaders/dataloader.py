@@ -113,6 +113,9 @@ class ResumableDataLoader(DataLoader):
 
     Build it with :func:`make_dataloader`. Its state is the dataset's state: after
     ``k`` batches of the current epoch it is ``(epoch, k * batch_size * world_size)``.
+    A pass that yields the epoch's last batch moves to the next epoch (no ``set_epoch`` needed);
+    a fresh ``iter()`` starts the current epoch from its beginning unless ``load_state_dict``
+    was called since the last pass (then it resumes exactly there).
 
     Batches travel in groups of ``group_batches`` consecutive ones (one DataLoader item per
     group: fewer, larger hand-overs; worker ``w`` of ``K`` reads groups ``w, w+K, ...``).
@@ -128,10 +131,10 @@ class ResumableDataLoader(DataLoader):
         if not isinstance(group_batches, int) or group_batches < 1:
             raise ValueError(f"group_batches must be an int >= 1, got {group_batches!r}")
         self.stream = dataset
+        # This loader counts what it hands out; workers read each pass's start from the dataset's
+        # shared progress, so persistent workers (which keep their copy of the dataset) follow
+        # set_epoch and load_state_dict.
         dataset._counted_by_loader = True
-        # Workers read the resume point from shared memory at each pass, so persistent
-        # workers (which keep their copy of the dataset) follow set_epoch and load_state_dict.
-        dataset._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
         collate_fn = collate_fn or _to_tensors
         columnar = accepts_example_batch(collate_fn)
         super().__init__(_Batches(dataset, columnar), batch_size=None, collate_fn=collate_fn, **kwargs)
@@ -164,8 +167,8 @@ class ResumableDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         stream = self.stream
-        schedule = stream.schedule()
-        stream._shared.copy_(torch.tensor([stream.epoch, stream.samples_consumed], dtype=torch.int64))
+        _, start = stream._begin_pass()  # a fresh pass restarts its epoch unless a state was loaded
+        schedule = stream.schedule(start)
         receiver = RingReceiver(self._receiver_pin)
         self.transport_stats = receiver.stats
         items = iter(self._inner)
