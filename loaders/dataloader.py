@@ -11,6 +11,7 @@ are read again after a resume, none is skipped.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -108,6 +109,23 @@ def _keep_worker_heap() -> None:
     mallopt(m_mmap_threshold, 32 << 20)
 
 
+class _EpochSampler:
+    """The loader's ``sampler`` as trainers see it: Lightning calls ``set_epoch`` on a loader's sampler
+    at each epoch (never on an ``IterableDataset``'s loader itself), so this one forwards it to the
+    stream. Iterated, it is torch's sampler of iterable datasets (``None`` forever)."""
+
+    def __init__(self, loader: ResumableDataLoader, inner: Any):
+        self._loader, self._inner = weakref.ref(loader), inner
+
+    def set_epoch(self, epoch: int) -> None:
+        loader = self._loader()
+        if loader is not None:
+            loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._inner)
+
+
 class ResumableDataLoader(DataLoader):
     """DataLoader over a :class:`ResumableStream` with ``set_epoch``/``state_dict``/``load_state_dict``.
 
@@ -148,6 +166,16 @@ class ResumableDataLoader(DataLoader):
                                  collate_fn=_identity, **inner)
         self.group_batches, self.shared_ring = group_batches, bool(slots)
         self.transport_stats = {"ring": 0, "plain": 0}  # groups received each way (last pass)
+
+    @property
+    def sampler(self) -> _EpochSampler:
+        """A sampler with ``set_epoch`` (see :class:`_EpochSampler`): Lightning's epochs reach the stream,
+        so a run with ``limit_train_batches`` reads each epoch's own first batches."""
+        return self.__dict__["_epoch_sampler"]
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:  # DataLoader.__init__ sets it once
+        self.__dict__["_epoch_sampler"] = _EpochSampler(self, value)
 
     @property
     def batch_size_per_rank(self) -> int:

@@ -40,7 +40,7 @@ from typing import Any
 
 from loaders.stream import ResumableStream
 
-__all__ = ["LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin"]  # noqa: F822 (LMShardsTrainer: lazy)
+__all__ = ["LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin", "model_config_kwargs"]  # noqa: F822 (LMShardsTrainer: lazy)
 
 #: File of a checkpoint directory holding the training loader's state.
 LOADER_STATE_NAME = "lmshards_loader_state.json"
@@ -191,6 +191,35 @@ class LMShardsTrainerMixin:
                 f"gradient_accumulation_steps={accumulation} does not divide the {batches} batches of an epoch: "
                 "the resumed epoch's last partial accumulation is merged into the next step", stacklevel=2)
         self._lmshards_resume = None
+
+
+def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:
+    """The arguments of an HF model config that must match the dataset's tokenizer.
+
+    ``vocab_size`` (with added special tokens), ``pad_token_id``, ``bos_token_id`` and
+    ``eos_token_id`` where the tokenizer has them, and for encoder-decoder datasets
+    ``decoder_start_token_id``: eos for bart (fairseq's convention), pad otherwise (T5's), the
+    id the collator starts ``decoder_input_ids`` with. E.g.
+    ``BartConfig(d_model=256, ..., **model_config_kwargs(dataset))``.
+
+    Raises:
+        ValueError: the manifest records no vocabulary size.
+    """
+    sources = getattr(dataset, "sources", None) or [dataset]  # a mixture: its sources share a tokenizer
+    tokenizer = sources[0].manifest.tokenizer
+    vocab_size = tokenizer.get("vocab_size")
+    if not vocab_size:
+        raise ValueError("the dataset's manifest records no tokenizer vocab_size")
+    special = dataset.special_ids
+    out = {"vocab_size": int(vocab_size)}
+    for role in ("pad", "bos", "eos"):
+        if special.get(role) is not None:
+            out[f"{role}_token_id"] = int(special[role])
+    if dataset.family == "seq2seq":
+        start = special.get("eos") if dataset.objective_name == "bart" else special.get("pad")
+        if start is not None:
+            out["decoder_start_token_id"] = int(start)
+    return out
 
 
 def _state_callback(trainer: LMShardsTrainerMixin):
