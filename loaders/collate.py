@@ -53,14 +53,28 @@ module imports without it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from loaders.batch import ExampleBatch, Ragged
+from loaders.collate_arrays import (
+    batch_length,
+    collated_length,
+    column_rows,
+    content_lengths,
+    fit_rows,
+    float_mask,
+    int_column,
+    output_array,
+    real_lengths,
+    require_columns,
+    row_widths,
+    to_tensors,
+)
 from loaders.errors import UnsupportedSchemaError
-from loaders.masks import additive_mask, causal_segment_mask, document_segments, resolve_mask_dtype, segment_ids
+from loaders.masks import causal_segment_mask, document_segments, resolve_mask_dtype, segment_ids
 
 __all__ = [
     "IGNORE_INDEX",
@@ -73,172 +87,7 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
-#: Inside a DataLoader worker, pack a batch's arrays into one storage per dtype (off when the
-#: loader's shared-memory ring copies them anyway).
-_PACK_IN_WORKER = True
-#: Inside a DataLoader worker whose shared-memory ring takes this module's collators' outputs:
-#: ``allocate(shape, dtype)`` -> where to build an output array (None: a new array). Set by the
-#: loader while it reads and collates a group (:meth:`loaders.transport.RingSender.allocate`), so
-#: that the outputs are built in the group's slot instead of being copied there.
-_ALLOCATE: Callable[[tuple[int, ...], Any], np.ndarray | None] | None = None
 DOCUMENT_MODES = ("mask", "position_ids", "none")
-
-
-def _empty(shape: tuple[int, ...], dtype: Any = np.int64) -> np.ndarray:
-    """An uninitialised C-contiguous output array (in the ring's slot when :data:`_ALLOCATE` says so)."""
-    if _ALLOCATE is not None:
-        out = _ALLOCATE(shape, dtype)
-        if out is not None:
-            return out
-    return np.empty(shape, dtype=dtype)
-
-
-def _require(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    if not len(examples):
-        raise ValueError(f"{name}: empty batch")
-    have = examples.columns if isinstance(examples, ExampleBatch) else examples[0]
-    missing = [c for c in columns if c not in have]
-    if missing:
-        raise UnsupportedSchemaError(
-            f"{name} needs columns {list(columns)}; the examples have {sorted(have)} (missing {missing})"
-        )
-
-
-def _rows(examples: Sequence[dict[str, Any]], name: str) -> np.ndarray | list[np.ndarray]:
-    """Column ``name``: a ``(B, L)`` array (a fixed-length column of an ExampleBatch) or a list of rows."""
-    if isinstance(examples, ExampleBatch):
-        column = examples.columns[name]
-        if isinstance(column, np.ndarray) and column.ndim == 2:
-            return column
-        if isinstance(column, Ragged):
-            return column.rows()
-        return [np.asarray(row) for row in column]
-    return [np.asarray(e[name]) for e in examples]
-
-
-def _lengths(rows: np.ndarray | list[np.ndarray]) -> list[int]:
-    if isinstance(rows, np.ndarray):
-        return [rows.shape[1]]  # every row: only the longest matters
-    return [len(row) for row in rows]
-
-
-def _scalars(examples: Sequence[dict[str, Any]], name: str, default: int) -> np.ndarray:
-    """An integer column as an int64 ``(B,)`` array (``default`` where absent)."""
-    if isinstance(examples, ExampleBatch):
-        column = examples.columns.get(name)
-        if column is None:
-            return np.full(len(examples), default, dtype=np.int64)
-        return np.asarray(column, dtype=np.int64)
-    return np.array([int(e.get(name, default)) for e in examples], dtype=np.int64)
-
-
-def _batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | None = None, what: str = "") -> int:
-    longest = max(max(lengths), 1)
-    if fixed is not None:
-        if longest > fixed:
-            raise ValueError(f"{what} of {longest} tokens does not fit the fixed length {fixed}")
-        return fixed
-    if multiple:
-        longest = -(-longest // multiple) * multiple
-    return longest
-
-
-def _fit_rows(rows: np.ndarray | Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
-    """``(B, length)`` int64: each row cut to ``length`` (only its padding is cut) or right-padded with ``value``."""
-    out = _empty((len(rows), length))
-    if isinstance(rows, np.ndarray):  # (B, L') block: one pass
-        width = rows.shape[1]
-        out[:, : min(width, length)] = rows[:, :length]
-        if width < length:
-            if value is None:
-                raise ValueError(f"{what}: rows need padding but no pad id was given")
-            out[:, width:] = value
-        return out
-    if all(len(row) == length for row in rows):
-        return np.stack(rows, out=out)  # one pass: gather and widen to int64
-    for i, row in enumerate(rows):
-        n = min(len(row), length)
-        out[i, :n] = row[:n]
-        if n < length:
-            if value is None:
-                raise ValueError(f"{what}: rows need padding but no pad id was given")
-            out[i, n:] = value
-    return out
-
-
-def _tensors(arrays: dict[str, Any]) -> dict[str, Any]:
-    """numpy -> torch without a copy; inside a DataLoader worker, one storage per dtype.
-
-    A worker hands every tensor storage to the main process as its own shared-memory
-    segment, and that transfer, not the copy, is what limits a worker's batches per second;
-    packing a batch's arrays into one storage per dtype roughly halves it for four arrays.
-    """
-    import torch
-    from torch.utils.data import get_worker_info
-
-    if not _PACK_IN_WORKER or get_worker_info() is None:
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
-    out = {k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)}
-    by_dtype: dict[np.dtype, list[str]] = {}
-    for name, value in arrays.items():
-        if isinstance(value, np.ndarray):
-            by_dtype.setdefault(value.dtype, []).append(name)
-    for names in by_dtype.values():
-        flat = torch.empty(sum(arrays[n].size for n in names), dtype=torch.from_numpy(arrays[names[0]][:0]).dtype)
-        offset = 0
-        for name in names:
-            value = arrays[name]
-            view = flat[offset : offset + value.size].view(value.shape)
-            view.copy_(torch.from_numpy(np.ascontiguousarray(value)))
-            out[name] = view
-            offset += value.size
-    return {name: out[name] for name in arrays}
-
-
-def _real_length(example: dict[str, Any]) -> int:
-    doc_lengths = example.get("doc_lengths")
-    if doc_lengths is None:
-        return len(example["input_ids"])
-    return sum(doc_lengths.tolist()) if isinstance(doc_lengths, np.ndarray) else int(sum(doc_lengths))
-
-
-def _real_lengths(examples: Sequence[dict[str, Any]], rows: np.ndarray | list[np.ndarray]) -> np.ndarray:
-    """Tokens before the padding of each row: the sum of ``doc_lengths`` (or the row length)."""
-    if isinstance(examples, ExampleBatch) and isinstance(rows, np.ndarray):
-        docs = examples.columns.get("doc_lengths")
-        if docs is None:
-            return np.full(len(examples), rows.shape[1], dtype=np.int64)
-        if isinstance(docs, Ragged):
-            total = np.zeros(docs.values.size + 1, dtype=np.int64)
-            np.cumsum(docs.values, out=total[1:])
-            return total[docs.offsets[1:]] - total[docs.offsets[:-1]]
-    return np.array([_real_length(e) for e in examples], dtype=np.int64)
-
-
-def _content_lengths(rows: np.ndarray | list[np.ndarray], pad_id: int) -> np.ndarray:
-    """Tokens of each row up to its last non-pad token (its trailing padding cut)."""
-    if isinstance(rows, np.ndarray):
-        real = rows != pad_id
-        last = rows.shape[1] - np.argmax(real[:, ::-1], axis=1)
-        return np.where(real.any(axis=1), last, 0).astype(np.int64)
-    out = np.zeros(len(rows), dtype=np.int64)
-    for i, row in enumerate(rows):
-        real = np.flatnonzero(np.asarray(row) != pad_id)
-        out[i] = real[-1] + 1 if real.size else 0
-    return out
-
-
-def _length(collator: Any, rows: np.ndarray | list[np.ndarray], real: np.ndarray) -> int:
-    """The batch length: the longest real row when the collator trims padding, else the widest
-    stored row; rounded up to its ``pad_to_multiple_of``."""
-    basis = [int(real.max())] if collator.trim_padding else _lengths(rows)
-    return _batch_length(basis, collator.pad_to_multiple_of)
-
-
-def _mask(allowed: np.ndarray, dtype: str) -> Any:
-    """The additive 4-D mask of ``allowed`` (built in the ring's slot for numpy dtypes)."""
-    out = None if dtype == "bfloat16" else _empty((allowed.shape[0], 1, *allowed.shape[1:]), np.dtype(dtype))
-    return additive_mask(allowed, dtype, out)
 
 
 def _check_documents(documents: str, flash_attention_kwargs: bool) -> None:
@@ -298,15 +147,15 @@ class CausalCollator:
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name = type(self).__name__
-        _require(name, examples, ["input_ids"])
-        rows = _rows(examples, "input_ids")
-        real = _real_lengths(examples, rows)
-        length = _length(self, rows, real)
-        input_ids = _fit_rows(rows, length, self.pad_id, name)
+        require_columns(name, examples, ["input_ids"])
+        rows = column_rows(examples, "input_ids")
+        real = real_lengths(examples, rows)
+        length = collated_length(self, rows, real)
+        input_ids = fit_rows(rows, length, self.pad_id, name)
         batch = len(rows)
         t = np.arange(length)
         padded = not (real == length).all()
-        labels = _empty((batch, length))
+        labels = output_array((batch, length))
         if self.shift_labels:
             labels[:, :-1] = input_ids[:, 1:]
             labels[:, -1] = IGNORE_INDEX
@@ -314,12 +163,12 @@ class CausalCollator:
             labels[:] = input_ids
         if padded:
             labels[t[None, :] + int(self.shift_labels) >= real[:, None]] = IGNORE_INDEX
-        positions = _empty((batch, length))
+        positions = output_array((batch, length))
         if self.documents == "none":
-            attention = _empty((batch, length))
+            attention = output_array((batch, length))
             attention[:] = t[None, :] < real[:, None]
             positions[...] = t
-            return _tensors({"input_ids": input_ids, "attention_mask": attention, "labels": labels,
+            return to_tensors({"input_ids": input_ids, "attention_mask": attention, "labels": labels,
                              "position_ids": positions})
         # Segments over the flattened batch: each row's documents, then the row's padding.
         segment_lengths, boundary_flags = document_segments(examples, real, length)
@@ -334,14 +183,14 @@ class CausalCollator:
         out: dict[str, Any] = {"input_ids": input_ids}
         if self.documents == "mask":
             allowed = causal_segment_mask(segment_ids(segment_lengths, batch, length))
-            out["attention_mask"] = _mask(allowed, self.mask_dtype)
+            out["attention_mask"] = float_mask(allowed, self.mask_dtype)
         out["labels"], out["position_ids"] = labels, positions
         if self.flash_attention_kwargs:
             cumulative = np.concatenate([[0], ends]).astype(np.int32)
             longest = int(segment_lengths.max())
             out.update(cu_seq_lens_q=cumulative, cu_seq_lens_k=cumulative.copy(), max_length_q=longest,
                        max_length_k=longest)
-        return _tensors(out)
+        return to_tensors(out)
 
 
 class PrefixLMCollator:
@@ -371,12 +220,12 @@ class PrefixLMCollator:
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name = type(self).__name__
-        _require(name, examples, ["input_ids"])
-        rows = _rows(examples, "input_ids")
-        real = _real_lengths(examples, rows)
-        length = _length(self, rows, real)
-        input_ids = _fit_rows(rows, length, self.pad_id, name)
-        prefix = _scalars(examples, "prefix_length", 0)
+        require_columns(name, examples, ["input_ids"])
+        rows = column_rows(examples, "input_ids")
+        real = real_lengths(examples, rows)
+        length = collated_length(self, rows, real)
+        input_ids = fit_rows(rows, length, self.pad_id, name)
+        prefix = int_column(examples, "prefix_length", 0)
         t = np.arange(length)
         q, k = t[None, :, None], t[None, None, :]
         allowed = ((k <= q) | (k < prefix[:, None, None])) & (k < real[:, None, None])
@@ -392,13 +241,13 @@ class PrefixLMCollator:
             labels[:] = np.where(keep, input_ids, IGNORE_INDEX)
         out = {
             "input_ids": input_ids,
-            "attention_mask": _mask(allowed, self.mask_dtype),
+            "attention_mask": float_mask(allowed, self.mask_dtype),
             "labels": labels,
             "position_ids": np.broadcast_to(t, (len(rows), length)).copy(),
         }
         if self.return_prefix_length:
             out["prefix_length"] = prefix.astype(np.int64)
-        return _tensors(out)
+        return to_tensors(out)
 
 
 class MLMCollator:
@@ -425,17 +274,17 @@ class MLMCollator:
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name = type(self).__name__
-        _require(name, examples, ["input_ids", "labels"])
-        rows = _rows(examples, "input_ids")
-        length = _length(self, rows, _content_lengths(rows, self.pad_id))
-        input_ids = _fit_rows(rows, length, self.pad_id, name)
-        labels = _fit_rows(_rows(examples, "labels"), length, IGNORE_INDEX, "labels")
+        require_columns(name, examples, ["input_ids", "labels"])
+        rows = column_rows(examples, "input_ids")
+        length = collated_length(self, rows, content_lengths(rows, self.pad_id))
+        input_ids = fit_rows(rows, length, self.pad_id, name)
+        labels = fit_rows(column_rows(examples, "labels"), length, IGNORE_INDEX, "labels")
         attention = (input_ids != self.pad_id).astype(np.int64)
         out = {"input_ids": input_ids, "attention_mask": attention,
                "labels": np.where(attention == 1, labels, IGNORE_INDEX)}
         if self.return_position_ids:
             out["position_ids"] = np.broadcast_to(np.arange(length), input_ids.shape).copy()
-        return _tensors(out)
+        return to_tensors(out)
 
 
 class Seq2SeqCollator:
@@ -468,14 +317,14 @@ class Seq2SeqCollator:
     retains_examples = False
 
     def _fit(self, rows: np.ndarray | list[np.ndarray], fixed: int | None, what: str) -> np.ndarray:
-        basis = _content_lengths(rows, self.pad_id).tolist() if self.trim_padding else _lengths(rows)
-        length = _batch_length(basis, self.pad_to_multiple_of, fixed, what)
-        return _fit_rows(rows, length, self.pad_id, what)
+        basis = content_lengths(rows, self.pad_id).tolist() if self.trim_padding else row_widths(rows)
+        length = batch_length(basis, self.pad_to_multiple_of, fixed, what)
+        return fit_rows(rows, length, self.pad_id, what)
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _require(type(self).__name__, examples, ["inputs", "targets"])
-        input_ids = self._fit(_rows(examples, "inputs"), self.inputs_length, "inputs")
-        target_ids = self._fit(_rows(examples, "targets"), self.targets_length, "targets")
+        require_columns(type(self).__name__, examples, ["inputs", "targets"])
+        input_ids = self._fit(column_rows(examples, "inputs"), self.inputs_length, "inputs")
+        target_ids = self._fit(column_rows(examples, "targets"), self.targets_length, "targets")
         real_targets = target_ids != self.pad_id
         decoder_input_ids = np.empty_like(target_ids)
         decoder_input_ids[:, 0] = self.decoder_start_id
@@ -490,7 +339,7 @@ class Seq2SeqCollator:
         }
         if self.return_position_ids:
             out["position_ids"] = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape).copy()
-        return _tensors(out)
+        return to_tensors(out)
 
 
 class StackCollator:
@@ -518,7 +367,7 @@ class StackCollator:
         self.columns, self.pad_id = tuple(columns), pad_id
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _require(type(self).__name__, examples, self.columns)
+        require_columns(type(self).__name__, examples, self.columns)
         out: dict[str, Any] = {}
         for name in self.columns:
             if isinstance(examples, ExampleBatch):
@@ -534,7 +383,7 @@ class StackCollator:
                 out[name] = np.array(values, dtype=np.int64)
             else:
                 out[name] = list(values)
-        return _tensors(out)
+        return to_tensors(out)
 
     def _stack(self, name: str, rows: list[np.ndarray]) -> np.ndarray:
         length = max(len(row) for row in rows)

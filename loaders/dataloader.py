@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loaders import collate
+from loaders import collate_arrays
 from loaders.batch import accepts_example_batch, keeps_no_examples
 from loaders.stream import ResumableStream
 from loaders.transport import RingReceiver, RingSender
@@ -57,7 +57,7 @@ class _Groups(IterableDataset):
             for group in self.stream.iter_batch_groups(columnar=self.columnar, group=self.group):
                 yield ("plain", [self.collate_fn(batch) for batch in group])
             return
-        collate._PACK_IN_WORKER = False  # the ring packs each batch's tensors: collators need not
+        collate_arrays._PACK_IN_WORKER = False  # the ring packs each batch's tensors: collators need not
         # A collator that keeps nothing of its examples gets them gathered straight into the
         # group's slot (a column it returns as is then travels without another copy), and the
         # collators of loaders.collate build their outputs there.
@@ -65,7 +65,7 @@ class _Groups(IterableDataset):
         allocate = sender.allocate if self.columnar and in_slot else None
         groups = self.stream.iter_batch_groups(columnar=self.columnar, group=self.group, allocate=allocate)
         try:
-            collate._ALLOCATE = sender.allocate if in_slot else None
+            collate_arrays._ALLOCATE = sender.allocate if in_slot else None
             while True:
                 sender.reserve()
                 group = next(groups, None)
@@ -73,7 +73,7 @@ class _Groups(IterableDataset):
                     return
                 yield sender.pack([self.collate_fn(batch) for batch in group])
         finally:
-            collate._ALLOCATE = None
+            collate_arrays._ALLOCATE = None
 
 
 def _identity(item: Any) -> Any:
