@@ -120,3 +120,16 @@ def test_worker_states_name_their_worker(small_dataset):
     assert worker_state["worker"] == {"id": 0, "num_workers": 2, "examples": 4}
     with pytest.raises(ValueError, match="same num_workers"):
         dataset(path).load_state_dict(worker_state)  # a worker's state is not the main process's
+
+
+def test_lightning_sets_the_loader_epoch_through_its_sampler(small_dataset):
+    """Lightning calls set_epoch on a loader's sampler at each epoch (lightning's own helper here),
+    so with limit_train_batches each epoch reads its own first batches."""
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+
+    path, rows = small_dataset
+    loader = make_dataloader(dataset(path), collate_fn=batch_keys, num_workers=0)
+    for epoch in range(3):
+        _set_sampler_epoch(loader, epoch)
+        assert keys(loader, limit=2) == expected_keys(rows, SEED, epoch, BLOCK)[:8]
+    assert loader.stream.epoch == 2
