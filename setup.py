@@ -38,6 +38,11 @@ setup(
             "gcsfs>=2023.1",
             "apache-beam[gcp]>=2.60,<3",
             "build",
+            # Training-stack interop tests (tiny models from configs; the versions tested).
+            "transformers>=5.0,<6",
+            "accelerate>=1.1,<2",
+            "lightning>=2.4,<3",
+            "torchdata>=0.10,<0.12",
         ],
     },
     entry_points={"console_scripts": ["lmshards = pipelines.cli:main"]},

@@ -16,7 +16,7 @@ system in a fresh subprocess (so peak RSS is its own) over one shuffled epoch:
   :func:`loaders.make_dataloader`, collating ``input_ids`` only, as stored (int32, like the
   baselines), with :class:`loaders.StackCollator`.
 - ``lmshards+causal``: the same with the full :class:`loaders.CausalCollator` (labels,
-  per-document position ids, ``cu_seqlens``).
+  per-document position ids, FlashAttention's ``cu_seq_lens_q/k``: ``documents="position_ids"``).
 - ``lmshards-wds``: :class:`loaders.ShardedDataset` over the WebDataset tars.
 - ``mosaic``: MosaicML ``streaming.StreamingDataset`` over MDS shards of the same rows
   (``ndarray:int32:L`` column, shuffle on, ``py1e``), torch DataLoader.
@@ -222,7 +222,7 @@ def lmshards_batches(root, args, workers, *, fmt="arrow", full=False):
     dataset = ShardedDataset(os.path.join(root, "lmshards"), batch_size=args.batch_size, seed=args.seed, fmt=fmt,
                              verify="never", columns=columns)
     if full:
-        loader = make_dataloader(dataset, num_workers=workers, documents="cu_seqlens")
+        loader = make_dataloader(dataset, num_workers=workers, documents="position_ids", flash_attention_kwargs=True)
     elif fmt == "arrow":
         loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]))
     else:

@@ -5,8 +5,11 @@
   exact global shuffle, rank/worker split, exact and elastic resume, dynamic noise.
 - :class:`MixtureDataset` (:mod:`loaders.mixture`): weighted mixtures of datasets.
 - :func:`make_dataloader` (:mod:`loaders.dataloader`): the resumable DataLoader.
-- Collators (:mod:`loaders.collate`), columnar batches (:mod:`loaders.batch`), the epoch
-  order (:mod:`loaders.order`), the split and state (:mod:`loaders.state`).
+- Collators (:mod:`loaders.collate`; HF transformers' conventions: unshifted labels, additive
+  4-D masks from :mod:`loaders.masks`), columnar batches (:mod:`loaders.batch`), the epoch
+  order (:mod:`loaders.order`), the split and state (:mod:`loaders.state`), progress shared
+  with DataLoader workers (:mod:`loaders.progress`).
+- :mod:`loaders.integrations.hf`: HF ``Trainer`` under DDP (transformers imported lazily).
 
 torch is optional: ``import loaders`` and the numpy modules work without it; the
 torch-backed names below are imported on first use.

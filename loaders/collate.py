@@ -1,28 +1,43 @@
 """Collators: lists of examples -> dicts of torch tensors, one per model layout.
 
-Every collator returns ``input_ids``, ``attention_mask``, ``labels`` (``-100`` where no
-loss) and ``position_ids`` (int64), right-padded to the longest row (or a multiple of
-``pad_to_multiple_of``), plus what its layout needs:
+Batches follow Hugging Face transformers' conventions by default, so that ``model(**batch)``
+of an HF model (and HF ``Trainer``) trains what the dataset holds:
 
-- :class:`CausalCollator` (clm): ``documents="none"`` is plain causal attention over the
-  packed row (GPT-2/Megatron default); ``"cu_seqlens"`` restarts ``position_ids`` at each
-  document and adds FlashAttention's varlen ``cu_seqlens`` (int32, over the flattened
-  ``B*L`` tokens; each row's padding is one more segment) and ``max_seqlen``; ``"mask"``
-  restarts positions and makes ``attention_mask`` a ``(B, 1, L, L)`` bool block-diagonal
-  causal mask (True = may attend). With ``shift_labels`` (default) ``labels[t]`` is the
-  token at ``t+1`` (Megatron-style: no shift in the model); with ``shift_labels=False`` it
-  is the token at ``t`` (Hugging Face models shift inside). With document attention the
-  prediction of a document's first token from the previous document is not trained
-  (``mask_document_boundaries``, as HF's ``DataCollatorWithFlattening``).
-- :class:`PrefixLMCollator` (prefix_lm, ul2 decoder-only): ``(B, 1, L, L)`` bool mask,
-  bidirectional over the first ``prefix_length`` tokens and causal after; loss on the
-  suffix only; ``prefix_length`` (B,). Examples without ``prefix_length`` (clm in a
-  mixture) are plain causal.
-- :class:`MLMCollator` (mlm): bidirectional; labels as stored.
+- ``labels`` are **unshifted** (``labels[t] = input_ids[t]``, ``-100`` = no loss): HF causal
+  models shift inside (position ``t - 1`` predicts ``labels[t]``). Megatron-style pre-shifted
+  labels (``labels[t] = input_ids[t + 1]``, a model that does not shift) are an option
+  (``shift_labels=True``).
+- Masks a model must honour are 4-D **additive float** masks ``(B, 1, L, L)`` (0 = attend,
+  the dtype's most negative value = not), which eager, sdpa and flex attention all apply;
+  never an all-masked row (:mod:`loaders.masks`). Plain padding stays a 2-D ``attention_mask``.
+- Packed documents are handled like HF's ``DataCollatorWithFlattening``: ``position_ids``
+  restart at each document and each document's first label is ``-100`` (it would be
+  predicted from the previous document). FlashAttention's varlen kwargs go out under HF's
+  names (``cu_seq_lens_q``/``cu_seq_lens_k`` int32 tensors, ``max_length_q``/``max_length_k``
+  Python ints) only when asked for (``flash_attention_kwargs=True``).
+- Only tensors a model's ``forward`` takes are in a batch; extras (``prefix_length``,
+  ``position_ids`` of encoders) only when asked for.
+- Padding is trimmed: a batch is as long as its longest real row (rounded up to
+  ``pad_to_multiple_of``), not as the stored, padded width (UL2's decoder rows are padded to
+  the longest denoiser's length).
+
+Collators:
+
+- :class:`CausalCollator` (clm): ``documents="mask"`` (default): per-document causal
+  attention as a 4-D mask, positions restarting per document; ``"position_ids"``: no mask,
+  positions restarting per document, the form HF's flattening collator emits (transformers
+  5 models derive the per-document mask from such positions under every attention
+  implementation, and FlashAttention reads ``cu_seq_lens_*`` when asked for); it is O(B*L)
+  where a 4-D mask is O(B*L*L). ``"none"``: plain causal attention over the packed row
+  (GPT-2/Megatron default; attention crosses documents), 2-D padding mask.
+- :class:`PrefixLMCollator` (prefix_lm, ul2 decoder-only): 4-D mask, bidirectional over the
+  first ``prefix_length`` tokens and causal after; loss on the suffix only. Examples
+  without ``prefix_length`` (clm in a mixture) are plain causal.
+- :class:`MLMCollator` (mlm): bidirectional; labels as stored, 2-D padding mask.
 - :class:`Seq2SeqCollator` (span_corruption, bart, ul2 encoder-decoder): ``inputs`` ->
   ``input_ids``/``attention_mask``, ``targets`` -> ``labels``, ``decoder_input_ids`` = labels
-  shifted right behind ``decoder_start_id`` (T5: pad; BART: eos), ``decoder_attention_mask``.
-
+  shifted right behind ``decoder_start_id`` (T5: pad; BART: eos), as HF's
+  ``shift_tokens_right``, and ``decoder_attention_mask``.
 - :class:`StackCollator`: the named columns as stored, stacked (no labels or masks), for
   trainers that build those on the device.
 
@@ -38,13 +53,28 @@ module imports without it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from loaders.batch import ExampleBatch, Ragged
+from loaders.collate_arrays import (
+    batch_length,
+    collated_length,
+    column_rows,
+    content_lengths,
+    fit_rows,
+    float_mask,
+    int_column,
+    output_array,
+    real_lengths,
+    require_columns,
+    row_widths,
+    to_tensors,
+)
 from loaders.errors import UnsupportedSchemaError
+from loaders.masks import causal_segment_mask, document_segments, resolve_mask_dtype, segment_ids
 
 __all__ = [
     "IGNORE_INDEX",
@@ -57,282 +87,145 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
-#: Inside a DataLoader worker, pack a batch's arrays into one storage per dtype (off when the
-#: loader's shared-memory ring copies them anyway).
-_PACK_IN_WORKER = True
-#: Inside a DataLoader worker whose shared-memory ring takes this module's collators' outputs:
-#: ``allocate(shape, dtype)`` -> where to build an output array (None: a new array). Set by the
-#: loader while it reads and collates a group (:meth:`loaders.transport.RingSender.allocate`), so
-#: that the outputs are built in the group's slot instead of being copied there.
-_ALLOCATE: Callable[[tuple[int, ...], Any], np.ndarray | None] | None = None
-DOCUMENT_MODES = ("none", "cu_seqlens", "mask")
+DOCUMENT_MODES = ("mask", "position_ids", "none")
 
 
-def _empty(shape: tuple[int, ...], dtype: Any = np.int64) -> np.ndarray:
-    """An uninitialised C-contiguous output array (in the ring's slot when :data:`_ALLOCATE` says so)."""
-    if _ALLOCATE is not None:
-        out = _ALLOCATE(shape, dtype)
-        if out is not None:
-            return out
-    return np.empty(shape, dtype=dtype)
-
-
-def _require(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    if not len(examples):
-        raise ValueError(f"{name}: empty batch")
-    have = examples.columns if isinstance(examples, ExampleBatch) else examples[0]
-    missing = [c for c in columns if c not in have]
-    if missing:
-        raise UnsupportedSchemaError(
-            f"{name} needs columns {list(columns)}; the examples have {sorted(have)} (missing {missing})"
+def _check_documents(documents: str, flash_attention_kwargs: bool) -> None:
+    if documents == "cu_seqlens":
+        raise ValueError(
+            "documents='cu_seqlens' was replaced: transformers reads FlashAttention's varlen arguments as "
+            "cu_seq_lens_q/cu_seq_lens_k and max_length_q/max_length_k; pass documents='position_ids', "
+            "flash_attention_kwargs=True"
         )
-
-
-def _rows(examples: Sequence[dict[str, Any]], name: str) -> np.ndarray | list[np.ndarray]:
-    """Column ``name``: a ``(B, L)`` array (a fixed-length column of an ExampleBatch) or a list of rows."""
-    if isinstance(examples, ExampleBatch):
-        column = examples.columns[name]
-        if isinstance(column, np.ndarray) and column.ndim == 2:
-            return column
-        if isinstance(column, Ragged):
-            return column.rows()
-        return [np.asarray(row) for row in column]
-    return [np.asarray(e[name]) for e in examples]
-
-
-def _lengths(rows: np.ndarray | list[np.ndarray]) -> list[int]:
-    if isinstance(rows, np.ndarray):
-        return [rows.shape[1]]  # every row: only the longest matters
-    return [len(row) for row in rows]
-
-
-def _scalars(examples: Sequence[dict[str, Any]], name: str, default: int) -> np.ndarray:
-    """An integer column as an int64 ``(B,)`` array (``default`` where absent)."""
-    if isinstance(examples, ExampleBatch):
-        column = examples.columns.get(name)
-        if column is None:
-            return np.full(len(examples), default, dtype=np.int64)
-        return np.asarray(column, dtype=np.int64)
-    return np.array([int(e.get(name, default)) for e in examples], dtype=np.int64)
-
-
-def _batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | None = None, what: str = "") -> int:
-    longest = max(lengths)
-    if fixed is not None:
-        if longest > fixed:
-            raise ValueError(f"{what} of {longest} tokens does not fit the fixed length {fixed}")
-        return fixed
-    if multiple:
-        longest = -(-longest // multiple) * multiple
-    return longest
-
-
-def _padded_input_ids(collator, examples: Sequence[dict[str, Any]], required: list[str]) -> tuple:
-    """Check ``required`` columns; ``(input_ids rows, (B, L) int64 input_ids padded with the collator's
-    pad_id to the batch length)`` (rounded up to its ``pad_to_multiple_of``)."""
-    name = type(collator).__name__
-    _require(name, examples, required)
-    rows = _rows(examples, "input_ids")
-    length = _batch_length(_lengths(rows), collator.pad_to_multiple_of)
-    return rows, _pad_rows(rows, length, collator.pad_id, name)
-
-
-def _pad_rows(rows: np.ndarray | Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
-    out = _empty((len(rows), length))
-    if isinstance(rows, np.ndarray):  # (B, L') block: one pass
-        width = rows.shape[1]
-        out[:, :width] = rows
-        if width < length:
-            if value is None:
-                raise ValueError(f"{what}: rows need padding but no pad id was given")
-            out[:, width:] = value
-        return out
-    if all(len(row) == length for row in rows):
-        return np.stack(rows, out=out)  # one pass: gather and widen to int64
-    for i, row in enumerate(rows):
-        n = len(row)
-        out[i, :n] = row
-        if n < length:
-            if value is None:
-                raise ValueError(f"{what}: rows need padding but no pad id was given")
-            out[i, n:] = value
-    return out
-
-
-def _tensors(arrays: dict[str, Any]) -> dict[str, Any]:
-    """numpy -> torch without a copy; inside a DataLoader worker, one storage per dtype.
-
-    A worker hands every tensor storage to the main process as its own shared-memory
-    segment, and that transfer, not the copy, is what limits a worker's batches per second;
-    packing a batch's arrays into one storage per dtype roughly halves it for four arrays.
-    """
-    import torch
-    from torch.utils.data import get_worker_info
-
-    if not _PACK_IN_WORKER or get_worker_info() is None:
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
-    out = {k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)}
-    by_dtype: dict[np.dtype, list[str]] = {}
-    for name, value in arrays.items():
-        if isinstance(value, np.ndarray):
-            by_dtype.setdefault(value.dtype, []).append(name)
-    for names in by_dtype.values():
-        flat = torch.empty(sum(arrays[n].size for n in names), dtype=torch.from_numpy(arrays[names[0]][:0]).dtype)
-        offset = 0
-        for name in names:
-            value = arrays[name]
-            view = flat[offset : offset + value.size].view(value.shape)
-            view.copy_(torch.from_numpy(np.ascontiguousarray(value)))
-            out[name] = view
-            offset += value.size
-    return {name: out[name] for name in arrays}
-
-
-def _real_length(example: dict[str, Any]) -> int:
-    doc_lengths = example.get("doc_lengths")
-    if doc_lengths is None:
-        return len(example["input_ids"])
-    return sum(doc_lengths.tolist()) if isinstance(doc_lengths, np.ndarray) else int(sum(doc_lengths))
-
-
-def _real_lengths(examples: Sequence[dict[str, Any]], rows: np.ndarray | list[np.ndarray]) -> np.ndarray:
-    """Tokens before the padding of each row: the sum of ``doc_lengths`` (or the row length)."""
-    if isinstance(examples, ExampleBatch) and isinstance(rows, np.ndarray):
-        docs = examples.columns.get("doc_lengths")
-        if docs is None:
-            return np.full(len(examples), rows.shape[1], dtype=np.int64)
-        if isinstance(docs, Ragged):
-            total = np.zeros(docs.values.size + 1, dtype=np.int64)
-            np.cumsum(docs.values, out=total[1:])
-            return total[docs.offsets[1:]] - total[docs.offsets[:-1]]
-    return np.array([_real_length(e) for e in examples])
-
-
-def _document_segments(examples: Sequence[dict[str, Any]], real: np.ndarray,
-                       length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Segments of the flattened batch: each row's documents (non-empty ones), then its padding.
-
-    Returns ``(segment lengths, boundary)``; ``boundary`` marks a document that does not open its row.
-    """
-    docs = examples.columns.get("doc_lengths") if isinstance(examples, ExampleBatch) else None
-    if isinstance(docs, Ragged) or (isinstance(examples, ExampleBatch) and docs is None):
-        # vectorised: the same segments as the per-row loop below
-        if docs is None:
-            values, row_of = real, np.arange(len(examples))
-        else:
-            values = docs.values.astype(np.int64)
-            row_of = np.repeat(np.arange(len(examples)), docs.lengths())
-        keep = values > 0
-        values, row_of = values[keep], row_of[keep]
-        boundary = np.ones(values.size, dtype=bool)
-        boundary[0:1] = False
-        boundary[1:] = row_of[1:] == row_of[:-1]
-        padding = length - real
-        padded = np.flatnonzero(padding > 0)
-        if padded.size:
-            rows = np.concatenate([row_of, padded])
-            order = np.argsort(rows, kind="stable")  # a row's documents, then its padding
-            values = np.concatenate([values, padding[padded]])[order]
-            boundary = np.concatenate([boundary, np.zeros(padded.size, dtype=bool)])[order]
-        return values, boundary
-    pieces: list[int] = []
-    boundary_flags: list[bool] = []  # per segment: a document that does not open its row
-    for i, example in enumerate(examples):
-        row_docs = example.get("doc_lengths")
-        row_docs = [d for d in (row_docs.tolist() if row_docs is not None else [int(real[i])]) if d > 0]
-        pieces += row_docs
-        boundary_flags += [False] + [True] * (len(row_docs) - 1) if row_docs else []
-        if length > real[i]:
-            pieces.append(length - int(real[i]))
-            boundary_flags.append(False)
-    return np.array(pieces, dtype=np.int64), np.array(boundary_flags, dtype=bool)
+    if documents not in DOCUMENT_MODES:
+        raise ValueError(f"documents={documents!r}: expected one of {DOCUMENT_MODES}")
+    if flash_attention_kwargs and documents != "position_ids":
+        raise ValueError(
+            f"flash_attention_kwargs=True needs documents='position_ids' (got {documents!r}): FlashAttention "
+            "takes the documents from cu_seq_lens_q/k and reads no 4-D mask"
+        )
 
 
 class CausalCollator:
     """Causal LM batches from ``input_ids`` (+ ``doc_lengths``), see the module docstring.
 
+    Outputs: ``input_ids``, ``attention_mask`` (``mask``: ``(B, 1, L, L)`` additive float;
+    ``none``: ``(B, L)`` 0/1; ``position_ids``: none), ``labels``, ``position_ids``, and with
+    ``flash_attention_kwargs`` ``cu_seq_lens_q``, ``cu_seq_lens_k`` (int32, over the flattened
+    ``B * L`` tokens, each row's padding one more segment), ``max_length_q``, ``max_length_k``.
+
     Args:
         pad_id: padding id (needed only when rows differ in length).
-        documents: ``none``, ``cu_seqlens`` or ``mask``.
-        shift_labels: ``labels[t] = input_ids[t+1]`` (True) or ``input_ids[t]`` (False).
+        documents: ``mask`` (default), ``position_ids`` or ``none``.
+        shift_labels: False (default, HF): ``labels[t] = input_ids[t]``, the model shifts;
+            True (Megatron): ``labels[t] = input_ids[t + 1]`` for models that do not shift.
         mask_document_boundaries: no loss on predicting a document's first token from the
-            previous document (only with document attention).
+            previous document (document modes only; as HF's ``DataCollatorWithFlattening``).
+        flash_attention_kwargs: add FlashAttention's varlen kwargs under HF's names
+            (``documents="position_ids"`` only); ``max_length_*`` are Python ints.
+        mask_dtype: dtype of the 4-D mask (``float32``; ``bfloat16`` for a bf16 model run without
+            autocast under sdpa, which wants the query's dtype).
         pad_to_multiple_of: round the batch length up.
+        trim_padding: cut the columns that are padding in every row (default True).
+
+    Raises:
+        ValueError: an unknown ``documents`` mode, flash kwargs without ``position_ids``, or a
+            mask dtype that is not floating point.
     """
 
-    def __init__(self, pad_id: int | None = None, *, documents: str = "cu_seqlens", shift_labels: bool = True,
-                 mask_document_boundaries: bool = True, pad_to_multiple_of: int | None = None):
-        if documents not in DOCUMENT_MODES:
-            raise ValueError(f"documents={documents!r}: expected one of {DOCUMENT_MODES}")
+    def __init__(self, pad_id: int | None = None, *, documents: str = "mask", shift_labels: bool = False,
+                 mask_document_boundaries: bool = True, flash_attention_kwargs: bool = False,
+                 mask_dtype: Any = "float32", pad_to_multiple_of: int | None = None, trim_padding: bool = True):
+        _check_documents(documents, flash_attention_kwargs)
         self.pad_id, self.documents, self.shift_labels = pad_id, documents, shift_labels
-        self.mask_document_boundaries, self.pad_to_multiple_of = mask_document_boundaries, pad_to_multiple_of
+        self.mask_document_boundaries, self.flash_attention_kwargs = mask_document_boundaries, flash_attention_kwargs
+        self.mask_dtype = resolve_mask_dtype(mask_dtype)
+        self.pad_to_multiple_of, self.trim_padding = pad_to_multiple_of, trim_padding
 
     accepts_example_batch = True
     retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        rows, input_ids = _padded_input_ids(self, examples, ["input_ids"])
-        length = input_ids.shape[1]
+        name = type(self).__name__
+        require_columns(name, examples, ["input_ids"])
+        rows = column_rows(examples, "input_ids")
+        real = real_lengths(examples, rows)
+        length = collated_length(self, rows, real)
+        input_ids = fit_rows(rows, length, self.pad_id, name)
         batch = len(rows)
         t = np.arange(length)
-        real = _real_lengths(examples, rows)
-        labels = _empty((batch, length))
+        padded = not (real == length).all()
+        labels = output_array((batch, length))
         if self.shift_labels:
             labels[:, :-1] = input_ids[:, 1:]
             labels[:, -1] = IGNORE_INDEX
         else:
             labels[:] = input_ids
-        if (real == length).all():  # packed rows without padding: the common case
-            attention = _empty((batch, length))
-            attention.fill(1)
-        else:
-            attention = (t[None, :] < real[:, None]).astype(np.int64)
+        if padded:
             labels[t[None, :] + int(self.shift_labels) >= real[:, None]] = IGNORE_INDEX
-        out: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
-        positions = _empty((batch, length))
+        positions = output_array((batch, length))
         if self.documents == "none":
+            attention = output_array((batch, length))
+            attention[:] = t[None, :] < real[:, None]
             positions[...] = t
-            out["position_ids"] = positions
-            return _tensors(out)
+            return to_tensors({"input_ids": input_ids, "attention_mask": attention, "labels": labels,
+                             "position_ids": positions})
         # Segments over the flattened batch: each row's documents, then the row's padding.
-        segment_lengths, boundary_flags = _document_segments(examples, real, length)
+        segment_lengths, boundary_flags = document_segments(examples, real, length)
         ends = np.cumsum(segment_lengths)
         starts = ends - segment_lengths
         np.subtract(np.arange(batch * length), np.repeat(starts, segment_lengths), out=positions.reshape(-1))
-        out["position_ids"] = positions
         if self.mask_document_boundaries:
             boundary = starts[boundary_flags]
             labels.reshape(-1)[boundary - 1 if self.shift_labels else boundary] = IGNORE_INDEX
-        if self.documents == "cu_seqlens":
-            out["cu_seqlens"] = np.concatenate([[0], ends]).astype(np.int32)
-            out["max_seqlen"] = int(segment_lengths.max())
-        else:
-            segment_ids = np.repeat(np.arange(segment_lengths.size), segment_lengths).reshape(batch, length)
-            same = segment_ids[:, :, None] == segment_ids[:, None, :]
-            out["attention_mask"] = (same & (t[None, None, :] <= t[None, :, None]))[:, None]
-        return _tensors(out)
+            if not self.shift_labels:  # as DataCollatorWithFlattening: every document's first label
+                labels[:, 0] = IGNORE_INDEX
+        out: dict[str, Any] = {"input_ids": input_ids}
+        if self.documents == "mask":
+            allowed = causal_segment_mask(segment_ids(segment_lengths, batch, length))
+            out["attention_mask"] = float_mask(allowed, self.mask_dtype)
+        out["labels"], out["position_ids"] = labels, positions
+        if self.flash_attention_kwargs:
+            cumulative = np.concatenate([[0], ends]).astype(np.int32)
+            longest = int(segment_lengths.max())
+            out.update(cu_seq_lens_q=cumulative, cu_seq_lens_k=cumulative.copy(), max_length_q=longest,
+                       max_length_k=longest)
+        return to_tensors(out)
 
 
 class PrefixLMCollator:
     """Prefix-LM batches from ``input_ids`` + ``prefix_length`` (+ ``doc_lengths`` for padding).
 
+    Outputs: ``input_ids``, ``attention_mask`` (``(B, 1, L, L)`` additive float: the prefix
+    bidirectional, causal after, padding rows attending to the real tokens and themselves),
+    ``labels`` (the suffix only), ``position_ids`` and, when asked, ``prefix_length`` (B,).
+
     Args:
         pad_id: padding id (needed only when rows differ in length).
-        shift_labels: as :class:`CausalCollator`.
+        shift_labels: as :class:`CausalCollator` (default False, HF).
+        mask_dtype: as :class:`CausalCollator`.
         pad_to_multiple_of: round the batch length up.
+        trim_padding: cut the columns that are padding in every row (default True).
+        return_prefix_length: add ``prefix_length`` (HF models take no such argument).
     """
 
-    def __init__(self, pad_id: int | None = None, *, shift_labels: bool = True, pad_to_multiple_of: int | None = None):
+    def __init__(self, pad_id: int | None = None, *, shift_labels: bool = False, mask_dtype: Any = "float32",
+                 pad_to_multiple_of: int | None = None, trim_padding: bool = True, return_prefix_length: bool = False):
         self.pad_id, self.shift_labels, self.pad_to_multiple_of = pad_id, shift_labels, pad_to_multiple_of
+        self.mask_dtype, self.trim_padding = resolve_mask_dtype(mask_dtype), trim_padding
+        self.return_prefix_length = return_prefix_length
 
     accepts_example_batch = True
     retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        rows, input_ids = _padded_input_ids(self, examples, ["input_ids"])
-        length = input_ids.shape[1]
-        real = _real_lengths(examples, rows)
-        prefix = _scalars(examples, "prefix_length", 0)
+        name = type(self).__name__
+        require_columns(name, examples, ["input_ids"])
+        rows = column_rows(examples, "input_ids")
+        real = real_lengths(examples, rows)
+        length = collated_length(self, rows, real)
+        input_ids = fit_rows(rows, length, self.pad_id, name)
+        prefix = int_column(examples, "prefix_length", 0)
         t = np.arange(length)
         q, k = t[None, :, None], t[None, None, :]
         allowed = ((k <= q) | (k < prefix[:, None, None])) & (k < real[:, None, None])
@@ -343,85 +236,110 @@ class PrefixLMCollator:
             keep = (target >= prefix[:, None]) & (target < real[:, None])
             labels[:, :-1] = np.where(keep, input_ids[:, 1:], IGNORE_INDEX)
         else:
-            keep = (t[None, :] >= prefix[:, None]) & (t[None, :] < real[:, None])
+            # position 0 is never predicted: its label is -100 even without a prefix
+            keep = (t[None, :] >= np.maximum(prefix, 1)[:, None]) & (t[None, :] < real[:, None])
             labels[:] = np.where(keep, input_ids, IGNORE_INDEX)
-        return _tensors({
+        out = {
             "input_ids": input_ids,
-            "attention_mask": allowed[:, None],
+            "attention_mask": float_mask(allowed, self.mask_dtype),
             "labels": labels,
             "position_ids": np.broadcast_to(t, (len(rows), length)).copy(),
-            "prefix_length": prefix.astype(np.int64),
-        })
+        }
+        if self.return_prefix_length:
+            out["prefix_length"] = prefix.astype(np.int64)
+        return to_tensors(out)
 
 
 class MLMCollator:
     """Masked-LM batches from ``input_ids`` + ``labels`` (bidirectional attention).
 
+    Outputs: ``input_ids``, ``attention_mask`` (``(B, L)``, 0 on padding), ``labels`` (as stored,
+    ``-100`` on padding) and, when asked, ``position_ids`` (encoders such as RoBERTa number
+    positions their own way, so by default the model does).
+
     Args:
         pad_id: padding id: padded and stored padding positions get no attention.
         pad_to_multiple_of: round the batch length up.
+        trim_padding: cut the columns that are padding in every row (default True).
+        return_position_ids: add ``position_ids`` ``0 .. L-1``.
     """
 
-    def __init__(self, pad_id: int, *, pad_to_multiple_of: int | None = None):
+    def __init__(self, pad_id: int, *, pad_to_multiple_of: int | None = None, trim_padding: bool = True,
+                 return_position_ids: bool = False):
         self.pad_id, self.pad_to_multiple_of = pad_id, pad_to_multiple_of
+        self.trim_padding, self.return_position_ids = trim_padding, return_position_ids
 
     accepts_example_batch = True
     retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _, input_ids = _padded_input_ids(self, examples, ["input_ids", "labels"])
-        length = input_ids.shape[1]
-        labels = _pad_rows(_rows(examples, "labels"), length, IGNORE_INDEX, "labels")
+        name = type(self).__name__
+        require_columns(name, examples, ["input_ids", "labels"])
+        rows = column_rows(examples, "input_ids")
+        length = collated_length(self, rows, content_lengths(rows, self.pad_id))
+        input_ids = fit_rows(rows, length, self.pad_id, name)
+        labels = fit_rows(column_rows(examples, "labels"), length, IGNORE_INDEX, "labels")
         attention = (input_ids != self.pad_id).astype(np.int64)
-        return _tensors({
-            "input_ids": input_ids,
-            "attention_mask": attention,
-            "labels": np.where(attention == 1, labels, IGNORE_INDEX),
-            "position_ids": np.broadcast_to(np.arange(length), input_ids.shape).copy(),
-        })
+        out = {"input_ids": input_ids, "attention_mask": attention,
+               "labels": np.where(attention == 1, labels, IGNORE_INDEX)}
+        if self.return_position_ids:
+            out["position_ids"] = np.broadcast_to(np.arange(length), input_ids.shape).copy()
+        return to_tensors(out)
 
 
 class Seq2SeqCollator:
     """Encoder-decoder batches from ``inputs`` + ``targets``.
+
+    Outputs: ``input_ids``, ``attention_mask``, ``labels`` (``-100`` on padding),
+    ``decoder_input_ids`` (``labels`` shifted right behind ``decoder_start_id``, padding as
+    ``pad_id``: HF's ``shift_tokens_right``), ``decoder_attention_mask`` and, when asked,
+    ``position_ids`` of the encoder (T5 and BART take none).
 
     Args:
         pad_id: padding id (also ends padded targets in ``decoder_input_ids``).
         decoder_start_id: first decoder input (None: ``pad_id``, T5's convention; BART uses eos).
         inputs_length, targets_length: pad to these fixed lengths (error when longer).
         pad_to_multiple_of: round variable batch lengths up.
+        trim_padding: cut trailing padding (pad ids) shared by every row (default True).
+        return_position_ids: add the encoder's ``position_ids``.
     """
 
     def __init__(self, pad_id: int, *, decoder_start_id: int | None = None, inputs_length: int | None = None,
-                 targets_length: int | None = None, pad_to_multiple_of: int | None = None):
+                 targets_length: int | None = None, pad_to_multiple_of: int | None = None,
+                 trim_padding: bool = True, return_position_ids: bool = False):
         self.pad_id = pad_id
         self.decoder_start_id = pad_id if decoder_start_id is None else decoder_start_id
         self.inputs_length, self.targets_length = inputs_length, targets_length
-        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_to_multiple_of, self.trim_padding = pad_to_multiple_of, trim_padding
+        self.return_position_ids = return_position_ids
 
     accepts_example_batch = True
     retains_examples = False
 
+    def _fit(self, rows: np.ndarray | list[np.ndarray], fixed: int | None, what: str) -> np.ndarray:
+        basis = content_lengths(rows, self.pad_id).tolist() if self.trim_padding else row_widths(rows)
+        length = batch_length(basis, self.pad_to_multiple_of, fixed, what)
+        return fit_rows(rows, length, self.pad_id, what)
+
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _require(type(self).__name__, examples, ["inputs", "targets"])
-        inputs = _rows(examples, "inputs")
-        targets = _rows(examples, "targets")
-        in_len = _batch_length(_lengths(inputs), self.pad_to_multiple_of, self.inputs_length, "inputs")
-        out_len = _batch_length(_lengths(targets), self.pad_to_multiple_of, self.targets_length, "targets")
-        input_ids = _pad_rows(inputs, in_len, self.pad_id, "inputs")
-        target_ids = _pad_rows(targets, out_len, self.pad_id, "targets")
+        require_columns(type(self).__name__, examples, ["inputs", "targets"])
+        input_ids = self._fit(column_rows(examples, "inputs"), self.inputs_length, "inputs")
+        target_ids = self._fit(column_rows(examples, "targets"), self.targets_length, "targets")
         real_targets = target_ids != self.pad_id
         decoder_input_ids = np.empty_like(target_ids)
         decoder_input_ids[:, 0] = self.decoder_start_id
         decoder_input_ids[:, 1:] = target_ids[:, :-1]
-        return _tensors({
+        out = {
             "input_ids": input_ids,
             "attention_mask": (input_ids != self.pad_id).astype(np.int64),
             "labels": np.where(real_targets, target_ids, IGNORE_INDEX),
-            "position_ids": np.broadcast_to(np.arange(in_len), (len(inputs), in_len)).copy(),
             "decoder_input_ids": decoder_input_ids,
             "decoder_attention_mask": np.concatenate(
-                [np.ones((len(targets), 1), dtype=np.int64), real_targets[:, :-1].astype(np.int64)], axis=1),
-        })
+                [np.ones((len(target_ids), 1), dtype=np.int64), real_targets[:, :-1].astype(np.int64)], axis=1),
+        }
+        if self.return_position_ids:
+            out["position_ids"] = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape).copy()
+        return to_tensors(out)
 
 
 class StackCollator:
@@ -449,7 +367,7 @@ class StackCollator:
         self.columns, self.pad_id = tuple(columns), pad_id
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        _require(type(self).__name__, examples, self.columns)
+        require_columns(type(self).__name__, examples, self.columns)
         out: dict[str, Any] = {}
         for name in self.columns:
             if isinstance(examples, ExampleBatch):
@@ -465,7 +383,7 @@ class StackCollator:
                 out[name] = np.array(values, dtype=np.int64)
             else:
                 out[name] = list(values)
-        return _tensors(out)
+        return to_tensors(out)
 
     def _stack(self, name: str, rows: list[np.ndarray]) -> np.ndarray:
         length = max(len(row) for row in rows)

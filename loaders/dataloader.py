@@ -11,13 +11,14 @@ are read again after a resume, none is skipped.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loaders import collate
+from loaders import collate_arrays
 from loaders.batch import accepts_example_batch, keeps_no_examples
 from loaders.stream import ResumableStream
 from loaders.transport import RingReceiver, RingSender
@@ -56,7 +57,7 @@ class _Groups(IterableDataset):
             for group in self.stream.iter_batch_groups(columnar=self.columnar, group=self.group):
                 yield ("plain", [self.collate_fn(batch) for batch in group])
             return
-        collate._PACK_IN_WORKER = False  # the ring packs each batch's tensors: collators need not
+        collate_arrays._PACK_IN_WORKER = False  # the ring packs each batch's tensors: collators need not
         # A collator that keeps nothing of its examples gets them gathered straight into the
         # group's slot (a column it returns as is then travels without another copy), and the
         # collators of loaders.collate build their outputs there.
@@ -64,7 +65,7 @@ class _Groups(IterableDataset):
         allocate = sender.allocate if self.columnar and in_slot else None
         groups = self.stream.iter_batch_groups(columnar=self.columnar, group=self.group, allocate=allocate)
         try:
-            collate._ALLOCATE = sender.allocate if in_slot else None
+            collate_arrays._ALLOCATE = sender.allocate if in_slot else None
             while True:
                 sender.reserve()
                 group = next(groups, None)
@@ -72,7 +73,7 @@ class _Groups(IterableDataset):
                     return
                 yield sender.pack([self.collate_fn(batch) for batch in group])
         finally:
-            collate._ALLOCATE = None
+            collate_arrays._ALLOCATE = None
 
 
 def _identity(item: Any) -> Any:
@@ -108,11 +109,31 @@ def _keep_worker_heap() -> None:
     mallopt(m_mmap_threshold, 32 << 20)
 
 
+class _EpochSampler:
+    """The loader's ``sampler`` as trainers see it: Lightning calls ``set_epoch`` on a loader's sampler
+    at each epoch (never on an ``IterableDataset``'s loader itself), so this one forwards it to the
+    stream. Iterated, it is torch's sampler of iterable datasets (``None`` forever)."""
+
+    def __init__(self, loader: ResumableDataLoader, inner: Any):
+        self._loader, self._inner = weakref.ref(loader), inner
+
+    def set_epoch(self, epoch: int) -> None:
+        loader = self._loader()
+        if loader is not None:
+            loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._inner)
+
+
 class ResumableDataLoader(DataLoader):
     """DataLoader over a :class:`ResumableStream` with ``set_epoch``/``state_dict``/``load_state_dict``.
 
     Build it with :func:`make_dataloader`. Its state is the dataset's state: after
     ``k`` batches of the current epoch it is ``(epoch, k * batch_size * world_size)``.
+    A pass that yields the epoch's last batch moves to the next epoch (no ``set_epoch`` needed);
+    a fresh ``iter()`` starts the current epoch from its beginning unless ``load_state_dict``
+    was called since the last pass (then it resumes exactly there).
 
     Batches travel in groups of ``group_batches`` consecutive ones (one DataLoader item per
     group: fewer, larger hand-overs; worker ``w`` of ``K`` reads groups ``w, w+K, ...``).
@@ -128,10 +149,10 @@ class ResumableDataLoader(DataLoader):
         if not isinstance(group_batches, int) or group_batches < 1:
             raise ValueError(f"group_batches must be an int >= 1, got {group_batches!r}")
         self.stream = dataset
+        # This loader counts what it hands out; workers read each pass's start from the dataset's
+        # shared progress, so persistent workers (which keep their copy of the dataset) follow
+        # set_epoch and load_state_dict.
         dataset._counted_by_loader = True
-        # Workers read the resume point from shared memory at each pass, so persistent
-        # workers (which keep their copy of the dataset) follow set_epoch and load_state_dict.
-        dataset._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
         collate_fn = collate_fn or _to_tensors
         columnar = accepts_example_batch(collate_fn)
         super().__init__(_Batches(dataset, columnar), batch_size=None, collate_fn=collate_fn, **kwargs)
@@ -145,6 +166,16 @@ class ResumableDataLoader(DataLoader):
                                  collate_fn=_identity, **inner)
         self.group_batches, self.shared_ring = group_batches, bool(slots)
         self.transport_stats = {"ring": 0, "plain": 0}  # groups received each way (last pass)
+
+    @property
+    def sampler(self) -> _EpochSampler:
+        """A sampler with ``set_epoch`` (see :class:`_EpochSampler`): Lightning's epochs reach the stream,
+        so a run with ``limit_train_batches`` reads each epoch's own first batches."""
+        return self.__dict__["_epoch_sampler"]
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:  # DataLoader.__init__ sets it once
+        self.__dict__["_epoch_sampler"] = _EpochSampler(self, value)
 
     @property
     def batch_size_per_rank(self) -> int:
@@ -164,8 +195,8 @@ class ResumableDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         stream = self.stream
-        schedule = stream.schedule()
-        stream._shared.copy_(torch.tensor([stream.epoch, stream.samples_consumed], dtype=torch.int64))
+        _, start = stream._begin_pass()  # a fresh pass restarts its epoch unless a state was loaded
+        schedule = stream.schedule(start)
         receiver = RingReceiver(self._receiver_pin)
         self.transport_stats = receiver.stats
         items = iter(self._inner)

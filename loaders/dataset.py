@@ -71,7 +71,8 @@ class ShardedDataset(ResumableStream):
         verify: shard sha256 check: ``once`` per process, ``always`` (every epoch), ``never``.
         columns: columns to read (None: all).
         objective: dynamic noise: an objective name (registry) or object applied to token chunks.
-        objective_params: parameters of a named objective.
+        objective_params: parameters of a named objective; its length (``seq_len`` or
+            ``inputs_length``) defaults to what fits the stored chunks, not to the objective's default.
         special: special ids for the objective (None: from the dataset's tokenizer.json).
         cache_dir: local cache for remote datasets (default ``~/.cache/lmshards``).
         cache_size_bytes: bound of ``cache_dir`` in bytes (None: unbounded); least recently used
@@ -133,7 +134,7 @@ class ShardedDataset(ResumableStream):
         self.objective = None
         self._dynamic: DynamicObjective | None = None
         if objective is not None:
-            self.objective = resolve_objective(objective, objective_params)
+            self.objective = resolve_objective(objective, objective_params, self.stored_seq_len)
             if special is None:
                 tokenizer_file = self.manifest.tokenizer.get("file", "tokenizer.json")
                 special = special_ids_from_tokenizer(self.location.local_file(tokenizer_file),

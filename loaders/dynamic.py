@@ -26,15 +26,76 @@ import numpy as np
 from loaders.errors import UnsupportedSchemaError
 from transforms.objectives.common import SpecialIds, example_rng
 
-__all__ = ["DynamicObjective", "resolve_objective", "special_ids_from_tokenizer"]
+__all__ = ["LENGTH_PARAMETERS", "DynamicObjective", "fit_length", "max_raw_length", "resolve_objective",
+           "special_ids_from_tokenizer"]
 
 
-def resolve_objective(objective: Any, params: dict[str, Any] | None = None) -> Any:
-    """An objective object from a registry name (with ``params``) or an object as is."""
+#: The parameter that sizes each registered objective (its raw chunk length follows from it).
+LENGTH_PARAMETERS = {"clm": "seq_len", "prefix_lm": "seq_len", "mlm": "seq_len", "bart": "seq_len",
+                     "span_corruption": "inputs_length", "ul2": "inputs_length"}
+
+
+def max_raw_length(objective: Any) -> int:
+    """The longest raw chunk an objective cuts (UL2: over its denoisers)."""
+    lengths = getattr(objective, "lengths", None)  # UL2: one DenoiserLengths per denoiser
+    if lengths:
+        return max(int(item.raw_length) for item in lengths)
+    raw, _ = objective.plan_chunk(np.random.default_rng(0))
+    return int(raw)
+
+
+def fit_length(name: str, params: dict[str, Any], chunk_length: int) -> int:
+    """The largest value of ``name``'s length parameter whose raw chunks fit ``chunk_length`` tokens.
+
+    E.g. 128-token chunks: mlm ``seq_len`` 128 (130 with ``frame``), span_corruption
+    ``inputs_length`` 116 (128 raw tokens), ul2 (default mixture) ``inputs_length`` 67; 568-token
+    chunks: span_corruption 512 (T5's 512 -> 568).
+
+    Raises:
+        ValueError: no valid value fits (chunks too short for the objective).
+    """
+    from transforms.objectives.registry import make_objective
+
+    parameter = LENGTH_PARAMETERS[name]
+
+    def fits(value: int) -> bool:  # True up to the answer, False above it (invalid small values count as True)
+        try:
+            return max_raw_length(make_objective(name, {**params, parameter: value})) <= chunk_length
+        except ValueError:
+            return value < chunk_length // 2
+
+    low, high = 1, chunk_length + 8  # framing adds at most a few tokens around a raw chunk
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    try:
+        if max_raw_length(make_objective(name, {**params, parameter: low})) <= chunk_length:
+            return low
+    except ValueError:
+        pass
+    raise ValueError(f"dynamic objective {name}: the stored chunks of {chunk_length} tokens are too short for any "
+                     f"{parameter} (with {params}); pass {parameter} explicitly")
+
+
+def resolve_objective(objective: Any, params: dict[str, Any] | None = None, chunk_length: int | None = None) -> Any:
+    """An objective object from a registry name (with ``params``) or an object as is.
+
+    A named objective whose length parameter (:data:`LENGTH_PARAMETERS`) is not in ``params``
+    is sized to the stored chunks (``chunk_length`` tokens, :func:`fit_length`), not to its own
+    default: a 128-token dataset gives 128-token mlm examples, not 512-token ones of which 384
+    are padding.
+    """
     if isinstance(objective, str):
         from transforms.objectives.registry import make_objective  # imports every objective: only when named
 
-        return make_objective(objective, dict(params or {}))
+        params = dict(params or {})
+        parameter = LENGTH_PARAMETERS.get(objective)
+        if chunk_length and parameter and parameter not in params:
+            params[parameter] = fit_length(objective, params, chunk_length)
+        return make_objective(objective, params)
     if params:
         raise ValueError("objective_params only apply when the objective is given by name")
     return objective

@@ -61,6 +61,8 @@ class RankSchedule:
         uneven: ``drop`` or ``wrap``.
         drop_last: drop the rank's last partial batch.
         group: DataLoader workers take groups of this many consecutive batches (round-robin).
+        skip_groups: groups each worker already produced in this pass (a restored worker resumes
+            after them).
     """
 
     epoch_size: int
@@ -71,6 +73,7 @@ class RankSchedule:
     uneven: str = "wrap"
     drop_last: bool = False
     group: int = 1
+    skip_groups: int = 0
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
@@ -132,16 +135,17 @@ class RankSchedule:
         produces, in order (each a range of batches; ``group`` 1: one batch each)."""
         if not 0 <= worker < max(num_workers, 1):
             raise ValueError(f"worker {worker} out of range for {num_workers} workers")
-        size, total = self.group, self.num_batches
+        size, total, workers = self.group, self.num_batches, max(num_workers, 1)
         return (range(c * size, min(c * size + size, total))
-                for c in range(worker, -(-total // size), max(num_workers, 1)))
+                for c in range(worker + self.skip_groups * workers, -(-total // size), workers))
 
     def worker_batches(self, worker: int, num_workers: int) -> Iterator[int]:
         """The rank's batches that DataLoader worker ``worker`` of ``num_workers`` produces, in order."""
         if self.group == 1:
             if not 0 <= worker < max(num_workers, 1):
                 raise ValueError(f"worker {worker} out of range for {num_workers} workers")
-            return iter(range(worker, self.num_batches, max(num_workers, 1)))
+            workers = max(num_workers, 1)
+            return iter(range(worker + self.skip_groups * workers, self.num_batches, workers))
         return (batch for batches in self.worker_groups(worker, num_workers) for batch in batches)
 
     def iter_worker(self, worker: int, num_workers: int) -> Iterator[np.ndarray]:
@@ -155,7 +159,9 @@ class RankSchedule:
         offset = g - self.start - self.rank
         j = offset // self.world_size
         mine = (offset >= 0) & (offset % self.world_size == 0) & (j < self.num_samples)
-        return mine & ((j // self.batch_size // self.group) % max(num_workers, 1) == worker)
+        group = j // self.batch_size // self.group
+        workers = max(num_workers, 1)
+        return mine & (group % workers == worker) & (group >= self.skip_groups * workers)
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,29 @@ and counting what was consumed.
 Counting: iterated directly (or by a DataLoader with ``num_workers=0``) the dataset counts
 the samples it hands out. With worker processes only the main process knows what the
 trainer received, so use :func:`loaders.dataloader.make_dataloader`, whose loader counts
-the batches it yields and keeps this object's state current.
+the batches it yields and keeps this object's state current (exact whatever the workers).
+
+Passes (see :mod:`loaders.progress`): a fresh ``iter()`` starts the current epoch from its
+beginning unless a state was loaded since the last pass (then it resumes there); a pass that
+reads the whole epoch moves to the next one, also through a plain torch ``DataLoader`` with
+workers (whose last worker to finish advances the shared epoch). Through such a DataLoader
+the main process cannot know how much of a pass the trainer consumed, so ``state_dict()``
+refuses while a pass is unfinished. Inside a DataLoader worker ``state_dict()`` is that
+worker's own progress through its slice, which is what torchdata's ``StatefulDataLoader``
+snapshots and restores per worker: it resumes exactly with the same number of workers.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loaders.progress import SharedProgress, WorkerPass
 from loaders.state import UNEVEN_MODES, LoaderState, RankSchedule
 
 __all__ = ["ResumableStream", "resolve_topology"]
@@ -77,10 +87,11 @@ class ResumableStream(IterableDataset):
             raise ValueError(f"uneven={uneven!r}: expected one of {UNEVEN_MODES}")
         self.batch_size, self.seed, self.uneven, self.drop_last = batch_size, seed, uneven, drop_last
         self.rank, self.world_size = resolve_topology(rank, world_size)
-        self._epoch = 0
-        self._samples = 0  # global samples of the epoch consumed
-        self._counted_by_loader = False
-        self._shared: torch.Tensor | None = None  # (epoch, samples) for persistent workers
+        self._progress = SharedProgress()  # epoch, samples consumed, pending resume, workers' pass
+        self._counted_by_loader = False  # make_dataloader's loader counts what the trainer received
+        self._worker_pass: WorkerPass | None = None  # inside a plain DataLoader worker: its current pass
+        self._worker_restore: tuple[int, int, int] | None = None  # a worker state loaded for the next pass
+        self._worker_passes = 0
 
     # -- what a subclass provides ---------------------------------------------------------
     def epoch_size(self) -> int:
@@ -102,40 +113,73 @@ class ResumableStream(IterableDataset):
     # -- epochs and state ------------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._progress.get("epoch")
 
     @property
     def samples_consumed(self) -> int:
         """Global samples of the current epoch consumed so far (all ranks)."""
-        return self._samples
+        return self._progress.get("samples")
 
-    def schedule(self) -> RankSchedule:
-        """This rank's schedule from the current resume point."""
-        return RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, self._samples,
-                            self.uneven, self.drop_last)
+    def _next_start(self) -> int:
+        """Where the next pass starts: a loaded state's point, else the epoch's beginning."""
+        return self._progress.get("samples") if self._progress.get("pending") else 0
+
+    def schedule(self, start: int | None = None) -> RankSchedule:
+        """This rank's schedule from ``start`` (default: where the next pass starts)."""
+        start = self._next_start() if start is None else start
+        return RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, start, self.uneven,
+                            self.drop_last)
 
     def __len__(self) -> int:
-        """Samples this rank still yields in the current epoch."""
+        """Samples this rank yields in its next pass (the rest of the epoch after a loaded state)."""
         return self.schedule().num_samples
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its beginning; a no-op for the current epoch (keeps a resume point)."""
+        """Start ``epoch`` from its beginning; a no-op for the current epoch (keeps a loaded resume point)."""
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        if epoch != self._epoch:
-            self._epoch, self._samples = epoch, 0
+        if epoch != self.epoch:
+            self._progress.set(epoch=epoch, samples=0, pending=0, key=0,
+                               generation=self._progress.get("generation") + 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{epoch, samples, ...}``: enough to resume exactly (see :class:`~loaders.state.LoaderState`)."""
-        return LoaderState(self._epoch, self._samples, self.seed, self.fingerprint(), self.kind, self.world_size,
+        """``{epoch, samples, ...}``: enough to resume exactly (see :class:`~loaders.state.LoaderState`).
+
+        Inside a DataLoader worker: that worker's progress (``worker`` entry), for torchdata's
+        ``StatefulDataLoader``, which saves and restores one state per worker.
+
+        Raises:
+            ValueError: in the main process of a plain DataLoader with workers whose pass is not
+                finished (what the trainer consumed is only known to the loader: use ``make_dataloader``).
+        """
+        info = get_worker_info()
+        if info is not None and not self._counted_by_loader:
+            worker_pass = self._worker_pass or self._join_worker_pass(info)
+            state = self._state(worker_pass.epoch, worker_pass.start)
+            state["worker"] = {"id": info.id, "num_workers": info.num_workers, "examples": worker_pass.yielded}
+            return state
+        if not self._counted_by_loader and self._progress.worker_pass_unfinished():
+            raise ValueError(
+                f"{self.kind}.state_dict(): a DataLoader's worker processes are reading this dataset and only the "
+                "loader knows which of their batches the trainer consumed; build the loader with "
+                "loaders.make_dataloader (exact with any number of workers) and save loader.state_dict(), "
+                "or use num_workers=0"
+            )
+        return self._state(self.epoch, self.samples_consumed)
+
+    def _state(self, epoch: int, samples: int) -> dict[str, Any]:
+        return LoaderState(epoch, samples, self.seed, self.fingerprint(), self.kind, self.world_size,
                            self.batch_size).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` output, possibly saved with other ranks or workers.
 
+        The next pass starts at the saved point (later ones at their epoch's beginning).
+
         Raises:
             ValueError: other data, seed or order settings; or consumed samples that are not
-                a multiple of the world size (the global batch size changed).
+                a multiple of the world size (the global batch size changed); a worker's state
+                loaded into a worker of another place or worker count.
         """
         parsed = LoaderState.from_dict(state)
         if parsed.kind != self.kind:
@@ -146,19 +190,57 @@ class ResumableStream(IterableDataset):
             raise ValueError(f"loader state was saved with seed {parsed.seed}, this dataset has seed {self.seed}")
         RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, parsed.samples, self.uneven,
                      self.drop_last)  # validates samples % world_size
-        self._epoch, self._samples = parsed.epoch, parsed.samples
+        worker = state.get("worker")
+        info = get_worker_info()
+        if worker is not None:
+            if info is None or (worker.get("id"), worker.get("num_workers")) != (info.id, info.num_workers):
+                where = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
+                raise ValueError(
+                    f"this state is DataLoader worker {worker.get('id')}'s of {worker.get('num_workers')}, "
+                    f"loaded into {where}; resume a StatefulDataLoader with the same num_workers, or use "
+                    "loaders.make_dataloader, whose state resumes with any number of workers"
+                )
+            self._worker_restore = (parsed.epoch, parsed.samples, int(worker["examples"]))
+            self._worker_pass = None
+            return
+        self._progress.set(epoch=parsed.epoch, samples=parsed.samples, pending=1, key=0,
+                           generation=self._progress.get("generation") + 1)
 
     def _advance(self, rank_samples: int) -> None:
-        self._samples += rank_samples * self.world_size
+        self._progress.add("samples", rank_samples * self.world_size)
 
     def _finish_epoch(self) -> None:
-        self._epoch, self._samples = self._epoch + 1, 0
+        self._progress.set(epoch=self.epoch + 1, samples=0, pending=0)
 
-    def _resume_point(self) -> tuple[int, int]:
-        if self._shared is not None and get_worker_info() is not None:
-            epoch, samples = self._shared.tolist()
-            return int(epoch), int(samples)
-        return self._epoch, self._samples
+    def _begin_pass(self) -> tuple[int, int]:
+        """Start a pass counted in this process (direct iteration, or make_dataloader's loader, whose
+        workers read its start from the shared block): ``(epoch, start)``."""
+        return self._progress.begin_main_pass()
+
+    def _join_worker_pass(self, info: Any) -> WorkerPass:
+        self._worker_passes += 1
+        restore, self._worker_restore = self._worker_restore, None
+        worker_pass = self._progress.join_worker_pass(info.seed - info.id, self._worker_passes, info.num_workers,
+                                                      restore)
+        self._worker_pass = worker_pass
+        if restore is not None:
+            # A worker restored after its whole slice is done now: a StatefulDataLoader saved at the end
+            # of an epoch never runs its restored workers, and the next pass must be the next epoch.
+            schedule = self.schedule(worker_pass.start)
+            total = sum(schedule.batch_length(b) for b in schedule.worker_batches(info.id, info.num_workers))
+            if worker_pass.yielded >= total:
+                self._progress.finish_worker_pass(worker_pass)
+        return worker_pass
+
+    def _resume_point(self) -> tuple[int, int, int]:
+        """``(epoch, start, examples of this worker's slice already consumed)`` of the pass being read."""
+        info = get_worker_info()
+        if self._counted_by_loader:  # make_dataloader's loader wrote the pass's start
+            return self._progress.get("pass_epoch"), self._progress.get("pass_start"), 0
+        if info is not None:
+            worker_pass = self._worker_pass or self._join_worker_pass(info)
+            return worker_pass.epoch, worker_pass.start, worker_pass.yielded
+        return self.epoch, self.samples_consumed, 0
 
     def read_batches(self, epoch: int, schedule: RankSchedule, worker: int, num_workers: int, *,
                      columnar: bool = False, allocate: Callable | None = None) -> Iterator[Sequence[dict[str, Any]]]:
@@ -185,22 +267,46 @@ class ResumableStream(IterableDataset):
         """Like :meth:`iter_batches`, in lists of ``group`` consecutive batches of the rank
         (:attr:`RankSchedule.group`: inside a DataLoader worker, this worker's groups).
         ``allocate``: see :meth:`read_batches` (each group is read when it is asked for)."""
-        epoch, start = self._resume_point()
-        schedule = RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, start, self.uneven,
-                                self.drop_last, group)
+        epoch, start, consumed = self._resume_point()
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        skip_groups, skip_examples = divmod(consumed, self.batch_size * group)
+        schedule = RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, start, self.uneven,
+                                self.drop_last, group, skip_groups)
         self.start_iteration()
         batches = self.read_batches(epoch, schedule, worker, num_workers, columnar=columnar, allocate=allocate)
         for batch_ids in schedule.worker_groups(worker, num_workers):
-            yield [next(batches) for _ in batch_ids]
+            out = [next(batches) for _ in batch_ids]
+            if skip_examples:  # a restored worker resumes inside its group (StatefulDataLoader)
+                out = [list(itertools.chain.from_iterable(out))[skip_examples:]]
+                skip_examples = 0
+            yield out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._counted_by_loader or get_worker_info() is not None:
-            for batch in self.iter_batches():
-                yield from batch
-            return
-        remaining = self.schedule().num_samples
+        if self._counted_by_loader:  # make_dataloader's loader counts what it hands out
+            return self._iter_uncounted()
+        if get_worker_info() is not None:
+            self._worker_pass = None  # a new pass begins with this iterator (joined on first use)
+            return self._iter_worker()
+        return self._iter_counted()
+
+    def _iter_uncounted(self) -> Iterator[dict[str, Any]]:
+        for batch in self.iter_batches():
+            yield from batch
+
+    def _iter_worker(self) -> Iterator[dict[str, Any]]:
+        """A plain DataLoader worker's slice of the pass; the last worker to finish ends the epoch."""
+        info = get_worker_info()
+        worker_pass = self._worker_pass or self._join_worker_pass(info)
+        for batch in self.iter_batches():
+            for example in batch:
+                worker_pass.yielded += 1
+                yield example
+        self._progress.finish_worker_pass(worker_pass)
+
+    def _iter_counted(self) -> Iterator[dict[str, Any]]:
+        _, start = self._begin_pass()
+        remaining = self.schedule(start).num_samples
         if remaining == 0:
             self._finish_epoch()
         for batch in self.iter_batches():

@@ -24,80 +24,129 @@ def t(rows):
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def test_causal_cu_seqlens():
+def additive(allowed):
+    """The additive float mask of a bool (L, L) pattern: 0 = attend, float32 min = not."""
+    allowed = torch.tensor(allowed, dtype=torch.bool)
+    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+
+
+# [5 6 | 7 8 9 | pad] and one 6-token document: per-document causal attention
+ROW0_DOCUMENTS = [
+    [1, 0, 0, 0, 0, 0],
+    [1, 1, 0, 0, 0, 0],
+    [0, 0, 1, 0, 0, 0],
+    [0, 0, 1, 1, 0, 0],
+    [0, 0, 1, 1, 1, 0],
+    [0, 0, 0, 0, 0, 1],  # the padding is a segment of its own: no empty softmax row
+]
+
+
+def test_causal_default_is_hf_per_document_mask():
     out = CausalCollator(PAD)(CLM_BATCH)
+    assert list(out) == ["input_ids", "attention_mask", "labels", "position_ids"]
     assert torch.equal(out["input_ids"], t([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 16]]))
-    assert torch.equal(out["attention_mask"], t([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]))
+    # unshifted (the model shifts); -100 at each document's first token and on padding
+    assert torch.equal(out["labels"], t([[X, 6, X, 8, 9, X], [X, 12, 13, 14, 15, 16]]))
+    assert torch.equal(out["position_ids"], t([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]))
+    mask = out["attention_mask"]
+    assert mask.shape == (2, 1, 6, 6) and mask.dtype == torch.float32
+    assert torch.equal(mask[0, 0], additive(ROW0_DOCUMENTS))
+    assert torch.equal(mask[1, 0], additive(np.tril(np.ones((6, 6)))))
+    assert not torch.isnan(mask).any() and (mask.amax(-1) == 0).all()  # every query attends somewhere
+
+
+def test_causal_megatron_shift_is_an_option():
+    out = CausalCollator(PAD, shift_labels=True)(CLM_BATCH)
     # labels[t] = token t+1; none across the document boundary (after 6), none into padding
     assert torch.equal(out["labels"], t([[6, X, 8, 9, X, X], [12, 13, 14, 15, 16, X]]))
-    assert torch.equal(out["position_ids"], t([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]))
-    assert torch.equal(out["cu_seqlens"], torch.tensor([0, 2, 5, 6, 12], dtype=torch.int32))
-    assert out["max_seqlen"] == 6
+    kept = CausalCollator(PAD, shift_labels=True, mask_document_boundaries=False)(CLM_BATCH[:1])
+    assert torch.equal(kept["labels"], t([[6, 7, 8, 9, X]]))  # the single row is trimmed to its 5 tokens
 
 
-def test_causal_block_mask():
-    out = CausalCollator(PAD, documents="mask")(CLM_BATCH[:1])
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [0, 0, 1, 0, 0, 0],
-        [0, 0, 1, 1, 0, 0],
-        [0, 0, 1, 1, 1, 0],
-        [0, 0, 0, 0, 0, 1],
-    ], dtype=torch.bool)
-    assert out["attention_mask"].shape == (1, 1, 6, 6) and out["attention_mask"].dtype == torch.bool
-    assert torch.equal(out["attention_mask"][0, 0], expected)
-    assert torch.equal(out["position_ids"], t([[0, 1, 0, 1, 2, 0]]))
+def test_causal_position_ids_mode_and_flash_attention_kwargs():
+    plain = CausalCollator(PAD, documents="position_ids")(CLM_BATCH)
+    assert list(plain) == ["input_ids", "labels", "position_ids"]  # no mask: the model derives it
+    assert torch.equal(plain["position_ids"], t([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]))
+    flash = CausalCollator(PAD, documents="position_ids", flash_attention_kwargs=True)(CLM_BATCH)
+    assert torch.equal(flash["cu_seq_lens_q"], torch.tensor([0, 2, 5, 6, 12], dtype=torch.int32))
+    assert torch.equal(flash["cu_seq_lens_k"], flash["cu_seq_lens_q"])
+    assert flash["max_length_q"] == flash["max_length_k"] == 6 and type(flash["max_length_q"]) is int
+    with pytest.raises(ValueError, match="documents='position_ids'"):
+        CausalCollator(PAD, flash_attention_kwargs=True)
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        CausalCollator(PAD, documents="cu_seqlens")
+    with pytest.raises(ValueError, match="floating dtype"):
+        CausalCollator(PAD, mask_dtype=torch.bool)
 
 
-def test_causal_plain_and_unshifted():
+def test_causal_plain_attention_and_mask_dtypes():
     plain = CausalCollator(PAD, documents="none")(CLM_BATCH)
-    assert torch.equal(plain["labels"], t([[6, 7, 8, 9, X, X], [12, 13, 14, 15, 16, X]]))
+    assert torch.equal(plain["labels"], t([[5, 6, 7, 8, 9, X], [11, 12, 13, 14, 15, 16]]))
+    assert torch.equal(plain["attention_mask"], t([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]))
     assert torch.equal(plain["position_ids"], t([[0, 1, 2, 3, 4, 5]] * 2))
-    assert "cu_seqlens" not in plain
-    unshifted = CausalCollator(PAD, shift_labels=False)(CLM_BATCH)  # Hugging Face models shift inside
-    assert torch.equal(unshifted["labels"], t([[5, 6, X, 8, 9, X], [11, 12, 13, 14, 15, 16]]))
-    kept = CausalCollator(PAD, mask_document_boundaries=False)(CLM_BATCH[:1])
-    assert torch.equal(kept["labels"], t([[6, 7, 8, 9, X, X]]))
+    for dtype in (torch.bfloat16, torch.float16, "float64"):
+        mask = CausalCollator(PAD, mask_dtype=dtype, trim_padding=False)(CLM_BATCH[:1])["attention_mask"]
+        expected_dtype = getattr(torch, str(dtype).replace("torch.", ""))
+        assert mask.dtype == expected_dtype and not torch.isinf(mask).any()
+        assert torch.equal(mask[0, 0] == 0, torch.tensor(ROW0_DOCUMENTS, dtype=torch.bool))
+        assert mask.min() == torch.finfo(expected_dtype).min
 
 
 def test_causal_pads_variable_rows():
-    out = CausalCollator(PAD, pad_to_multiple_of=4)([ex([3, 4, 5]), ex([6, 7])])
+    out = CausalCollator(PAD, pad_to_multiple_of=4, documents="position_ids",
+                         flash_attention_kwargs=True)([ex([3, 4, 5]), ex([6, 7])])
     assert torch.equal(out["input_ids"], t([[3, 4, 5, 0], [6, 7, 0, 0]]))
-    assert torch.equal(out["labels"], t([[4, 5, X, X], [7, X, X, X]]))
+    assert torch.equal(out["labels"], t([[X, 4, 5, X], [X, 7, X, X]]))
     assert torch.equal(out["position_ids"], t([[0, 1, 2, 0], [0, 1, 0, 1]]))
-    assert torch.equal(out["cu_seqlens"], torch.tensor([0, 3, 4, 6, 8], dtype=torch.int32))
+    assert torch.equal(out["cu_seq_lens_q"], torch.tensor([0, 3, 4, 6, 8], dtype=torch.int32))
     with pytest.raises(ValueError, match="pad id"):
         CausalCollator(None)([ex([3, 4, 5]), ex([6, 7])])
+
+
+def test_padding_shared_by_every_row_is_trimmed():
+    batch = [ex([5, 6, 7, 0, 0, 0], doc_lengths=[3]), ex([8, 9, 0, 0, 0, 0], doc_lengths=[2])]
+    assert CausalCollator(PAD)(batch)["input_ids"].shape == (2, 3)
+    assert CausalCollator(PAD, pad_to_multiple_of=4)(batch)["input_ids"].shape == (2, 4)
+    assert CausalCollator(PAD, trim_padding=False)(batch)["input_ids"].shape == (2, 6)
+    out = PrefixLMCollator(PAD)([ex([5, 6, 7, 0, 0], prefix_length=1, doc_lengths=[3])])
+    assert torch.equal(out["input_ids"], t([[5, 6, 7]])) and out["attention_mask"].shape == (1, 1, 3, 3)
+    mlm = MLMCollator(PAD)([ex([7, 4, 0, 0], labels=[X, 8, X, X]), ex([4, 5, 6, 0], labels=[6, X, X, X])])
+    assert torch.equal(mlm["input_ids"], t([[7, 4, 0], [4, 5, 6]]))
+    assert torch.equal(mlm["labels"], t([[X, 8, X], [6, X, X]]))
 
 
 def test_prefix_lm():
     batch = [ex([21, 22, 23, 24, 0], prefix_length=2, doc_lengths=[4]), ex([31, 32, 33])]
     out = PrefixLMCollator(PAD)(batch)
-    assert torch.equal(out["input_ids"], t([[21, 22, 23, 24, 0], [31, 32, 33, 0, 0]]))
-    # loss on the suffix only: position 1 (end of the prefix) predicts 23
-    assert torch.equal(out["labels"], t([[X, 23, 24, X, X], [32, 33, X, X, X]]))
-    assert torch.equal(out["prefix_length"], t([2, 0]))
-    expected = torch.tensor([
-        [1, 1, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 0],
-        [1, 1, 1, 1, 1],  # padding row: the real tokens and itself
-    ], dtype=torch.bool)
-    assert torch.equal(out["attention_mask"][0, 0], expected)
-    assert torch.equal(out["attention_mask"][1, 0, :3, :3], torch.tril(torch.ones(3, 3, dtype=torch.bool)))
-    unshifted = PrefixLMCollator(PAD, shift_labels=False)(batch[:1])
-    assert torch.equal(unshifted["labels"], t([[X, X, 23, 24, X]]))
+    assert list(out) == ["input_ids", "attention_mask", "labels", "position_ids"]  # only what HF models take
+    assert torch.equal(out["input_ids"], t([[21, 22, 23, 24], [31, 32, 33, 0]]))  # trimmed to the longest row
+    # loss on the suffix only, unshifted: token 23 (predicted from the end of the prefix) on
+    assert torch.equal(out["labels"], t([[X, X, 23, 24], [X, 32, 33, X]]))
+    assert torch.equal(out["attention_mask"][0, 0], additive([
+        [1, 1, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],
+    ]))
+    assert torch.equal(out["attention_mask"][1, 0], additive([
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],  # padding row: the real tokens and itself
+    ]))
+    shifted = PrefixLMCollator(PAD, shift_labels=True, return_prefix_length=True)(batch[:1])
+    assert torch.equal(shifted["labels"], t([[X, 23, 24, X]]))
+    assert torch.equal(shifted["prefix_length"], t([2]))
 
 
 def test_mlm():
     batch = [ex([7, 4, 9, 0], labels=[X, 8, X, X]), ex([4, 5], labels=[6, X])]
-    out = MLMCollator(PAD)(batch)
+    out = MLMCollator(PAD, pad_to_multiple_of=4)(batch)
     assert torch.equal(out["input_ids"], t([[7, 4, 9, 0], [4, 5, 0, 0]]))
     assert torch.equal(out["attention_mask"], t([[1, 1, 1, 0], [1, 1, 0, 0]]))
     assert torch.equal(out["labels"], t([[X, 8, X, X], [6, X, X, X]]))
-    assert torch.equal(out["position_ids"], t([[0, 1, 2, 3]] * 2))
+    assert "position_ids" not in out  # encoders number positions their own way (RoBERTa: from pad + 1)
+    assert torch.equal(MLMCollator(PAD, return_position_ids=True)(batch)["position_ids"], t([[0, 1, 2]] * 2))
 
 
 def test_seq2seq():
@@ -109,7 +158,7 @@ def test_seq2seq():
     assert torch.equal(out["labels"], t([[5, 6, 7, 1], [3, 1, X, X]]))
     assert torch.equal(out["decoder_input_ids"], t([[0, 5, 6, 7], [0, 3, 1, 0]]))
     assert torch.equal(out["decoder_attention_mask"], t([[1, 1, 1, 1], [1, 1, 1, 0]]))
-    assert torch.equal(out["position_ids"], t([[0, 1, 2]] * 2))
+    assert "position_ids" not in out  # T5 and BART take none
     bart = Seq2SeqCollator(PAD, decoder_start_id=1, inputs_length=4, targets_length=5)(batch)
     assert bart["input_ids"].shape == (2, 4) and bart["labels"].shape == (2, 5)
     assert torch.equal(bart["decoder_input_ids"][1], t([1, 3, 1, 0, 0]))
@@ -140,7 +189,8 @@ def test_collator_for_picks_by_family_and_columns():
     t5 = collator_for(_Described("seq2seq", ["inputs", "targets"]))
     bart = collator_for(_Described("seq2seq", ["inputs", "targets"], objective="bart"))
     assert (t5.decoder_start_id, bart.decoder_start_id) == (0, 1)
-    assert collator_for(_Described("decoder", ["input_ids"]), documents="mask").documents == "mask"
+    assert collator_for(_Described("decoder", ["input_ids"])).documents == "mask"
+    assert collator_for(_Described("decoder", ["input_ids"]), documents="none").documents == "none"
     with pytest.raises(UnsupportedSchemaError, match="family 'images'"):
         collator_for(_Described("images", ["pixels"]))
     with pytest.raises(UnsupportedSchemaError, match="pad id"):
@@ -205,9 +255,12 @@ def test_collators_on_examples_of_every_objective(name):
             row = np.asarray(example["input_ids"])
             real = int(np.sum(example["doc_lengths"]))
             prefix = int(example.get("prefix_length", 0))
-            expected = [row[t + 1] if prefix <= t + 1 < real else X for t in range(len(row) - 1)] + [X]
-            assert ids[i, : len(row)].tolist() == row.tolist() and labels[i, : len(row)].tolist() == expected
+            # unshifted labels (HF): the suffix's tokens (prefix_lm), every token but the first (clm)
+            first = prefix if "prefix_length" in example else 1
+            expected = [row[t] if first <= t < real else X for t in range(real)]
+            assert ids[i, :real].tolist() == row[:real].tolist() and labels[i, :real].tolist() == expected
+            assert (labels[i, real:] == X).all()
             if "prefix_length" in example:  # the prefix is bidirectional, the rest causal
-                mask = out["attention_mask"][i, 0].numpy()
+                mask = out["attention_mask"][i, 0].numpy() == 0
                 assert mask[:prefix, :prefix].all() and not mask[prefix - 1, prefix:].any()
                 assert mask[real - 1, :real].all() and not mask[prefix, prefix + 1 :].any()

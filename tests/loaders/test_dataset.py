@@ -125,4 +125,9 @@ def test_dataset_pickles_without_open_shards(small_dataset):
     head = [next(it)["key"] for _ in range(5)]
     copy = pickle.loads(pickle.dumps(ds))
     assert copy.shards._open == {} and copy._tar_rows == {}
+    assert copy.state_dict() == ds.state_dict() and copy.samples_consumed == 5
+    # a fresh pass starts the epoch again; a loaded state resumes where the original stood
+    assert [e["key"] for e in copy] == expected_keys(rows, 3, 0, BLOCK) and copy.epoch == 1
+    copy.load_state_dict(ds.state_dict())
     assert head + [e["key"] for e in copy] == expected_keys(rows, 3, 0, BLOCK)
+    assert ds.samples_consumed == 5  # the copy's progress is its own

@@ -61,7 +61,10 @@ def test_every_objective_runs_on_the_fly_and_collates(clm_dataset, name):
     batch = next(iter(loader))
     assert batch["input_ids"].shape[0] == 8 and batch["input_ids"].dtype == torch.int64
     assert batch["labels"].shape[0] == 8 and (batch["labels"] != IGNORE_INDEX).any()
-    assert batch["position_ids"].shape == batch["input_ids"].shape
+    if collator in (CausalCollator, PrefixLMCollator):
+        assert batch["position_ids"].shape == batch["input_ids"].shape
+    else:  # encoders and encoder-decoders number their positions themselves
+        assert "position_ids" not in batch
     if collator is Seq2SeqCollator:
         assert torch.equal(batch["decoder_input_ids"][:, 1:], batch["labels"][:, :-1].clamp(min=0))
 
@@ -104,3 +107,31 @@ def test_objectives_needing_features_or_other_data_fail_clearly(clm_dataset, tmp
         ShardedDataset(clm_dataset, objective="gpt5")
     with pytest.warns(UserWarning, match="asks for 568-token chunks"):
         ShardedDataset(clm_dataset, objective="span_corruption", objective_params={"inputs_length": 512})
+
+
+@pytest.mark.parametrize("name, params, parameter, expected", [
+    ("mlm", {}, "seq_len", 128),
+    ("mlm", {"frame": True}, "seq_len", 130),  # [CLS] chunk [SEP]: every stored token kept
+    ("prefix_lm", {}, "seq_len", 128),
+    ("span_corruption", {}, "inputs_length", 116),
+    ("ul2", {}, "inputs_length", 67),
+    ("ul2", {"layout": "decoder"}, "inputs_length", 67),
+])
+def test_dynamic_objectives_take_their_length_from_the_stored_chunks(clm_dataset, name, params, parameter,
+                                                                     expected):
+    import warnings
+
+    from loaders.dynamic import max_raw_length
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "asks for longer chunks" warning: the default fits
+        ds = ShardedDataset(clm_dataset, batch_size=8, seed=5, objective=name, objective_params=params)
+    assert getattr(ds.objective.config, parameter) == expected
+    assert max_raw_length(ds.objective) <= 128  # the largest length whose chunks fit the stored 128 tokens
+    bigger = {**params, parameter: expected + 1}
+    assert max_raw_length(ShardedDataset(clm_dataset, objective=name, objective_params=bigger).objective) > 128
+    batch = next(iter(make_dataloader(ds, num_workers=0)))
+    if name == "mlm" and not params:  # 128-token chunks give 128-token rows, not 512 (75 % padding)
+        assert batch["input_ids"].shape == (8, 128) and (batch["attention_mask"] == 1).all()
+    if name == "span_corruption":  # a full 128-token chunk: inputs exactly inputs_length
+        assert batch["input_ids"].shape[1] == expected

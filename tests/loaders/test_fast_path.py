@@ -160,8 +160,9 @@ class StackKeys:
 def test_collators_give_the_same_tensors_from_columns(family_dataset):
     path, _, family = family_dataset
     if family == "decoder":
-        collators = [CausalCollator(0), CausalCollator(0, documents="mask"), CausalCollator(0, documents="none"),
-                     CausalCollator(0, pad_to_multiple_of=16, shift_labels=False), PrefixLMCollator(0),
+        collators = [CausalCollator(0), CausalCollator(0, documents="position_ids", flash_attention_kwargs=True),
+                     CausalCollator(0, documents="none"), CausalCollator(0, pad_to_multiple_of=16, shift_labels=True),
+                     PrefixLMCollator(0, return_prefix_length=True),
                      StackCollator(["input_ids", "doc_lengths"], pad_id=0)]
     elif family == "encoder":
         collators = [MLMCollator(0), MLMCollator(0, pad_to_multiple_of=12), StackCollator(["input_ids", "labels"])]
@@ -189,9 +190,10 @@ def test_causal_document_segments_match_the_row_loop(data, width, size, multiple
         docs.append(lengths)
     examples = [{"input_ids": r, "doc_lengths": d} for r, d in zip(rows, docs, strict=True)]
     column = ExampleBatch({"input_ids": np.stack(rows), "doc_lengths": Ragged.from_rows(docs, np.int32)}, size)
-    for documents in ("cu_seqlens", "mask", "none"):
+    for documents in ("position_ids", "mask", "none"):
         for shift in (True, False):
-            collate = CausalCollator(0, documents=documents, shift_labels=shift, pad_to_multiple_of=multiple)
+            collate = CausalCollator(0, documents=documents, shift_labels=shift, pad_to_multiple_of=multiple,
+                                     flash_attention_kwargs=documents == "position_ids")
             same_tensors(collate(column), collate(examples))
     prefix = ExampleBatch({"input_ids": np.stack(rows), "prefix_length": np.arange(size, dtype=np.int32)}, size)
     same_tensors(PrefixLMCollator(0)(prefix), PrefixLMCollator(0)(list(prefix)))

@@ -28,3 +28,21 @@ def test_loaders_import_only_objectives_and_shard_format_from_transforms():
     )
     result = run_with_blocked_imports(code, "apache_beam")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_loaders_import_without_the_training_stack():
+    """transformers, lightning, torchdata and accelerate are [dev] extras: the loader needs none of
+    them, and the HF integration imports transformers only when its trainer is used."""
+    code = (
+        "import loaders, loaders.dataset, loaders.dataloader, loaders.collate, loaders.masks, loaders.progress\n"
+        "import loaders.integrations.hf as hf\n"
+        "loaders.make_dataloader, hf.LMShardsTrainerMixin, hf.LOADER_STATE_NAME\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'lightning', 'torchdata', "
+        "'accelerate', 'pytorch_lightning'))\n"
+        "assert not bad, bad\n"
+        "try:\n    hf.LMShardsTrainer\nexcept ImportError as e:\n    assert 'transformers' in str(e)\n"
+        "else:\n    raise AssertionError('LMShardsTrainer without transformers')\n"
+        "print('ok')\n"
+    )
+    result = run_with_blocked_imports(code, "apache_beam,transformers,lightning,torchdata,accelerate")
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -102,7 +102,7 @@ def test_clm_and_prefix_lm_mix_in_one_batch(two_sources, clm_dataset):
     clm = ShardedDataset(clm_dataset)
     prefix = ShardedDataset(clm_dataset, objective="prefix_lm", objective_params={"seq_len": 128})
     ds = MixtureDataset([clm, prefix], [0.7, 0.3], batch_size=10, seed=1)
-    loader = make_dataloader(ds, num_workers=0)
+    loader = make_dataloader(ds, num_workers=0, return_prefix_length=True)
     assert type(loader.collate_fn) is PrefixLMCollator
     batch = next(iter(loader))
     sources, _ = ds.locate(0, np.arange(10))

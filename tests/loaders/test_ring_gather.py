@@ -214,7 +214,8 @@ class HoldsRows:
 
 
 @pytest.mark.parametrize("collate", [StackCollator(["input_ids", "doc_lengths"], pad_id=0), CausalCollator(0),
-                                     HoldsRows()], ids=["stack", "causal", "holds-rows"])
+                                     CausalCollator(0, documents="position_ids", flash_attention_kwargs=True),
+                                     HoldsRows()], ids=["stack", "causal", "causal-flash", "holds-rows"])
 @pytest.mark.parametrize("keep", [False, True], ids=["drop", "keep"])
 def test_worker_side_ring_gives_the_batches_of_the_plain_path(small_dataset, as_worker, copies, collate, keep):
     """The worker's items (gathered into the slots) unpacked here equal the batches a loader without
@@ -249,5 +250,8 @@ def test_worker_side_ring_gives_the_batches_of_the_plain_path(small_dataset, as_
             if isinstance(collate, StackCollator):  # input_ids gathered into the slot: only doc_lengths copied
                 groups = receiver.stats["ring"]
                 assert groups > 1 and copies[0] == len(got) + 3  # (the first group, before the ring, copies both)
-            if isinstance(collate, CausalCollator):  # built in the slot: only cu_seqlens is copied there
-                assert receiver.stats["ring"] > 1 and copies[0] == len(got) + 4 * 3
+            if isinstance(collate, CausalCollator) and collate.flash_attention_kwargs:
+                # built in the slot but cu_seq_lens_q/k, which are copied there (the first group copies all 5)
+                assert receiver.stats["ring"] > 1 and copies[0] == 2 * len(got) + 3 * 3
+            elif isinstance(collate, CausalCollator):  # every tensor (the 4-D mask too) built in the slot
+                assert receiver.stats["ring"] > 1 and copies[0] == 4 * 3
