@@ -3,6 +3,9 @@ it runs only after every shard is written; per split, the summed integer counter
 ``stats[split]["objective"]`` and their summary from :mod:`transforms.objectives.summary`
 under ``stats[split]["objective_summary"]``), writes the ``datasets`` metadata next to the
 Arrow shards, then ``manifest.json`` (atomically), then removes ``OUT/.tmp``.
+
+The ``run`` block gets the inputs read without verified checksums (``unverified_inputs``:
+zstd frames written without a content checksum), from the reader's statistics.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import json
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import check_reconciled, check_rejected_fraction, document_counts
 from transforms.objectives.summary import summarize_objective
+from transforms.output import RunLock, delete_tree
+from transforms.read import UNVERIFIED_PREFIX
 from transforms.write import TMP_DIR, join_path, write_atomic
 
 __all__ = ["WriteManifest", "hf_dataset_files", "summarize_lengths"]
@@ -58,8 +62,8 @@ def hf_dataset_files(split: str, shard_paths: list[str], schema_meta: dict) -> d
 
 
 class _WriteManifest(beam.DoFn):
-    def __init__(self, output, static):
-        self._output, self._static = output, static
+    def __init__(self, output, static, lock: RunLock | None = None):
+        self._output, self._static, self._lock = output, static, lock
 
     def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files):
         static = self._static
@@ -89,6 +93,8 @@ class _WriteManifest(beam.DoFn):
             }
         written = sum(s["documents"] for s in splits.values())
         duplicates = sum(s["duplicates"] for s in splits.values())
+        unverified = sorted(k[len(UNVERIFIED_PREFIX):] for k in read_stats if k.startswith(UNVERIFIED_PREFIX))
+        read_stats = {k: v for k, v in read_stats.items() if not k.startswith(UNVERIFIED_PREFIX)}
         counts = document_counts(read_stats, reasons, written, duplicates)
         counts["rejected_files"] = sorted(rejected_files, key=lambda f: f["path"])
         # Before anything is written: a run that lost documents, or is over the rejected limit,
@@ -101,7 +107,7 @@ class _WriteManifest(beam.DoFn):
                 paths = [s["files"]["arrow"]["path"] for s in info["shards"]]
                 for name, payload in hf_dataset_files(split, paths, static["schema"]).items():
                     relative = f"{split}/{FORMAT_DIRS['arrow']}/{name}"
-                    write_atomic(self._output, relative, lambda h, p=payload: h.write(p))
+                    write_atomic(self._output, relative, lambda h, p=payload: h.write(p), self._lock)
         manifest = Manifest(
             objective=static["objective"],
             config=static["config"],
@@ -110,13 +116,13 @@ class _WriteManifest(beam.DoFn):
             counts=counts,
             splits=splits,
             stats=stats,
-            run=static["run"],
+            run={**static["run"], "unverified_inputs": unverified},
         )
         text = manifest.dumps().encode("utf-8")
-        write_atomic(self._output, MANIFEST_NAME, lambda h: h.write(text))
+        write_atomic(self._output, MANIFEST_NAME, lambda h: h.write(text), self._lock)
         try:
-            FileSystems.delete([join_path(self._output, TMP_DIR)])
-        except Exception:  # nothing left to clean, or a filesystem without directories
+            delete_tree(join_path(self._output, TMP_DIR))  # object by object: on gs:// a directory is a prefix
+        except Exception:  # noqa: BLE001 - nothing left to clean
             pass
         yield manifest.to_json()
 
@@ -133,12 +139,13 @@ class WriteManifest(beam.PTransform):
     (``objective_stats``: per split, the summed counters of BuildExamples); the counts
     follow :func:`transforms.accounting.document_counts`. When ``static["config"]`` has a
     ``max_rejected_fraction`` that the run exceeds, it raises
-    :class:`~transforms.accounting.RejectedFractionError` and writes nothing.
+    :class:`~transforms.accounting.RejectedFractionError` and writes nothing. ``lock``: the
+    run's lock (checked before every rename), or None.
     """
 
-    def __init__(self, output, static):
+    def __init__(self, output, static, lock: RunLock | None = None):
         super().__init__()
-        self._output, self._static = output, static
+        self._output, self._static, self._lock = output, static, lock
 
     def expand(self, inputs):
         shards, objective_stats, pack_stats, read_stats, reasons, rejected_files = inputs
@@ -148,7 +155,7 @@ class WriteManifest(beam.PTransform):
             | "ManifestTrigger" >> beam.Create([None])
             | "WriteManifestFile"
             >> beam.ParDo(
-                _WriteManifest(self._output, self._static),
+                _WriteManifest(self._output, self._static, self._lock),
                 shards=beam.pvalue.AsList(shards),
                 objective_stats=beam.pvalue.AsDict(objective_stats),
                 pack_stats=beam.pvalue.AsDict(pack_stats),
