@@ -301,7 +301,8 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "output": o.output,
             "tokenizer_source": o.tokenizer,
             "input_patterns": list(o.inputs),
-            "input_files": [{"path": p, "bytes": size} for p, size in plan.files],
+            "input_files": ([{"path": f.path, "bytes": f.size, "modified": f.mtime} for f in plan.inputs]
+                            if plan.inputs is not None else [{"path": p, "bytes": size} for p, size in plan.files]),
             "skipped_inputs": [s.to_json() for s in plan.skipped],
             "beam_args": list(o.beam_args),
         },

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
-__all__ = ["InputChangedError", "InputFile", "InputListing", "SkippedInput", "check_unchanged", "list_inputs",
-           "stat_input"]
+__all__ = ["InputChangedError", "InputFile", "InputListing", "SkippedInput", "check_all_unchanged",
+           "check_unchanged", "list_inputs", "stat_input"]
 
 
 class InputChangedError(RuntimeError):
@@ -183,3 +183,16 @@ def check_unchanged(expected: InputFile, when: str) -> None:
         change = f"{expected.size:,} -> {size:,} bytes" if size != expected.size else "modified (new mtime)"
         raise InputChangedError(f"--input {expected.path}: the file changed {when} ({change}); "
                                 "a run's inputs must not change under it")
+
+
+def check_all_unchanged(files: list[InputFile], when: str) -> None:
+    """:func:`check_unchanged` for every file (remote ones a few at a time in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if all(_is_local(f.path) for f in files):
+        for item in files:
+            check_unchanged(item, when)
+        return
+    with ThreadPoolExecutor(max_workers=16, thread_name_prefix="lmshards-stat") as pool:
+        for future in [pool.submit(check_unchanged, item, when) for item in files]:
+            future.result()

@@ -35,10 +35,11 @@ def iter_lines(stream: Any, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[in
     """
     number = 0
     carry = b""
+    partial = False  # pieces of the current line were passed on already
     while True:
         block = stream.read(block_bytes)
         if not block:
-            if carry:
+            if carry or partial:
                 yield number + 1, carry, True
             return
         data = carry + block if carry else block
@@ -47,14 +48,14 @@ def iter_lines(stream: Any, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[in
         if cut < 0:
             if end >= block_bytes:  # a long line: pass it on in pieces
                 yield number + 1, data[:end], False
-                carry = data[end:]
+                carry, partial = data[end:], True
             else:
                 carry = data
             continue
         for line in data[: cut + 1].splitlines(keepends=True):
             number += 1
             yield number, line, True
-        carry = data[cut + 1 :]
+        carry, partial = data[cut + 1 :], False
 
 
 def cut_point(data: bytes | bytearray, limit: int) -> int:
@@ -110,7 +111,8 @@ class RecordBuffer:
         pieces = []
         while len(self._data) > self.limit:
             cut = cut_point(self._data, self.limit)
-            pieces.append(bytes(self._data[:cut]))
+            with memoryview(self._data) as view:
+                pieces.append(bytes(view[:cut]))  # one copy (a bytearray slice would make two)
             del self._data[:cut]
             self.pieces += 1
         return pieces

@@ -18,6 +18,7 @@ import apache_beam as beam
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import check_reconciled, check_rejected_fraction, document_counts
+from transforms.inputs import InputFile, check_all_unchanged
 from transforms.objectives.summary import summarize_objective
 from transforms.output import RunLock, delete_tree
 from transforms.read import UNVERIFIED_PREFIX
@@ -100,6 +101,10 @@ class _WriteManifest(beam.DoFn):
         # Before anything is written: a run that lost documents, or is over the rejected limit,
         # fails and leaves no manifest.
         check_reconciled(counts)
+        # A run's inputs must not change under it: one changed after it was read fails the run here.
+        listed = [InputFile(f["path"], f["bytes"], f["modified"]) for f in static["run"].get("input_files", [])
+                  if "modified" in f]
+        check_all_unchanged(listed, "during the run")
         check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
                                 join_path(self._output, "rejected/rejected.jsonl"))
         for split, info in splits.items():

@@ -311,7 +311,10 @@ def _text_bytes(column) -> list[bytes | None] | None:
 def _parquet_records(path: str, stream: Any, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(io.BytesIO(stream.read()))
+    data = stream.read()
+    if not data:
+        return  # no bytes: an empty file, not a corrupt one
+    parquet = pq.ParquetFile(io.BytesIO(data))
     if text_field not in parquet.schema_arrow.names:
         yield 0, rejection(path, 0, "missing_text_field", f"columns: {parquet.schema_arrow.names}"), (), False
         return
@@ -364,7 +367,7 @@ def _finish(
         if policy.nul_bytes == "strip":
             text = text.replace("\x00", "")
             repairs.add(NUL_STRIPPED)
-    if not text.strip():
+    if not text or text.isspace():  # as ``not text.strip()``, without copying a long text
         return [rejection(source, position, "empty_text", text)], False
     pieces = [text]
     limit = policy.max_doc_chars

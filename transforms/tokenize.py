@@ -16,7 +16,10 @@ only ``encode_batch`` computes, which costs about half as much again. Each docum
   fast encoder serves; otherwise from the encoder's word ids and offsets. A document the
   fast path cannot map (its tokens do not spell its bytes) is encoded again, alone.
 
-A text that encodes to no token is rejected with reason ``no_tokens``.
+A document longer than :data:`~transforms.long_text.PIECE_CHARS` characters is encoded in
+bounded pieces and its ids laid end to end (:mod:`transforms.long_text`), so no document
+makes the encoder hold gigabytes. A text that encodes to no token is rejected with reason
+``no_tokens``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.handoff import wrap
+from transforms.long_text import PIECE_CHARS, PiecedEncoding, encode_pieces, pieces_are_exact
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
@@ -159,6 +163,9 @@ class _TokenizeBatch(beam.DoFn):
         # feature cannot do without (a document the fast path cannot handle is encoded again).
         self._fast = not self._features or (
             self._byte_lengths is not None and ("word_starts" not in self._features or self._words is not None))
+        # Long documents go in pieces only where that gives the ids of the whole (see transforms/long_text.py).
+        self._pieces = pieces_are_exact(
+            lambda texts: [e.ids for e in self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)])
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-encode")
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
@@ -177,10 +184,23 @@ class _TokenizeBatch(beam.DoFn):
         # would still be read; batching never changes an encoding.
         self._limit = min(self._batch_size, FIRST_BATCH)
 
-    def _encode(self, texts):
-        if self._fast:
+    def _encode_batch(self, texts, full=False):
+        if self._fast and not full:
             return self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         return self._tokenizer.encode_batch(texts, add_special_tokens=False)
+
+    def _encode(self, texts):
+        if not self._pieces or all(len(text) <= PIECE_CHARS for text in texts):
+            return self._encode_batch(texts)
+        short = iter(self._encode_batch([text for text in texts if len(text) <= PIECE_CHARS]))
+        return [next(short) if len(text) <= PIECE_CHARS else
+                encode_pieces(self._encode_batch, text, full=not self._fast) for text in texts]
+
+    def _encode_full(self, text):
+        """One text's encoding with word ids and offsets (in pieces when long)."""
+        if self._pieces and len(text) > PIECE_CHARS:
+            return encode_pieces(lambda texts: self._encode_batch(texts, full=True), text, full=True)
+        return self._tokenizer.encode(text, add_special_tokens=False)
 
     def _submit(self):
         texts, self._buffer, self._buffer_chars = self._buffer, [], 0
@@ -195,7 +215,8 @@ class _TokenizeBatch(beam.DoFn):
             ids = encoding.ids
             # int32 bytes of the id list: struct packs a list about twice as fast as np.fromiter
             # (14 against 26 us for 1,800 ids) and gives the bytes the shuffle carries.
-            data = struct.pack(f"={len(ids)}i", *ids)  # "=": native order, 4-byte ints
+            # A document encoded in pieces has its ids as an int32 array already.
+            data = ids.tobytes() if isinstance(ids, np.ndarray) else struct.pack(f"={len(ids)}i", *ids)
             ids = np.frombuffer(data, dtype=np.int32)
             if ids.size == 0:
                 beam.metrics.Metrics.counter("lmshards", "rejected_no_tokens").inc()
@@ -225,7 +246,7 @@ class _TokenizeBatch(beam.DoFn):
             flags = self._words.token_flags(text, encoded, ends) if spelled and self._words is not None else None
             if flags is None:
                 if full is None:  # a rare text the fast path cannot handle: encode it again
-                    full = self._tokenizer.encode(text, add_special_tokens=False)
+                    full = self._encode_full(text)
                 flags = word_start_flags(full.word_ids)
             features["word_starts"] = flags
         if "sentence_starts" in self._features:
@@ -234,8 +255,10 @@ class _TokenizeBatch(beam.DoFn):
                 features["sentence_starts"] = token_flags(ends, byte_positions(text, encoded, chars))
             else:
                 if full is None:
-                    full = self._tokenizer.encode(text, add_special_tokens=False)
-                offset_ends = np.maximum.accumulate(np.array([end for _, end in full.offsets], dtype=np.int64))
+                    full = self._encode_full(text)
+                ends_of = full.offset_ends if isinstance(full, PiecedEncoding) else \
+                    np.array([end for _, end in full.offsets], dtype=np.int64)
+                offset_ends = np.maximum.accumulate(ends_of)
                 features["sentence_starts"] = token_flags(offset_ends, chars)
         return features
 
