@@ -448,7 +448,8 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
             write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
             prestart(options.build_processes)  # the workers start while Beam does
         with _quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError), \
-                _quiet_logs_of(InputChangedError), _quiet_logs_of(LockLostError), _frozen_heap():
+                _quiet_logs_of(InputChangedError), _quiet_logs_of(LockLostError), _quiet_logs_of(OSError), \
+                _frozen_heap():
             result = pipeline.run()
             result.wait_until_finish()
     except BaseException as exc:
@@ -480,7 +481,7 @@ def _job_error(exc: BaseException) -> tuple[BaseException, bool]:
     if message is not None:
         return RejectedFractionError(message), False
     for error_type, start in ((UnreconciledCountsError, "documents do not add up"), (InputChangedError, "--input "),
-                              (LockLostError, "--output ")):
+                              (LockLostError, "--output "), (OSError, "[Errno ")):
         message = _check_message(exc, error_type, start)
         if message is not None:
             return JobFailedError(message), False

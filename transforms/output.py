@@ -184,6 +184,8 @@ def _create_exclusive(lock: RunLock) -> bool:
         finally:
             os.close(fd)
         return True
+    if FileSystems.exists(lock.path):  # a store that ignores the precondition below still refuses most races
+        return False
     if FileSystems.get_scheme(lock.output) == "gs":
         try:
             from apache_beam.io.gcp import gcsio
@@ -195,13 +197,9 @@ def _create_exclusive(lock: RunLock) -> bool:
         except exceptions.PreconditionFailed:
             return False
         except ImportError:
-            if FileSystems.exists(lock.path):
-                return False
             with FileSystems.create(lock.path) as handle:
                 handle.write(data)
     else:
-        if FileSystems.exists(lock.path):
-            return False
         with FileSystems.create(lock.path) as handle:
             handle.write(data)
     held = read_lock(lock.output)  # read back: a store that ignores preconditions lets the last writer win

@@ -49,12 +49,14 @@ def write_atomic(root: str, relative: str, write, lock: RunLock | None = None) -
     temp = join_path(root, f"{TMP_DIR}/{uuid.uuid4().hex}-{relative.replace('/', '-')}")
     try:
         return _write_and_rename(root, relative, final, temp, write, lock)
-    except OSError as exc:
+    except BaseException as exc:
         try:
-            FileSystems.delete([temp])  # leave no temporary file behind (a full disk, a read-only output)
+            FileSystems.delete([temp])  # leave no temporary file behind (a full disk, a lost lock)
         except Exception:  # noqa: BLE001 - never created, or renamed already
             pass
-        raise OSError(exc.errno, f"cannot write {relative} under {root}: {exc.strerror or exc}") from exc
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"cannot write {relative} under {root}: {exc.strerror or exc}") from exc
+        raise
 
 
 def _write_and_rename(root: str, relative: str, final: str, temp: str, write, lock: RunLock | None) -> ShardFile:
