@@ -1,10 +1,10 @@
 """A dataset opened for inspection: manifest, tokenizer, special ids, the objective rebuilt
 from the manifest, and examples read shard by shard only as far as asked.
 
-Storage is reached through :func:`dataset_files` alone: a local directory is read in
-place; a URL (``gs://``, ``s3://``) goes through the loader's file layer
-(:class:`loaders.files.DatasetLocation`, which downloads a file into its local cache on
-first use). Swapping the storage layer means changing that one function.
+Storage is reached through :func:`dataset_files` alone (the manifest and every path in it
+checked by :mod:`loaders.files`): a local directory is read in place; a URL (``gs://``,
+``s3://``) goes through the loader's file layer (:class:`loaders.files.DatasetLocation`,
+which downloads a file into its local cache on first use). Swapping the storage layer means changing that one function.
 
 Rows inside a shard are stored sorted by a seeded digest of their key (the writer's global
 shuffle), so the first rows of each shard are a uniform random sample of the split:
@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from loaders.errors import ShardIntegrityError
+from loaders.files import MAX_MANIFEST_BYTES, check_relative, parse_manifest
 from loaders.reader import read_arrow_shard, read_tar_shard
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
@@ -59,11 +61,11 @@ class _LocalFiles:
         path = os.path.join(self.root, MANIFEST_NAME)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{self.root}: no {MANIFEST_NAME}; the dataset is missing or incomplete")
-        with open(path, encoding="utf-8") as handle:
-            return Manifest.loads(handle.read())
+        with open(path, "rb") as handle:
+            return parse_manifest(handle.read(MAX_MANIFEST_BYTES + 1), path)
 
     def local_path(self, relative: str) -> str:
-        path = os.path.join(self.root, *relative.split("/"))
+        path = os.path.join(self.root, *check_relative(relative, os.path.join(self.root, MANIFEST_NAME)).split("/"))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{relative} is missing from {self.root}")
         return path
@@ -190,7 +192,11 @@ class InspectedDataset:
     @property
     def objective(self) -> Any:
         if self._objective is None:
-            self._objective = objective_from_manifest(self.manifest.objective)
+            try:
+                self._objective = objective_from_manifest(self.manifest.objective)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: its objective block cannot be rebuilt "
+                                          f"({type(exc).__name__}: {exc})") from None
         return self._objective
 
     @property
@@ -200,13 +206,22 @@ class InspectedDataset:
             from tokenizers import Tokenizer
 
             name = self.manifest.tokenizer.get("file", "tokenizer.json")
-            self._tokenizer = Tokenizer.from_file(self.files.local_path(name))
+            path = self.files.local_path(name)
+            try:
+                self._tokenizer = Tokenizer.from_file(path)
+            except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception
+                raise ShardIntegrityError(f"{name}: not a tokenizer the tokenizers library can load "
+                                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         return self._tokenizer
 
     @property
     def special(self) -> SpecialIds:
         if self._special is None:
-            self._special = special_ids_from_tokenizer(self.tokenizer, self.manifest.tokenizer)
+            try:
+                self._special = special_ids_from_tokenizer(self.tokenizer, self.manifest.tokenizer)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: its tokenizer block is damaged "
+                                          f"({type(exc).__name__}: {exc})") from None
         return self._special
 
     @property
@@ -228,7 +243,15 @@ class InspectedDataset:
         """The first ``limit`` examples (all when None) of one shard, in stored order."""
         fmt = fmt or self.default_format
         read = read_arrow_shard if fmt == "arrow" else read_tar_shard
-        return itertools.islice(read(self.shard_path(split, index, fmt)), limit)
+        shard = self.shards(split)[index]
+        # Checked against the manifest as it is read: schema, dtypes, shapes, and the row count of a whole read.
+        return itertools.islice(read(self.shard_path(split, index, fmt), name=shard.files[fmt].path,
+                                     columns=self.columns, rows=shard.rows if limit is None else None), limit)
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The manifest's schema: ``{column: arrow type}``."""
+        return {c["name"]: c["type"] for c in self.manifest.schema.get("columns", [])}
 
     def iter_split(self, split: str, fmt: str | None = None, per_shard: int | None = None) -> Iterator[Located]:
         """Examples of ``split`` shard by shard, at most ``per_shard`` of each."""
