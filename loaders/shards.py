@@ -664,6 +664,8 @@ class ShardSet:
                allocate: Allocate | None = None) -> ExampleBatch:
         """The examples at ``(segment, row)`` pairs from :meth:`segments` (see :meth:`SegmentTable.gather`)."""
         assert self._table is not None, "call segments() first"
+        for shard in self._open.values():  # a file that shrank under its mapping: an error, not a SIGBUS
+            shard.check_intact()
         return self._table.gather(segments, rows, columns, allocate)
 
     def tar_rows(self, index: int, wanted: set[int] | None) -> dict[int, dict[str, Any]]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loaders.errors import ShardIntegrityError
-from loaders.files import MAX_MANIFEST_BYTES, check_relative, parse_manifest
+from loaders.files import MAX_MANIFEST_BYTES, check_relative, parse_manifest, sha256_file, verify_file
 from loaders.reader import read_arrow_shard, read_tar_shard
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
@@ -172,7 +172,14 @@ class InspectedDataset:
         self.path = str(path)
         self.files = dataset_files(self.path)
         self.manifest: Manifest = self.files.read_manifest()
-        self.seed = int(self.manifest.config.get("seed", 0))
+        try:
+            self.seed = int(self.manifest.config.get("seed", 0))
+        except (TypeError, ValueError):
+            raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: config.seed is "
+                                      f"{self.manifest.config.get('seed')!r}, not an integer") from None
+        #: check each shard's size and sha256 (once per process) and the tokenizer's sha256 before reading
+        #: them (validate turns this off: it checks every file itself and reports what it finds)
+        self.verify_reads = True
         self._objective: Any = None
         self._tokenizer: Any = None
         self._special: SpecialIds | None = None
@@ -207,6 +214,9 @@ class InspectedDataset:
 
             name = self.manifest.tokenizer.get("file", "tokenizer.json")
             path = self.files.local_path(name)
+            expected = self.manifest.tokenizer.get("sha256")
+            if self.verify_reads and expected and (actual := sha256_file(path)) != expected:
+                raise ShardIntegrityError(f"{name}: sha256 {actual} does not match the manifest's {expected}")
             try:
                 self._tokenizer = Tokenizer.from_file(path)
             except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception
@@ -237,16 +247,22 @@ class InspectedDataset:
     def shard_path(self, split: str, index: int, fmt: str | None = None) -> str:
         """Local path of a shard file (downloaded first for a URL)."""
         fmt = fmt or self.default_format
-        return self.files.local_path(self.shards(split)[index].files[fmt].path)
+        entry = self.shards(split)[index].files[fmt]
+        path = self.files.local_path(entry.path)
+        if self.verify_reads:
+            verify_file(path, name=entry.path, sha256=entry.sha256, size=entry.bytes, mode="once")
+        return path
 
     def iter_shard(self, split: str, index: int, fmt: str | None = None, limit: int | None = None) -> Iterator[dict]:
         """The first ``limit`` examples (all when None) of one shard, in stored order."""
         fmt = fmt or self.default_format
         read = read_arrow_shard if fmt == "arrow" else read_tar_shard
         shard = self.shards(split)[index]
-        # Checked against the manifest as it is read: schema, dtypes, shapes, and the row count of a whole read.
+        # Checked against the manifest as it is read: schema, dtypes, shapes, and the row count (an Arrow
+        # shard's up front; a tar's at its end, so only when it is read whole).
+        rows = shard.rows if fmt == "arrow" or limit is None else None
         return itertools.islice(read(self.shard_path(split, index, fmt), name=shard.files[fmt].path,
-                                     columns=self.columns, rows=shard.rows if limit is None else None), limit)
+                                     columns=self.columns, rows=rows), limit)
 
     @property
     def columns(self) -> dict[str, str]:

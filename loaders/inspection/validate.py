@@ -306,6 +306,7 @@ def validate_dataset(ds: InspectedDataset, *, sample: int | None = None,
                      progress: Callable[[str], None] | None = None) -> ValidationReport:
     """Run every check (see the module docstring) and return the problems found."""
     report = ValidationReport(sample=sample or None)
+    ds.verify_reads = False  # every file is hashed and checked here, and what is wrong reported
     _check_manifest(ds, report)
     tokenizer = ds.manifest.tokenizer
     if _check_file(ds, tokenizer.get("file", "tokenizer.json"), None, tokenizer.get("sha256", ""), report) is None:
