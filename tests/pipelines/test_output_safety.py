@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zstandard
 from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests
 
 from transforms.output import LOCK_NAME, LockLostError, RunLock, acquire_lock, foreign_files
@@ -213,3 +214,34 @@ def test_a_read_only_output_is_one_line(tmp_path):
     proc = _run(out)
     assert proc.returncode == 2
     assert "cannot write there" in _one_line(proc)
+
+
+def test_odd_inputs_are_read_or_listed_never_dropped(tmp_path, capsys):
+    from pipelines.materialize import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = [json.loads(line)["text"] for line in Path(SAMPLE_GLOB).with_name("faq.jsonl").read_text().splitlines()]
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:50]))
+    (corpus / "back\\slash.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[50:60]))
+    (corpus / "cr-only.jsonl").write_bytes("".join(json.dumps({"text": t}) + "\r" for t in docs[60:63]).encode())
+    (corpus / "big-int.jsonl").write_text(f'{{"id": {"9" * 5000}, "text": {json.dumps(docs[63])}}}\n')
+    (corpus / "empty.jsonl.gz").write_bytes(b"")
+    (corpus / "empty.jsonl").write_bytes(b"")
+    unchecked = "".join(json.dumps({"text": t}) + "\n" for t in docs[64:70]).encode()
+    (corpus / "nocheck.jsonl.zst").write_bytes(zstandard.ZstdCompressor(write_checksum=False).compress(unchecked))
+    (corpus / "dir.jsonl").mkdir()
+    (corpus / "dangling.jsonl").symlink_to(corpus / "nowhere")
+    out = tmp_path / "out"
+    assert main(["--input", str(corpus / "*"), "--output", str(out), *BASE]) == 0
+    summary = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    counts = manifest["counts"]
+    assert counts["documents_written"] + counts["duplicates"] == 70  # every line of every file, CR-only included
+    assert counts["rejected_by_reason"] == {"empty_file": 2} and counts["reconciled"]
+    skipped = {os.path.basename(s["path"]): s["reason"] for s in manifest["run"]["skipped_inputs"]}
+    assert skipped == {"dir.jsonl": "directory", "dangling.jsonl": "broken symbolic link"}
+    assert "skipped 2 glob match(es) that are not files" in summary and "dir.jsonl (directory)" in summary
+    assert any(f["path"].endswith("back\\slash.jsonl") for f in manifest["run"]["input_files"])
+    assert manifest["run"]["unverified_inputs"] == [str(corpus / "nocheck.jsonl.zst")]
+    assert "unverified: 1 zstd file(s) without content checksums" in summary
