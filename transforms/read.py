@@ -204,26 +204,6 @@ def _text_records(path: str, stream: Any, mode: str, policy: RecordPolicy) -> It
         yield from _record_end(start, buffer, path, b"\r\n")
 
 
-def _json_lines(path: str, stream: Any, limit: int) -> Iterator[tuple[int, bytes | dict]]:
-    """``(line number, line bytes)``; a line longer than ``limit`` is a ``too_long`` rejection, never held."""
-    buffer: RecordBuffer | None = None
-    for number, data, last in iter_lines(stream):
-        if buffer is None:
-            if last and len(data) <= limit:
-                yield number, data
-                continue
-            buffer = RecordBuffer(limit, split=False)
-        buffer.add(data)
-        if last:
-            line = buffer.finish()
-            if line is None:
-                yield number, rejection(path, number, "too_long", f"a JSON line of more than {limit:,} bytes "
-                                        f"(--max-record-bytes): {buffer.excerpt[:120].decode('utf-8', 'replace')}")
-            else:
-                yield number, line
-            buffer = None
-
-
 class _BigInt(str):
     """A JSON integer with more digits than Python converts (kept as its digits)."""
 
@@ -235,21 +215,32 @@ def _lenient_int(digits: str) -> int | str:
         return _BigInt(digits)
 
 
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        if "integer string conversion" not in str(exc):
-            raise
-    return json.loads(text, parse_int=_lenient_int)  # only for a line with a huge integer: slower
+def _loads_lenient(text: str, exc: ValueError) -> Any:
+    """``json.loads`` again for a line Python's int-digit limit refused (re-raises any other error)."""
+    if "integer string conversion" not in str(exc):
+        raise exc
+    return json.loads(text, parse_int=_lenient_int)
 
 
 def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
-    """``(line number, text or rejection, repairs made, False)`` per non-blank line."""
-    for number, line in _json_lines(path, stream, policy.max_record_bytes):
-        if isinstance(line, dict):
-            yield number, line, (), False
-            continue
+    """``(line number, text or rejection, repairs made, False)`` per non-blank line.
+
+    A line longer than ``max_record_bytes`` is a ``too_long`` rejection, never held whole.
+    """
+    limit = policy.max_record_bytes
+    buffer: RecordBuffer | None = None
+    for number, line, last in iter_lines(stream):
+        if buffer is not None or not last or len(line) > limit:  # a long line, in pieces
+            if buffer is None:
+                buffer = RecordBuffer(limit, split=False)
+            buffer.add(line)
+            if not last:
+                continue
+            line, excerpt, buffer = buffer.finish(), buffer.excerpt, None
+            if line is None:
+                yield number, rejection(path, number, "too_long", f"a JSON line of more than {limit:,} bytes "
+                                        f"(--max-record-bytes): {excerpt[:120].decode('utf-8', 'replace')}"), (), False
+                continue
         if line.startswith(BOM_BYTES):  # every line may start with one (concatenated files)
             line = line[3:]
         if not line.strip():
@@ -267,7 +258,10 @@ def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy
             yield number, decoded, repairs, False
             continue
         try:
-            obj = _loads(decoded)
+            try:
+                obj = json.loads(decoded)
+            except ValueError as exc:
+                obj = _loads_lenient(decoded, exc)
         except (ValueError, RecursionError):
             yield number, rejection(path, number, "malformed_json", line), repairs, False
             continue
@@ -279,7 +273,7 @@ def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy
         except KeyError:
             yield number, rejection(path, number, "missing_text_field", line), repairs, False
             continue
-        if not isinstance(text, str) or isinstance(text, _BigInt):
+        if type(text) is not str:  # _BigInt digits are not text either
             yield number, rejection(path, number, "text_not_string", line), repairs, False
             continue
         if has_surrogates(text):  # JSON escapes can spell lone surrogates, which no encoder accepts
@@ -369,16 +363,15 @@ def _finish(
             repairs.add(NUL_STRIPPED)
     if not text or text.isspace():  # as ``not text.strip()``, without copying a long text
         return [rejection(source, position, "empty_text", text)], False
-    pieces = [text]
     limit = policy.max_doc_chars
     split = limit is not None and len(text) > limit
-    if split:
-        if policy.long_docs == "reject":
-            return [rejection(source, position, "too_long", text)], False
-        pieces = split_text(text, limit)
+    if split and policy.long_docs == "reject":
+        return [rejection(source, position, "too_long", text)], False
     for name in repairs:
         counters[name] += 1
-    return [(source, position, piece) for piece in pieces], split
+    if not split:
+        return [(source, position, text)], False
+    return [(source, position, piece) for piece in split_text(text, limit)], True
 
 
 def _records_of(path: str, kind: str, stream: Any, text_mode: str, text_field: str, policy: RecordPolicy):

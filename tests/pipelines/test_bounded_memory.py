@@ -1,7 +1,9 @@
 """A whole materialize run over hostile files stays under 2 GB of memory with default flags.
 
 Peak RSS of the run's process (the in-process runner runs every stage there) is read with
-``resource.getrusage(RUSAGE_CHILDREN)`` in a fresh wrapper process, so nothing else counts.
+``resource.getrusage(RUSAGE_CHILDREN)`` in a fresh wrapper interpreter: Linux carries a
+process's peak RSS across fork and exec, so the run must be forked from that small wrapper,
+not from the (large) test process.
 The files are generated here, streaming (never stored in the repository).
 """
 
