@@ -247,6 +247,9 @@ def test_a_shard_truncated_under_dataloader_workers_is_a_python_error(tmp_path):
     next(batches)
     path = os.path.join(root, SHARD)
     os.truncate(path, os.path.getsize(path) // 4)
-    with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: truncated while it was being read"):
+    # A worker that had the shard open finds it shrunk; one that opens it now finds the wrong size:
+    # either way a Python error naming the shard, never a worker killed by SIGBUS.
+    with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: (truncated while it was being read|"
+                                                  r"\d+ bytes on disk, the manifest says)"):
         for _ in batches:
             pass
