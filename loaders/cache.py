@@ -17,6 +17,9 @@ cached there, and only files inside tag directories are ever counted or deleted.
   is using. A lease is taken on the downloaded inode before it is renamed into place, and
   a lease on an existing file is only kept after checking that the path still names the
   locked inode, so eviction and leasing cannot race.
+- **Only its own files.** The cache deletes only regular files inside its dataset (tag)
+  directories, never a symbolic link or what one points to (paths from a manifest are
+  checked before they reach the cache, see :mod:`loaders.files`).
 - **Bound** (``max_bytes``, None for unbounded): before a download, least recently used
   files (by access time, which leases set explicitly) that are not leased are deleted
   until the new file fits. A file that must be read now is downloaded even when the
@@ -234,6 +237,8 @@ class ShardCache:
         """Delete a cached file unless it is in use; a ``damaged`` one (a checksum that no longer
         matches) goes even then: on POSIX, processes that mapped it keep their mapping, and the
         next download puts a good copy in its place."""
+        if not self._owns(path):
+            return  # never delete what the cache did not make (a symbolic link, a path outside it)
         if damaged and fcntl is not None:
             try:
                 os.unlink(path)
@@ -241,6 +246,19 @@ class ShardCache:
                 pass
             return
         self._evict(path)
+
+    def _owns(self, path: str) -> bool:
+        """Whether ``path`` is a regular file (not a link) in a dataset directory of this cache."""
+        relative = os.path.relpath(os.path.abspath(path), self.root)
+        if relative.startswith(("..", os.sep)) or not _TAG_DIR.match(relative.split(os.sep, 1)[0]):
+            return False
+        real = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        if not real.startswith(os.path.realpath(self.root) + os.sep):
+            return False
+        try:
+            return not os.path.islink(path)
+        except OSError:
+            return False
 
     # -- downloading -----------------------------------------------------------------------
     @contextmanager
@@ -394,9 +412,11 @@ class ShardCache:
                 return False
             return True
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             return True
+        except OSError:
+            return False  # a symbolic link: not the cache's to delete
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -248,6 +248,7 @@ class ShardedDataset(ResumableStream):
             found = opened.get(shard)
             if found is None:
                 arrow = self.shards.arrow(shard)
+                arrow.check_intact()  # a file that shrank under its mapping: an error, not a SIGBUS below
                 found = opened[shard] = (arrow, arrow.fields(self.columns))
             out.append(found[0].row(row, found[1]))
         return out

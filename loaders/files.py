@@ -17,8 +17,17 @@ bucket's type, which emulators do not serve (a minute's timeout at every call).
 
 Checksums (``verify``): ``once`` hashes a shard the first time this process opens it
 (and remembers it while the file's size and mtime stay the same), ``always`` hashes it at
-every open (every epoch), ``never`` only compares sizes. A mismatch raises
+every open (every epoch), ``never`` only compares sizes and trusts the bytes (a flipped
+byte then reads as different data). A mismatch raises
 :class:`~loaders.errors.ShardIntegrityError` naming the shard.
+
+A manifest is untrusted input (:func:`parse_manifest`): it must be UTF-8 JSON of the
+expected shape, and every path in it must be relative and normalized (no ``..``, no
+absolute path, no backslash, no scheme or drive), so that it names a file inside the
+dataset; in the cache of a remote dataset, the path must also resolve (symbolic links
+followed) inside the cache directory. Anything else is a
+:class:`~loaders.errors.ShardIntegrityError` naming the manifest, raised before any file
+is opened, downloaded or deleted.
 """
 
 from __future__ import annotations
@@ -32,12 +41,63 @@ from loaders.cache import DEFAULT_CACHE_BYTES, Lease, ShardCache
 from loaders.errors import ShardIntegrityError
 from schemas.manifest import MANIFEST_NAME, Manifest
 
-__all__ = ["VERIFY_MODES", "DatasetLocation", "sha256_file", "verify_file"]
+__all__ = ["MAX_MANIFEST_BYTES", "VERIFY_MODES", "DatasetLocation", "check_manifest_paths", "check_relative",
+           "parse_manifest", "sha256_file", "verify_file"]
 
 VERIFY_MODES = ("once", "always", "never")
+#: Largest manifest read (a manifest of a million shards is a few hundred MB).
+MAX_MANIFEST_BYTES = 1 << 30
 _CHUNK = 1 << 22
 # (real path, size, mtime_ns) -> sha256 of files already verified by this process
 _VERIFIED: dict[tuple[str, int, int], str] = {}
+
+
+def check_relative(relative: Any, where: str) -> str:
+    """``relative`` if it is a safe path inside a dataset (see the module docstring).
+
+    Raises:
+        ShardIntegrityError: naming ``where`` (the manifest) and the path.
+    """
+    if not isinstance(relative, str) or not relative or len(relative) > 4096:
+        raise ShardIntegrityError(f"{where}: {relative!r} is not a file path")
+    parts = relative.split("/")
+    if (relative.startswith("/") or "\\" in relative or "\x00" in relative or ":" in parts[0]
+            or any(part in ("", ".", "..") for part in parts)):
+        raise ShardIntegrityError(f"{where}: the path {relative!r} is not a normalized relative path inside the "
+                                  "dataset (absolute, '..', '.', empty parts, backslashes and schemes are refused)")
+    return relative
+
+
+def check_manifest_paths(manifest: Manifest, where: str) -> None:
+    """Every path the manifest names (shards, tokenizer, rejected records) passes :func:`check_relative`."""
+    check_relative(manifest.tokenizer.get("file", "tokenizer.json"), where)
+    for info in manifest.splits.values():
+        for shard in info["shards"]:
+            for entry in shard["files"].values():
+                check_relative(entry["path"], where)
+    for entry in manifest.counts.get("rejected_files", []) or []:
+        if isinstance(entry, dict) and "path" in entry:
+            check_relative(entry["path"], where)
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """A manifest from its bytes, checked (see the module docstring).
+
+    Raises:
+        ShardIntegrityError: not UTF-8, not an lmshards manifest of the expected shape, or an unsafe path.
+    """
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ShardIntegrityError(f"{where}: {len(raw):,} bytes, more than a manifest can be ({MAX_MANIFEST_BYTES:,})")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ShardIntegrityError(f"{where}: not UTF-8 text (a damaged file, or not a manifest)") from None
+    try:
+        manifest = Manifest.loads(text)
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ShardIntegrityError(f"{where}: {exc}") from None
+    check_manifest_paths(manifest, where)
+    return manifest
 
 
 def sha256_file(path: str) -> str:
@@ -136,22 +196,34 @@ class DatasetLocation:
             target = f"{root}/{MANIFEST_NAME}"
             if not fs.exists(target):
                 raise missing
-            text = fs.cat_file(target).decode("utf-8")
+            with fs.open(target, "rb") as handle:
+                raw = handle.read(MAX_MANIFEST_BYTES + 1)
         else:
             target = os.path.join(self.root, MANIFEST_NAME)
             if not os.path.isfile(target):
                 raise missing
-            with open(target, encoding="utf-8") as handle:
-                text = handle.read()
-        try:
-            return Manifest.loads(text)
-        except (ValueError, KeyError) as exc:
-            raise ValueError(f"{self.path}/{MANIFEST_NAME}: {exc}") from exc
+            with open(target, "rb") as handle:
+                raw = handle.read(MAX_MANIFEST_BYTES + 1)
+        return parse_manifest(raw, f"{self.path}/{MANIFEST_NAME}")
 
     # -- the cache -------------------------------------------------------------------------
     def cache_path(self, relative: str) -> str:
-        """Where a remote dataset file lives in the local cache."""
-        return os.path.join(self.cache_root, relative)
+        """Where a remote dataset file lives in the local cache.
+
+        Raises:
+            ShardIntegrityError: an unsafe path, or one that resolves outside the cache (a symbolic link).
+        """
+        where = f"{self.path}/{MANIFEST_NAME}"
+        path = os.path.join(self.cache_root, *check_relative(relative, where).split("/"))
+        base = os.path.realpath(self.cache.root if self.cache is not None else self.cache_root)
+        if not os.path.realpath(path).startswith(base + os.sep):
+            raise ShardIntegrityError(f"{where}: {relative} resolves outside the cache {base} (a symbolic link in the "
+                                      "cache?); refusing to write there")
+        return path
+
+    def local_path(self, relative: str) -> str:
+        """Where a file of a local dataset is (the path checked, see :func:`check_relative`)."""
+        return os.path.join(self.root, *check_relative(relative, f"{self.path}/{MANIFEST_NAME}").split("/"))
 
     def _fetcher(self, relative: str, sha256: str | None):
         """Writes the remote file to a sink, hashing it; raises if the sha256 is not the manifest's."""
@@ -160,7 +232,7 @@ class DatasetLocation:
         def fetch(sink: BinaryIO) -> None:
             digest = hashlib.sha256()
             fs, root = self._fs()
-            with fs.open(f"{root}/{relative}", "rb") as source:
+            with fs.open(f"{root}/{check_relative(relative, self.path)}", "rb") as source:
                 while chunk := source.read(_CHUNK):
                     digest.update(chunk)
                     sink.write(chunk)
@@ -180,7 +252,7 @@ class DatasetLocation:
         """A dataset file held for reading: remote files are fetched into the cache first and
         not evicted until the lease is closed. ``protect``: cache paths needed soon (kept if possible)."""
         if not self.remote:
-            return Lease(os.path.join(self.root, relative))
+            return Lease(self.local_path(relative))
         assert self.cache is not None
         return self.cache.acquire(self.cache_path(relative), self._fetcher(relative, sha256), size=size,
                                   protect=protect)

@@ -10,8 +10,14 @@
   :func:`read_tar_rows` keeps only the rows a reader asked for and stops once it has them.
 
 On open, a shard's size and sha256 (see :mod:`loaders.files`), its Arrow schema (column
-names and types) and its row count are compared with the manifest; a mismatch raises
-:class:`~loaders.errors.ShardIntegrityError` naming the shard.
+names and types) and its row count are compared with the manifest; every WebDataset
+member's dtype and shape are compared with the manifest's schema as it is read
+(:func:`field_specs`). A mismatch raises :class:`~loaders.errors.ShardIntegrityError`
+naming the shard. A memory-mapped file that shrinks under a reader would crash the
+process (SIGBUS) at the first access past its new end: an open Arrow shard keeps a
+descriptor of its file and checks its size before each batch is gathered from it
+(:meth:`ArrowShard.check_intact`), so a shard truncated while it is read is a Python error
+naming it.
 
 Remote datasets are read from a bounded local cache (:mod:`loaders.cache`): an opened
 Arrow shard holds a lease on its cached file until the reader releases it
@@ -25,10 +31,11 @@ import functools
 import io
 import math
 import os
+import re
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +46,8 @@ from loaders.errors import ShardIntegrityError
 from loaders.files import DatasetLocation, verify_file
 from schemas.manifest import Manifest, ShardInfo
 
-__all__ = ["FORMATS", "ArrowShard", "SegmentTable", "ShardSet", "decode_npy", "read_tar_rows"]
+__all__ = ["FORMATS", "ArrowShard", "FieldSpec", "SegmentTable", "ShardSet", "decode_npy", "field_specs",
+           "read_tar_rows"]
 
 FORMATS = ("arrow", "webdataset")
 
@@ -56,7 +64,13 @@ class ArrowShard:
 
     def __init__(self, path: str, *, name: str, columns: dict[str, str], rows: int):
         self.name = name
-        self._source = pa.memory_map(path, "r")
+        self._fd = os.open(path, os.O_RDONLY)
+        try:
+            self._size = os.fstat(self._fd).st_size
+            self._source = pa.memory_map(path, "r")
+        except BaseException:
+            os.close(self._fd)
+            raise
         try:
             reader = pa.ipc.open_stream(self._source)
         except pa.ArrowInvalid as exc:
@@ -82,6 +96,22 @@ class ArrowShard:
             self.lease.close()
             self.lease = None
 
+    def check_intact(self) -> None:
+        """Raise :class:`ShardIntegrityError` if the mapped file has shrunk (reading it would SIGBUS)."""
+        try:
+            size = os.lseek(self._fd, 0, os.SEEK_END)  # the file's size now (a quarter of fstat's cost)
+        except OSError as exc:
+            raise ShardIntegrityError(f"shard {self.name}: cannot be checked ({exc})") from None
+        if size < self._size:
+            raise ShardIntegrityError(f"shard {self.name}: truncated while it was being read ({size:,} of "
+                                      f"{self._size:,} bytes left)")
+
+    def __del__(self) -> None:
+        try:
+            os.close(self._fd)
+        except (OSError, AttributeError):
+            pass
+
     def fields(self, columns: tuple[str, ...] | None) -> list[tuple[str, int, list]]:
         fields = self._fields.get(columns)
         if fields is None:
@@ -106,6 +136,7 @@ class ArrowShard:
         rows = [int(r) for r in rows]
         if rows and (min(rows) < 0 or max(rows) >= self.num_rows):
             raise IndexError(f"shard {self.name}: rows {min(rows)}..{max(rows)} out of [0, {self.num_rows})")
+        self.check_intact()
         fields = self.fields(columns)
         return [self.row(r, fields) for r in rows]
 
@@ -372,13 +403,65 @@ def decode_npy(payload: bytes) -> np.ndarray:
     return np.lib.format.read_array(io.BytesIO(payload), allow_pickle=False)
 
 
-def _decode_member(shard: str, key: str, suffix: str, payload: bytes) -> tuple[str, Any]:
+class FieldSpec(NamedTuple):
+    """What a WebDataset member of a column must hold: ``text``, a ``scalar`` or an ``array``
+    of ``dtype`` (of ``width`` values for a fixed-size list)."""
+
+    kind: str
+    dtype: np.dtype | None = None
+    width: int | None = None
+
+
+_FIXED_TYPE = re.compile(r"fixed_size_list<[^:>]*: (\w+)>\[(\d+)\]")
+_LIST_TYPE = re.compile(r"(?:large_)?list<[^:>]*: (\w+)>")
+
+
+def field_specs(columns: dict[str, str]) -> dict[str, FieldSpec]:
+    """Member specs of the manifest's columns (``{name: arrow type string}``); unknown types are not checked."""
+    specs = {}
+    for name, arrow_type in columns.items():
+        fixed, listed = _FIXED_TYPE.fullmatch(arrow_type), _LIST_TYPE.fullmatch(arrow_type)
+        try:
+            if arrow_type in ("string", "large_string", "utf8", "large_utf8"):
+                specs[name] = FieldSpec("text")
+            elif fixed:
+                specs[name] = FieldSpec("array", np.dtype(fixed.group(1)), int(fixed.group(2)))
+            elif listed:
+                specs[name] = FieldSpec("array", np.dtype(listed.group(1)))
+            elif re.fullmatch(r"u?int(8|16|32|64)", arrow_type):
+                specs[name] = FieldSpec("scalar", np.dtype(arrow_type))
+        except TypeError:
+            continue
+    return specs
+
+
+def _decode_member(shard: str, key: str, suffix: str, payload: bytes,
+                   specs: dict[str, FieldSpec] | None = None) -> tuple[str, Any]:
     field, _, ext = suffix.rpartition(".")
+    spec = (specs or {}).get(field)
     if ext == "npy":
-        value = decode_npy(payload)
+        try:
+            value = decode_npy(payload)
+        except ValueError as exc:
+            raise ShardIntegrityError(f"shard {shard}: member {key}.{suffix} is not a valid .npy ({exc})") from None
+        if spec is not None:
+            shape_ok = value.ndim == 0 if spec.kind == "scalar" else (
+                value.ndim == 1 and (spec.width is None or value.shape[0] == spec.width))
+            if spec.kind == "text" or value.dtype != spec.dtype or not shape_ok:
+                want = "text (.txt)" if spec.kind == "text" else (
+                    f"{spec.dtype} scalar" if spec.kind == "scalar" else
+                    f"{spec.dtype} array of shape ({spec.width if spec.width is not None else 'n'},)")
+                raise ShardIntegrityError(f"shard {shard}: member {key}.{suffix} is a {value.dtype} array of shape "
+                                          f"{value.shape}, the manifest's schema says {want}")
         return field, (value.item() if value.ndim == 0 else value)
     if ext == "txt":
-        return field, payload.decode("utf-8")
+        if spec is not None and spec.kind != "text":
+            raise ShardIntegrityError(f"shard {shard}: member {key}.{suffix} is text, the manifest's schema says "
+                                      f"{spec.kind} of {spec.dtype}")
+        try:
+            return field, payload.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ShardIntegrityError(f"shard {shard}: member {key}.{suffix} is not UTF-8 text") from None
     raise ShardIntegrityError(f"shard {shard}: member {key}.{suffix} has unsupported type .{ext} (only .npy, .txt)")
 
 
@@ -390,7 +473,7 @@ def read_tar_rows(
     Args:
         path: local tar file.
         name: the shard's relative path (for messages).
-        columns: expected column names (values unused).
+        columns: expected ``{name: arrow type}``: each member's dtype and shape are checked against it.
         rows: expected row count (checked when the whole shard is read).
         wanted: rows to keep; None keeps every row. Reading stops after the last wanted row.
 
@@ -400,6 +483,7 @@ def read_tar_rows(
     from webdataset.tariterators import group_by_keys, tar_file_expander
 
     expected = set(columns) - {"key"}
+    specs = field_specs(columns)
     last = max(wanted) if wanted else (-1 if wanted is not None else rows - 1)
     out: dict[int, dict[str, Any]] = {}
     seen = 0
@@ -417,7 +501,7 @@ def read_tar_rows(
             example: dict[str, Any] = {"key": raw_key.rsplit("/", 1)[-1]}
             for suffix, payload in sample.items():
                 if not suffix.startswith("__"):
-                    field, value = _decode_member(name, example["key"], suffix, payload)
+                    field, value = _decode_member(name, example["key"], suffix, payload, specs)
                     example[field] = value
             if set(example) - {"key"} != expected:
                 raise ShardIntegrityError(
@@ -570,6 +654,8 @@ class ShardSet:
             for index in np.flatnonzero(np.bincount(shard_ids, minlength=len(self.shards))).tolist():
                 if not table.registered(index):
                     table.register(index, self.arrow(index))
+                else:
+                    self._open[index].check_intact()
             if rows.min() < 0 or (rows >= self._row_counts[shard_ids]).any():
                 raise IndexError(f"rows out of range of their shards: {rows.tolist()}")
         return table.locate(shard_ids, rows)
@@ -578,6 +664,9 @@ class ShardSet:
                allocate: Allocate | None = None) -> ExampleBatch:
         """The examples at ``(segment, row)`` pairs from :meth:`segments` (see :meth:`SegmentTable.gather`)."""
         assert self._table is not None, "call segments() first"
+        for shard in self._open.values():  # a file that shrank under its mapping: an error, not a SIGBUS
+            if os.lseek(shard._fd, 0, os.SEEK_END) < shard._size:
+                shard.check_intact()
         return self._table.gather(segments, rows, columns, allocate)
 
     def tar_rows(self, index: int, wanted: set[int] | None) -> dict[int, dict[str, Any]]:

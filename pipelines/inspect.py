@@ -9,7 +9,9 @@
   with a per-problem report when anything fails.
 - ``report OUT -o report.html``: a self-contained HTML page with plots and examples.
 
-Exit codes: 0 success, 1 validation failed or a key not found, 2 bad usage or no dataset.
+Exit codes: 0 success; 1 validation failed, a key not found, or a damaged or incomplete
+dataset (a manifest, shard or tokenizer that cannot be used: one line naming the file and
+the problem, never a traceback); 2 bad usage (flags, or a path where nothing exists).
 The logic lives in :mod:`loaders.inspection` (no Beam, no torch).
 """
 
@@ -28,7 +30,17 @@ def _dataset_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", help="dataset directory (local path or URL) holding manifest.json")
 
 
+def _error_line(exc: BaseException) -> str:
+    """One line for an error: its message's first line (the readers name the file in it)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if isinstance(exc, (ValueError, FileNotFoundError, KeyError)) and first:
+        return first
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable) -> int:
+    """Parse, open the dataset, run ``body``; every failure ends in one line (see the module docstring)."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -37,17 +49,25 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, bod
 
     try:
         dataset = open_inspected(args.dataset)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"lmshards {prog}: error: {exc}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as exc:
+        local = "://" not in args.dataset or args.dataset.startswith("file://")
+        where = args.dataset[len("file://"):] if args.dataset.startswith("file://") else args.dataset
+        print(f"lmshards {prog}: error: {_error_line(exc)}", file=sys.stderr)
+        return 2 if local and not os.path.exists(where) else 1  # no such path: a usage error
+    except Exception as exc:  # noqa: BLE001 - a damaged manifest: one line, never a traceback
+        print(f"lmshards {prog}: error: {_error_line(exc)}", file=sys.stderr)
+        return 1
     try:
         return body(args, dataset)
     except BrokenPipeError:  # `lmshards show ... | head`
         sys.stderr.close()
         return 0
-    except FileNotFoundError as exc:  # a shard or the tokenizer is gone: validate lists everything wrong
-        print(f"lmshards {prog}: error: {exc} (run 'lmshards validate {args.dataset}')", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a damaged shard or tokenizer: one line naming it
+        hint = "" if prog == "validate" else f" (run 'lmshards validate {args.dataset}')"
+        print(f"lmshards {prog}: error: {_error_line(exc)}{hint}", file=sys.stderr)
+        return 1
 
 
 def inspect_main(argv: list[str] | None = None) -> int:
@@ -169,8 +189,12 @@ def report_main(argv: list[str] | None = None) -> int:
         from loaders.inspection.report import build_report
 
         page = build_report(dataset, limit=args.limit or None, examples=args.examples)
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(page)
+        try:
+            with open(args.output, "w", encoding="utf-8") as handle:
+                handle.write(page)
+        except OSError as exc:
+            print(f"lmshards report: error: cannot write {args.output} ({exc.strerror or exc})", file=sys.stderr)
+            return 2
         print(f"wrote {args.output} ({len(page.encode('utf-8')):,} bytes)")
         return 0
 

@@ -7,13 +7,19 @@ Pipeline (DESIGN.md section 2)::
 
 Everything that can be checked before the pipeline starts is checked here, and fails in
 one line naming the flag: unknown flags, a bad objective or parameter, a missing or
-invalid tokenizer, missing special tokens or sentinels, inputs that match nothing, a
-non-empty output directory. Run as ``lmshards materialize ...`` or
+invalid tokenizer, missing special tokens or sentinels, inputs that match nothing (or
+file names that are not UTF-8), an unknown runner, an output that is a file, a non-empty
+output directory, or with ``--overwrite`` one that holds anything but an lmshards
+dataset or its debris. Only then does the run take the output's lock and, with
+``--overwrite``, delete the old dataset (:mod:`transforms.output`). A run that fails
+afterwards removes what it wrote (except ``rejected/`` when too many records were
+rejected: the message points there) and its lock. Run as ``lmshards materialize ...`` or
 ``python -m pipelines.materialize ...``.
 
 Exit status: 0 done; 1 the job failed (for example ``--max-rejected-fraction`` exceeded:
-one line naming the flag, the measured fraction and the counts, and no manifest);
-2 a configuration error, before any work.
+one line naming the flag, the measured fraction and the counts, and no manifest; or an
+input that changed while it was read); 2 a configuration error, before any work (a live
+run holding the output's lock included).
 """
 
 from __future__ import annotations
@@ -51,11 +57,23 @@ from transforms.accounting import EmptySplitError, RejectedFractionError, Unreco
 from transforms.build import BuildExamples
 from transforms.encoder import EncoderChoice, choose_encoder
 from transforms.handoff import release, scope, unwrap
+from transforms.inputs import InputChangedError
 from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
+from transforms.output import (
+    LOCK_NAME,
+    LockLostError,
+    OutputLockedError,
+    RunLock,
+    acquire_lock,
+    foreign_files,
+    list_output,
+    read_lock,
+    remove_output_files,
+)
 from transforms.pack import CountersCombineFn, Pack
 from transforms.parallel import prestart
-from transforms.read import ReadCorpus, expand_inputs, iter_file_records, record_fields
+from transforms.read import ReadCorpus, file_format, iter_file_records, list_inputs, record_fields
 from transforms.tokenize import Tokenize, needs_full_encodings, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 from transforms.write import TMP_DIR, WriteRejected, WriteShards, join_path, write_atomic
@@ -70,11 +88,13 @@ class Plan:
     """Everything decided before the pipeline starts."""
 
     def __init__(self, options: MaterializeOptions, objective, resolved: ResolvedTokenizer, files, schema,
-                 encoder: EncoderChoice | None = None):
+                 inputs=None, skipped=(), encoder: EncoderChoice | None = None):
         self.options = options
         self.objective = objective
         self.resolved = resolved
-        self.files = files
+        self.files = files  #: ``(path, bytes)`` of every input file
+        self.inputs = list(inputs) if inputs is not None else None  #: the same as InputFile (with mtimes)
+        self.skipped = list(skipped)  #: glob matches that are not files (SkippedInput)
         self.schema = schema
         #: the encoder backend every worker uses (decided here, probed against tokenizers)
         self.encoder = encoder or EncoderChoice(options.encoder, "tokenizers")
@@ -129,28 +149,98 @@ def check_beam_args(beam_args: list[str]) -> None:
 
 
 def _output_is_empty(output: str) -> bool:
+    return not list_output(output)
+
+
+def _is_file(output: str) -> bool:
+    scheme = FileSystems.get_scheme(output)
+    if scheme in (None, "file"):
+        local = output[len("file://"):] if output.startswith("file://") else output
+        return os.path.lexists(local) and not os.path.isdir(local)
     try:
-        matches = FileSystems.match([join_path(output, "**")])[0].metadata_list
-    except Exception:
-        return True
-    return not matches
+        return any(m.path == output for m in FileSystems.match([output])[0].metadata_list)
+    except Exception:  # noqa: BLE001 - nothing there
+        return False
 
 
-def prepare_output(options: MaterializeOptions, splits: list[str]) -> None:
-    """Refuse a non-empty output unless --overwrite; create the directory layout."""
+def check_output(options: MaterializeOptions, own: RunLock | None = None) -> list[str]:
+    """Check, changing nothing, that the run may write to ``--output``; return the files there.
+
+    ``own``: the lock this run holds (not another run's).
+
+    Raises:
+        ValueError: the output is a file; it is not empty (without ``--overwrite``); with
+            ``--overwrite``, it holds a file that is not part of an lmshards dataset.
+        OutputLockedError: a live run holds its lock.
+    """
     output = options.output
-    if not _output_is_empty(output):
-        if not options.overwrite:
-            raise ValueError(f"--output {output}: directory is not empty (pass --overwrite to replace it)")
-        manifest = join_path(output, MANIFEST_NAME)
-        if FileSystems.exists(manifest):
-            FileSystems.delete([manifest])  # first, so a half-deleted directory never looks complete
-        FileSystems.delete([output])
-    dirs = [output, join_path(output, TMP_DIR), join_path(output, "rejected")]
-    dirs += [join_path(output, f"{split}/{FORMAT_DIRS[fmt]}") for split in splits for fmt in options.formats]
-    for path in dirs:
-        if not FileSystems.exists(path):
-            FileSystems.mkdirs(path)
+    if _is_file(output):
+        raise ValueError(f"--output {output}: is a file, not a directory")
+    existing = list_output(output)
+    held = read_lock(output) if LOCK_NAME in existing else None
+    if held is not None and (own is None or held.run_id != own.run_id) and not held.stale():
+        raise OutputLockedError(f"--output {output}: another run is writing there ({held.describe()}; {LOCK_NAME}); "
+                                f"wait for it, or delete {LOCK_NAME} if no such run exists")
+    if [r for r in existing if own is None or r != LOCK_NAME] and not options.overwrite:
+        raise ValueError(f"--output {output}: directory is not empty (pass --overwrite to replace it)")
+    foreign = foreign_files(existing)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise ValueError(f"--output {output}: --overwrite replaces only an lmshards dataset or its debris, and "
+                         f"{foreign[0]}{more} is not part of one; move it away or choose another --output")
+    return existing
+
+
+def prepare_output(options: MaterializeOptions, splits: list[str], lock: RunLock | None = None) -> RunLock:
+    """Check the output (:func:`check_output`), take its lock, delete the old dataset (with
+    ``--overwrite``) and create the directory layout; return the lock.
+
+    Raises:
+        ValueError: as :func:`check_output`, or an output that cannot be written.
+        OutputLockedError: another run holds (or just took) the lock.
+    """
+    output = options.output
+    check_output(options)
+    try:
+        lock = acquire_lock(output, lock)
+    except OSError as exc:
+        raise ValueError(f"--output {output}: cannot write there ({exc.strerror or exc})") from exc
+    try:
+        existing = [r for r in check_output(options, lock) if r != LOCK_NAME]  # again: no other run can start now
+        remove_output_files(output, existing)
+        dirs = [output, join_path(output, TMP_DIR), join_path(output, "rejected")]
+        dirs += [join_path(output, f"{split}/{FORMAT_DIRS[fmt]}") for split in splits for fmt in options.formats]
+        for path in dirs:
+            if not FileSystems.exists(path):
+                FileSystems.mkdirs(path)
+    except OSError as exc:
+        lock.release()
+        raise ValueError(f"--output {output}: cannot write there ({exc.strerror or exc})") from exc
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _clean_failed_run(output: str, lock: RunLock, keep_rejected: bool) -> None:
+    """Remove what a failed run wrote (``rejected/`` too unless ``keep_rejected``), then its lock."""
+    try:
+        lock.check()
+    except LockLostError:
+        return  # the output is another run's now
+    except Exception:  # noqa: BLE001 - the output cannot be read: nothing to clean
+        return
+    try:
+        files = [r for r in list_output(output) if not (keep_rejected and r.startswith("rejected/"))]
+        remove_output_files(output, files)
+    except Exception:  # noqa: BLE001 - leave the rest for --overwrite
+        pass
+    lock.release()
+    if FileSystems.get_scheme(output) in (None, "file"):
+        try:
+            os.rmdir(output[len("file://"):] if output.startswith("file://") else output)  # only if empty
+        except OSError:
+            pass
 
 
 def _naming_the_flag(message: str, options: MaterializeOptions) -> str:
@@ -198,13 +288,14 @@ def plan_run(options: MaterializeOptions) -> Plan:
     except ValueError as exc:
         message = str(exc)
         raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
-    files = expand_inputs(options.inputs)
+    listing = list_inputs(options.inputs, file_format)
     schema = example_schema(objective.family, **objective.schema_kwargs())
+    files = [(f.path, f.size) for f in listing.files]
     texts, rejected = sample_records(options, files)
     if files:
         check_text_field(options, files[0][0], texts, rejected)
     encoder = plan_encoder(options, resolved, objective.features, texts)
-    return Plan(options, objective, resolved, files, schema, encoder)
+    return Plan(options, objective, resolved, files, schema, listing.files, listing.skipped, encoder)
 
 
 #: The corpus sample read before the pipeline starts (the encoder's parity probe, the text-field
@@ -220,8 +311,9 @@ def sample_records(options: MaterializeOptions, files: list[tuple[str, int]]) ->
     chars = 0
     if not files:
         return texts, rejected
+    # Not verified: a sample must not decompress a whole archive (the pipeline verifies every file).
     records = iter_file_records(files[0][0], text_mode=options.text_mode, text_field=options.text_field,
-                                policy=options.record_policy)
+                                policy=options.record_policy, verify=False)
     for record in records:
         if isinstance(record, dict):
             rejected.append(record)
@@ -314,7 +406,9 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "output": o.output,
             "tokenizer_source": o.tokenizer,
             "input_patterns": list(o.inputs),
-            "input_files": [{"path": p, "bytes": size} for p, size in plan.files],
+            "input_files": ([{"path": f.path, "bytes": f.size, "modified": f.mtime} for f in plan.inputs]
+                            if plan.inputs is not None else [{"path": p, "bytes": size} for p, size in plan.files]),
+            "skipped_inputs": [s.to_json() for s in plan.skipped],
             "beam_args": list(o.beam_args),
             "encoder": plan.encoder.to_json(),
         },
@@ -335,17 +429,19 @@ def shard_sizing(plan: Plan) -> dict[str, int | None]:
 
 
 def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None,
-                   handoff_scope: str | None = None) -> None:
+                   handoff_scope: str | None = None, lock: RunLock | None = None) -> None:
     """Add the materialize steps to ``pipeline``.
 
     ``handoff_scope``: hand token arrays and example batches across the shuffles by
     reference, under this scope (:mod:`transforms.handoff`; only for a runner that runs every
-    stage in this process); None copies them through the runner.
+    stage in this process); None copies them through the runner. ``lock``: the run's lock,
+    checked by every writer before it renames a file into place.
     """
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
     read = pipeline | "ReadCorpus" >> ReadCorpus(
-        [p for p, _ in plan.files], text_mode=o.text_mode, text_field=o.text_field, policy=o.record_policy
+        plan.inputs if plan.inputs is not None else [p for p, _ in plan.files], text_mode=o.text_mode,
+        text_field=o.text_field, policy=o.record_policy
     )
     tokenized = read.texts | "Tokenize" >> Tokenize(
         tokenizer_out,
@@ -382,13 +478,13 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         | "SumObjectiveStats" >> beam.CombinePerKey(CountersCombineFn())
     )
     shards = (batches, rest_batches, split_tokens) | "WriteShards" >> WriteShards(
-        o.output, plan.schema, formats=o.formats, sizing=sizing
+        o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
-    rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output)
+    rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output, lock)
     read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(CountersCombineFn())
     _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files) | "WriteManifest" >> WriteManifest(
-        o.output, _static_manifest(plan, argv)
+        o.output, _static_manifest(plan, argv), lock
     )
 
 
@@ -439,43 +535,66 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
         _LOG.warning(warning)
     dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
-    if dry_run:
-        # Build and validate the job only: check the output, but change nothing there.
-        if not options.overwrite and not _output_is_empty(options.output):
-            raise ValueError(f"--output {options.output}: directory is not empty (pass --overwrite to replace it)")
-    else:
-        prepare_output(options, plan.splits)
-        tokenizer_bytes = plan.resolved.to_json_bytes()
-        write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes))
-        prestart(options.build_processes)  # the workers start while Beam does
+    check_output(options)  # before anything else: it changes nothing
     _shorten_state_sampling()
-    pipeline = beam.Pipeline(options=pipeline_options)
+    pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
     handoff_scope = scope() if options.in_one_process and not dry_run else None
-    build_pipeline(pipeline, plan, argv, handoff_scope)
+    lock = None if dry_run else RunLock.new(options.output)
+    build_pipeline(pipeline, plan, argv, handoff_scope, lock)
+    if lock is not None:
+        # Everything that can be checked has passed: only now is the output locked and the old dataset removed.
+        try:
+            prepare_output(options, plan.splits, lock)
+        except BaseException:
+            if handoff_scope is not None:
+                release(handoff_scope)
+            raise
+    failure: tuple[BaseException, bool] | None = None
     try:
-        with (_quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError),
-              _quiet_logs_of(EmptySplitError), _frozen_heap()):
+        if lock is not None:
+            tokenizer_bytes = plan.resolved.to_json_bytes()
+            write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
+            prestart(options.build_processes)  # the workers start while Beam does
+        with _quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError), \
+                _quiet_logs_of(EmptySplitError), _quiet_logs_of(InputChangedError), _quiet_logs_of(LockLostError), \
+                _quiet_logs_of(OSError), _frozen_heap():
             result = pipeline.run()
             result.wait_until_finish()
-    except Exception as exc:
-        message = _check_message(exc, RejectedFractionError, "--max-rejected-fraction ")
-        if message is not None:
-            raise RejectedFractionError(message) from None
-        for error_type, start in ((UnreconciledCountsError, "documents do not add up"), (EmptySplitError, "split ")):
-            message = _check_message(exc, error_type, start)
-            if message is not None:
-                raise JobFailedError(message) from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise JobFailedError(f"the pipeline failed: {type(exc).__name__}: {first}") from exc
+    except BaseException as exc:
+        failure = _job_error(exc)
+        error, chained = failure
+        if error is exc:
+            raise
+        raise error from (exc if chained else None)
     finally:
         if handoff_scope is not None:
             release(handoff_scope)
+        if lock is not None and failure is not None:
+            _clean_failed_run(options.output, lock, keep_rejected=isinstance(failure[0], RejectedFractionError))
     if dry_run:
         return None, result
     with FileSystems.open(join_path(options.output, MANIFEST_NAME)) as handle:
         manifest = Manifest.loads(handle.read().decode("utf-8"))
+    lock.release()
     manifest.run["wall_seconds"] = round(time.monotonic() - start, 3)
     return manifest, result
+
+
+def _job_error(exc: BaseException) -> tuple[BaseException, bool]:
+    """``(the error a failed pipeline is reported as, whether it chains exc)``: one line, with no
+    chained traceback, for the failures the job checks itself."""
+    if not isinstance(exc, Exception):
+        return exc, False  # KeyboardInterrupt, SystemExit
+    message = _check_message(exc, RejectedFractionError, "--max-rejected-fraction ")
+    if message is not None:
+        return RejectedFractionError(message), False
+    for error_type, start in ((UnreconciledCountsError, "documents do not add up"), (EmptySplitError, "split "),
+                              (InputChangedError, "--input "), (LockLostError, "--output "), (OSError, "[Errno ")):
+        message = _check_message(exc, error_type, start)
+        if message is not None:
+            return JobFailedError(message), False
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return JobFailedError(f"the pipeline failed: {type(exc).__name__}: {first}"), True
 
 
 @contextlib.contextmanager
@@ -625,6 +744,16 @@ def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
                        f"(into {repaired['split_pieces']:,} documents)")
     if repairs:
         lines.append(f"repaired: {', '.join(repairs)}")
+    skipped = manifest.run.get("skipped_inputs") or []
+    if skipped:
+        shown = ", ".join(f"{s['path']} ({s['reason']})" for s in skipped[:3])
+        lines.append(f"skipped {len(skipped):,} glob match(es) that are not files: {shown}"
+                     + (f" and {len(skipped) - 3} more (manifest run.skipped_inputs)" if len(skipped) > 3 else ""))
+    unverified = manifest.run.get("unverified_inputs") or []
+    if unverified:
+        lines.append(f"unverified: {len(unverified):,} zstd file(s) without content checksums were read as they are "
+                     f"(manifest run.unverified_inputs; --unverified-zstd reject refuses them): {unverified[0]}"
+                     + (" ..." if len(unverified) > 1 else ""))
     total_tokens = 0
     for split, info in manifest.splits.items():
         total_tokens += info["document_tokens"]
@@ -677,6 +806,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"lmshards materialize: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file that cannot be read or written, outside the pipeline
+        print(f"lmshards materialize: error: {exc}", file=sys.stderr)
+        return 1
     if manifest is None:
         print("dry run: the pipeline was built and validated, nothing was submitted")
         return 0

@@ -20,7 +20,14 @@ from transforms.encoder import ENCODER_CHOICES
 from transforms.objectives.packing import PACKING_MODES
 from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
-from transforms.record_policy import INVALID_UTF8_POLICIES, LONG_DOC_POLICIES, NUL_POLICIES, RecordPolicy
+from transforms.record_policy import (
+    INVALID_UTF8_POLICIES,
+    LONG_DOC_POLICIES,
+    MAX_RECORD_BYTES,
+    NUL_POLICIES,
+    UNVERIFIED_ZSTD_POLICIES,
+    RecordPolicy,
+)
 
 __all__ = ["FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args", "resolve_build_processes",
            "resolve_encoder_threads", "worker_flags"]
@@ -91,6 +98,8 @@ class MaterializeOptions:
     max_doc_chars: int | None = None
     long_docs: str = "split"
     max_rejected_fraction: float | None = DEFAULT_MAX_REJECTED_FRACTION
+    max_record_bytes: int = MAX_RECORD_BYTES
+    unverified_zstd: str = "keep"
     #: worker processes that build examples beside the in-process runner's thread (0: none)
     build_processes: int = 0
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
@@ -109,7 +118,8 @@ class MaterializeOptions:
     @property
     def record_policy(self) -> RecordPolicy:
         """The reader's policy for invalid UTF-8, NUL bytes and long documents."""
-        return RecordPolicy(self.invalid_utf8, self.nul_bytes, self.max_doc_chars, self.long_docs)
+        return RecordPolicy(self.invalid_utf8, self.nul_bytes, self.max_doc_chars, self.long_docs,
+                            self.max_record_bytes, self.unverified_zstd)
 
 
 def _positive_int(flag):
@@ -322,7 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     bad.add_argument("--max-doc-chars", type=_positive_int("--max-doc-chars"), default=None, metavar="N",
                      help="longest document in characters (default: no limit); see --long-docs")
     bad.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default=None,
-                     help="split a longer document at paragraph/line/space boundaries (default) or reject it")
+                     help="split a longer document (or record) at paragraph/line/space boundaries (default) "
+                          "or reject it")
+    bad.add_argument("--max-record-bytes", type=_positive_int("--max-record-bytes"), default=MAX_RECORD_BYTES,
+                     metavar="N", help="most bytes of one record held in memory (default 64 MiB): a longer text "
+                                       "record is split or rejected as --long-docs says, a longer JSON line rejected")
+    bad.add_argument("--unverified-zstd", choices=UNVERIFIED_ZSTD_POLICIES, default="keep",
+                     help="zstd frames written without a checksum: keep their files (listed in the manifest as "
+                          "unverified; default) or reject them")
     bad.add_argument("--max-rejected-fraction", type=_rejected_fraction, default=DEFAULT_MAX_REJECTED_FRACTION,
                      metavar="F", help="fail the job, writing no manifest, when more than F of the documents read "
                      f"are rejected (default {DEFAULT_MAX_REJECTED_FRACTION}; 1 never fails)")
@@ -424,8 +441,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         if objective and "--objective" not in (argv or []):
             args.objective = objective
         sources = {name: f"--config {args.config_file}" for name in params}
-    if args.long_docs is not None and args.max_doc_chars is None:
-        raise ValueError(f"--long-docs {args.long_docs}: needs --max-doc-chars N (no length limit is set)")
+    if args.max_record_bytes < 1024:
+        raise ValueError(f"--max-record-bytes {args.max_record_bytes}: must be at least 1024")
     from transforms.objectives.registry import objective_parameters
 
     objective_parameters(args.objective)  # unknown objective: fail first, naming it
@@ -473,6 +490,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_doc_chars=args.max_doc_chars,
         long_docs=args.long_docs or "split",
         max_rejected_fraction=args.max_rejected_fraction,
+        max_record_bytes=args.max_record_bytes,
+        unverified_zstd=args.unverified_zstd,
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         encoder=args.encoder,

@@ -69,6 +69,46 @@ class ShardInfo:
         )
 
 
+def _fail(where: str, what: str) -> None:
+    raise ValueError(f"damaged manifest: {where} {what}")
+
+
+def _check_structure(data: dict[str, Any]) -> None:
+    """The types the readers rely on (a manifest is untrusted input: fail here, not deep in a reader)."""
+    for name in ("objective", "config", "tokenizer", "schema", "counts", "splits"):
+        if not isinstance(data[name], dict):
+            _fail(name, "is not an object")
+    if not isinstance(data.get("stats", {}), dict) or not isinstance(data.get("run", {}), dict):
+        _fail("stats/run", "is not an object")
+    columns = data["schema"].get("columns", [])
+    if not isinstance(columns, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("type"), str) for c in columns):
+        _fail("schema.columns", "is not a list of {name, type} strings")
+    formats = data["config"].get("formats", [])
+    if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
+        _fail("config.formats", "is not a list of strings")
+    for split, info in data["splits"].items():
+        if not isinstance(info, dict) or not isinstance(info.get("shards"), list):
+            _fail(f"splits.{split}", "has no list of shards")
+        for number, shard in enumerate(info["shards"]):
+            where = f"splits.{split}.shards[{number}]"
+            if not isinstance(shard, dict) or not isinstance(shard.get("files"), dict):
+                _fail(where, "has no files")
+            if not isinstance(shard.get("split"), str):
+                _fail(f"{where}.split", "is not a string")
+            for key in ("index", "rows", "tokens"):
+                value = shard.get(key)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    _fail(f"{where}.{key}", f"is {value!r}, not an integer >= 0")
+            for fmt, entry in shard["files"].items():
+                if not isinstance(entry, dict) or set(entry) != {"path", "bytes", "sha256"}:
+                    _fail(f"{where}.files.{fmt}", "is not {path, bytes, sha256}")
+                if not isinstance(entry["path"], str) or not isinstance(entry["bytes"], int) or entry["bytes"] < 0:
+                    _fail(f"{where}.files.{fmt}", "has a bad path or size")
+                if not isinstance(entry["sha256"], str):
+                    _fail(f"{where}.files.{fmt}.sha256", "is not a string")
+
+
 @dataclass
 class Manifest:
     """In-memory model of ``manifest.json``.
@@ -143,6 +183,7 @@ class Manifest:
         missing = [name for name in required if name not in data]
         if missing:
             raise ValueError(f"lmshards manifest is missing {missing}")
+        _check_structure(data)
         return cls(
             objective=data["objective"],
             config=data["config"],

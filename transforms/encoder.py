@@ -33,6 +33,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from tokenizers import Tokenizer
 
+from transforms.long_text import PIECE_CHARS, PiecedEncoding, encode_pieces, pieces_are_exact
+
 __all__ = [
     "BACKENDS",
     "ENCODER_CHOICES",
@@ -43,7 +45,11 @@ __all__ = [
     "FastokensEncoder",
     "TokenizersEncoder",
     "choose_encoder",
+    "encode_bounded",
     "error_line",
+    "full_encoding",
+    "offset_ends",
+    "pieces_are_exact_for",
     "fastokens_version",
     "first_difference",
     "load_encoder",
@@ -180,6 +186,82 @@ def load_encoder(backend: str, tokenizer_json: str, *, full: bool = False) -> En
             raise EncoderUnavailable("fastokens gives no offsets or word ids, which this job needs")
         return FastokensEncoder(tokenizer_json)
     raise ValueError(f"--encoder {backend}: expected one of {', '.join(ENCODER_CHOICES)}")
+
+
+class _Ids(NamedTuple):
+    ids: np.ndarray
+
+
+def _encodings_of(encoder: Encoder):
+    """``texts -> encodings`` (objects with ``ids``, and word ids and offsets for a full
+    ``tokenizers`` encoder), as :func:`transforms.long_text.encode_pieces` calls it."""
+
+    def encode(texts: list[str]) -> list:
+        batch = encoder.encode(texts)
+        if batch.encodings is not None:
+            return batch.encodings
+        return [_Ids(batch.ids_of(i)) for i in range(len(texts))]
+
+    return encode
+
+
+def pieces_are_exact_for(encoder: Encoder, tokenizer_json: str) -> bool:
+    """Whether a long text's ids are those of its pieces laid end to end
+    (:func:`transforms.long_text.pieces_are_exact`), probed with ``encoder``, or with
+    ``tokenizers`` where ``encoder`` refuses a probe string (both give the same ids)."""
+
+    def ids_with(backend: Encoder):
+        return lambda texts: [ids.tolist() for ids in (backend.encode(texts).ids_of(i) for i in range(len(texts)))]
+
+    try:
+        return pieces_are_exact(ids_with(encoder))
+    except Exception:
+        if encoder.name == "tokenizers":
+            raise
+        return pieces_are_exact(ids_with(load_encoder("tokenizers", tokenizer_json)))
+
+
+def encode_bounded(encoder: Encoder, texts: list[str], pieces: bool) -> EncodedBatch:
+    """``encoder.encode(texts)``, with every text longer than
+    :data:`~transforms.long_text.PIECE_CHARS` characters encoded in bounded pieces when
+    ``pieces`` (:func:`pieces_are_exact_for` the encoder): no text makes the encoder hold
+    gigabytes. A long text's entry in ``encodings`` is then a
+    :class:`~transforms.long_text.PiecedEncoding`."""
+    if not pieces or all(len(text) <= PIECE_CHARS for text in texts):
+        return encoder.encode(texts)
+    short = [index for index, text in enumerate(texts) if len(text) <= PIECE_CHARS]
+    batch = encoder.encode([texts[index] for index in short])
+    ids: list[np.ndarray] = [np.zeros(0, np.int32)] * len(texts)
+    full = batch.encodings is not None
+    encodings: list | None = [None] * len(texts) if full else None
+    for position, index in enumerate(short):
+        ids[index] = batch.ids_of(position)
+        if full:
+            encodings[index] = batch.encodings[position]
+    encode = _encodings_of(encoder)
+    for index, text in enumerate(texts):
+        if len(text) > PIECE_CHARS:
+            pieced = encode_pieces(encode, text, full=full)
+            ids[index] = pieced.ids
+            if full:
+                encodings[index] = pieced
+    offsets = _offsets_of([len(row) for row in ids])
+    return EncodedBatch(np.concatenate(ids).astype(np.int32, copy=False), offsets, encodings)
+
+
+def full_encoding(tokenizer: Tokenizer, text: str, pieces: bool):
+    """One text's ``tokenizers`` encoding with word ids and offsets, in pieces when it is long
+    (then a :class:`~transforms.long_text.PiecedEncoding`)."""
+    if pieces and len(text) > PIECE_CHARS:
+        return encode_pieces(lambda texts: tokenizer.encode_batch(texts, add_special_tokens=False), text, full=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def offset_ends(encoding) -> np.ndarray:
+    """Where each token of a full encoding ends, in characters of its text."""
+    if isinstance(encoding, PiecedEncoding):
+        return encoding.offset_ends
+    return np.array([end for _, end in encoding.offsets], dtype=np.int64)
 
 
 # -- the parity probe -------------------------------------------------------------------------

@@ -5,6 +5,9 @@ under ``stats[split]["objective_summary"]``), writes the ``datasets`` metadata (
 ``datasets.load_from_disk`` opens ``OUT`` as a ``DatasetDict`` of the splits, ``OUT/SPLIT``
 and ``OUT/SPLIT/arrow`` as one split), then ``manifest.json`` (atomically), then removes
 ``OUT/.tmp``.
+
+The ``run`` block gets the inputs read without verified checksums (``unverified_inputs``:
+zstd frames written without a content checksum), from the reader's statistics.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import json
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import (
@@ -23,7 +25,10 @@ from transforms.accounting import (
     check_splits_have_examples,
     document_counts,
 )
+from transforms.inputs import InputFile, check_all_unchanged
 from transforms.objectives.summary import summarize_objective
+from transforms.output import RunLock, delete_tree
+from transforms.read import UNVERIFIED_PREFIX
 from transforms.write import TMP_DIR, join_path, write_atomic
 
 __all__ = ["WriteManifest", "hf_dataset_files", "summarize_lengths"]
@@ -70,8 +75,8 @@ def hf_dataset_files(split: str, shard_paths: list[str], schema_meta: dict, pref
 
 
 class _WriteManifest(beam.DoFn):
-    def __init__(self, output, static):
-        self._output, self._static = output, static
+    def __init__(self, output, static, lock: RunLock | None = None):
+        self._output, self._static, self._lock = output, static, lock
 
     def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files):
         static = self._static
@@ -101,11 +106,17 @@ class _WriteManifest(beam.DoFn):
             }
         written = sum(s["documents"] for s in splits.values())
         duplicates = sum(s["duplicates"] for s in splits.values())
+        unverified = sorted(k[len(UNVERIFIED_PREFIX):] for k in read_stats if k.startswith(UNVERIFIED_PREFIX))
+        read_stats = {k: v for k, v in read_stats.items() if not k.startswith(UNVERIFIED_PREFIX)}
         counts = document_counts(read_stats, reasons, written, duplicates)
         counts["rejected_files"] = sorted(rejected_files, key=lambda f: f["path"])
         # Before anything is written: a run that lost documents, or is over the rejected limit,
         # fails and leaves no manifest.
         check_reconciled(counts)
+        # A run's inputs must not change under it: one changed after it was read fails the run here.
+        listed = [InputFile(f["path"], f["bytes"], f["modified"]) for f in static["run"].get("input_files", [])
+                  if "modified" in f]
+        check_all_unchanged(listed, "during the run")
         check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
                                 join_path(self._output, "rejected/rejected.jsonl"))
         check_splits_have_examples(splits, static["config"].get("last_chunk"))
@@ -116,11 +127,12 @@ class _WriteManifest(beam.DoFn):
                 arrow_dir = FORMAT_DIRS["arrow"]
                 for directory, prefix in ((f"{split}/{arrow_dir}", ""), (split, f"{arrow_dir}/")):
                     for name, payload in hf_dataset_files(split, paths, static["schema"], prefix).items():
-                        write_atomic(self._output, f"{directory}/{name}", lambda h, p=payload: h.write(p))
+                        write_atomic(self._output, f"{directory}/{name}", lambda h, p=payload: h.write(p),
+                                     self._lock)
                 hf_splits.append(split)
         if hf_splits:
             listing = (json.dumps({"splits": hf_splits}, indent=2, sort_keys=True) + "\n").encode()
-            write_atomic(self._output, "dataset_dict.json", lambda h: h.write(listing))
+            write_atomic(self._output, "dataset_dict.json", lambda h: h.write(listing), self._lock)
         manifest = Manifest(
             objective=static["objective"],
             config=static["config"],
@@ -129,13 +141,13 @@ class _WriteManifest(beam.DoFn):
             counts=counts,
             splits=splits,
             stats=stats,
-            run=static["run"],
+            run={**static["run"], "unverified_inputs": unverified},
         )
         text = manifest.dumps().encode("utf-8")
-        write_atomic(self._output, MANIFEST_NAME, lambda h: h.write(text))
+        write_atomic(self._output, MANIFEST_NAME, lambda h: h.write(text), self._lock)
         try:
-            FileSystems.delete([join_path(self._output, TMP_DIR)])
-        except Exception:  # nothing left to clean, or a filesystem without directories
+            delete_tree(join_path(self._output, TMP_DIR))  # object by object: on gs:// a directory is a prefix
+        except Exception:  # noqa: BLE001 - nothing left to clean
             pass
         yield manifest.to_json()
 
@@ -152,12 +164,13 @@ class WriteManifest(beam.PTransform):
     (``objective_stats``: per split, the summed counters of BuildExamples); the counts
     follow :func:`transforms.accounting.document_counts`. When ``static["config"]`` has a
     ``max_rejected_fraction`` that the run exceeds, it raises
-    :class:`~transforms.accounting.RejectedFractionError` and writes nothing.
+    :class:`~transforms.accounting.RejectedFractionError` and writes nothing. ``lock``: the
+    run's lock (checked before every rename), or None.
     """
 
-    def __init__(self, output, static):
+    def __init__(self, output, static, lock: RunLock | None = None):
         super().__init__()
-        self._output, self._static = output, static
+        self._output, self._static, self._lock = output, static, lock
 
     def expand(self, inputs):
         shards, objective_stats, pack_stats, read_stats, reasons, rejected_files = inputs
@@ -167,7 +180,7 @@ class WriteManifest(beam.PTransform):
             | "ManifestTrigger" >> beam.Create([None])
             | "WriteManifestFile"
             >> beam.ParDo(
-                _WriteManifest(self._output, self._static),
+                _WriteManifest(self._output, self._static, self._lock),
                 shards=beam.pvalue.AsList(shards),
                 objective_stats=beam.pvalue.AsDict(objective_stats),
                 pack_stats=beam.pvalue.AsDict(pack_stats),

@@ -9,26 +9,50 @@ Formats (DESIGN.md section 2.1):
 - ``.parquet``: the text column;
 
 each optionally compressed (``.gz``, ``.zst``), from local paths or any Beam filesystem.
-Files are opened through ``FileSystems`` and decompressed here, so a truncated archive
-becomes a rejected entry with a reason instead of a crash inside a worker.
+Files are opened through ``FileSystems`` and decompressed here (:mod:`transforms.archives`),
+so a corrupt archive becomes a rejected entry with a reason instead of a crash inside a
+worker.
+
+Everything read is untrusted (DESIGN.md section 7):
+
+- **Bounded memory per record.** Lines are read in bounded pieces
+  (:mod:`transforms.line_reader`) and no record is held beyond ``max_record_bytes`` (64 MiB
+  by default): a longer text record is cut into pieces as it is read (``--long-docs
+  split``) or rejected ``too_long`` without being held (``--long-docs reject``); a longer
+  JSON line is always ``too_long``. Decompression is streamed with a bounded window, so a
+  decompression bomb becomes ``too_long`` (or ``nul_bytes``) records, never an OOM.
+- **Archives verified before their records count.** A compressed file is decompressed
+  once to check every gzip CRC and zstd content checksum before any of its records is
+  read (:func:`transforms.archives.verify_archive`). A file that fails is one
+  ``unreadable_file`` rejection that says how many records it held: none of them is used.
+  A zstd frame written without a checksum cannot be verified: its file is read and
+  listed as unverified in the manifest (``unverified_zstd="keep"``, the default) or
+  rejected with reason ``unverified_archive``.
+- **Line ends** are ``\n``, ``\r\n`` and a lone ``\r``.
+- **Nothing vanishes.** A file that yields no record (no bytes, or only blank lines) is one
+  ``empty_file`` rejection. A file that changes size or modification time between the
+  listing of the inputs and the end of its reading fails the job
+  (:class:`~transforms.inputs.InputChangedError`).
 
 A record is ``(source, position, text)``; a rejected record is a dict with ``source``,
 ``position``, ``reason`` and a short ``excerpt``. Reasons: ``malformed_json``,
 ``not_an_object``, ``missing_text_field``, ``text_not_string``, ``invalid_utf8``,
-``nul_bytes``, ``empty_text`` (empty or whitespace-only), ``too_long`` and
-``unreadable_file`` (a file that cannot be opened or decompressed to its end: the
-records before the fault are kept and the rest of the file counts as one rejection).
+``nul_bytes``, ``empty_text`` (empty or whitespace-only), ``too_long``, ``empty_file``,
+``unverified_archive`` and ``unreadable_file`` (a file that cannot be opened or
+decompressed: for a compressed file none of its records is kept; for an uncompressed one
+the records before the fault are kept and the rest of the file counts as one rejection).
 Invalid UTF-8, NUL bytes, byte-order marks and long documents follow a
 :class:`~transforms.record_policy.RecordPolicy`.
 
 Blank lines (empty or only ASCII whitespace) are separators, never records, and are not
 counted; a line of other whitespace (U+3000, ...) is a record with reason ``empty_text``.
+JSON integers too long for Python's integer conversion (over 4,300 digits) are kept as
+their digits: they do not make a record malformed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
 import json
 import zlib
@@ -37,23 +61,29 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
+from transforms.archives import compression_of, open_decompressed, verify_archive
+from transforms.inputs import InputChangedError, InputFile, check_unchanged, list_inputs
+from transforms.line_reader import BLOCK_BYTES, RecordBuffer, iter_lines
 from transforms.record_policy import BOM, BOM_BYTES, RecordPolicy, has_surrogates, replace_surrogates, split_text
 
 __all__ = [
     "TEXT_MODES",
+    "UNVERIFIED_PREFIX",
+    "InputChangedError",
     "ReadCorpus",
     "RecordPolicy",
     "expand_inputs",
     "iter_file_records",
+    "list_inputs",
     "record_fields",
     "rejection",
 ]
 
 TEXT_MODES = ("line", "paragraph", "file")
 UTF8_REPLACED, NUL_STRIPPED = "invalid_utf8_replaced", "nul_bytes_stripped"
+#: Prefix of the read-stats key that marks a file read without verified checksums.
+UNVERIFIED_PREFIX = "unverified_input:"
 EXCERPT_CHARS = 200
 _TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -61,19 +91,17 @@ _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 def rejection(source: str, position: int, reason: str, excerpt: Any = "") -> dict[str, Any]:
     """A rejected-record entry (written to ``OUT/rejected/``)."""
-    if isinstance(excerpt, bytes):
-        excerpt = excerpt[:EXCERPT_CHARS].decode("utf-8", errors="replace")
+    if isinstance(excerpt, (bytes, bytearray)):
+        excerpt = bytes(excerpt[:EXCERPT_CHARS]).decode("utf-8", errors="replace")
     elif not isinstance(excerpt, str):
         excerpt = repr(excerpt)
     return {"source": source, "position": position, "reason": reason, "excerpt": excerpt[:EXCERPT_CHARS]}
 
 
 def _split_compression(path: str) -> tuple[str, str | None]:
+    kind = compression_of(path)
     lower = path.lower()
-    for suffix, kind in ((".gz", "gzip"), (".gzip", "gzip"), (".zst", "zstd"), (".zstd", "zstd")):
-        if lower.endswith(suffix):
-            return lower[: -len(suffix)], kind
-    return lower, None
+    return (lower.rsplit(".", 1)[0] if kind else lower), kind
 
 
 def file_format(path: str) -> str:
@@ -91,80 +119,12 @@ def file_format(path: str) -> str:
 
 
 def expand_inputs(patterns: list[str]) -> list[tuple[str, int]]:
-    """Expand input globs to a sorted list of ``(path, size_bytes)``.
+    """Expand input globs to a sorted list of ``(path, size_bytes)`` (see :func:`list_inputs`).
 
     Raises:
         ValueError: a pattern matches no file, or a file has an unknown type.
     """
-    if not patterns:
-        raise ValueError("--input: at least one input glob is required")
-    files: dict[str, int] = {}
-    for pattern in patterns:
-        try:
-            results = FileSystems.match([pattern])[0].metadata_list
-        except Exception as exc:  # Beam raises BeamIOError for unreadable patterns
-            raise ValueError(f"--input {pattern}: cannot list files ({exc})") from exc
-        matched = [m for m in results if not m.path.endswith("/")]
-        if not matched:
-            raise ValueError(f"--input {pattern}: matches no file")
-        for meta in matched:
-            file_format(meta.path)
-            files[meta.path] = meta.size_in_bytes
-    return sorted(files.items())
-
-
-class _ZstdReader(io.RawIOBase):
-    """Concatenated zstd frames -> bytes; ``EOFError`` when the input ends inside a frame.
-
-    ``zstandard``'s ``stream_reader`` returns a short read on a truncated frame (a cut
-    archive would become a silently cut last record) and cannot iterate lines.
-    """
-
-    def __init__(self, raw: io.BufferedIOBase):
-        super().__init__()
-        import zstandard
-
-        self._raw = raw
-        self._decompressor = zstandard.ZstdDecompressor()
-        self._frame: Any = None
-        self._pending = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self._pending:
-            data = self._raw.read(1 << 16)  # small reads keep each decompressed batch small
-            if not data:
-                if self._frame is not None and not self._frame.eof:
-                    raise EOFError("zstd stream ended before the end of a frame")
-                return 0
-            out = []
-            while data:
-                if self._frame is None or self._frame.eof:
-                    self._frame = self._decompressor.decompressobj()
-                out.append(self._frame.decompress(data))
-                data = self._frame.unused_data if self._frame.eof else b""
-            self._pending = memoryview(b"".join(out))
-        count = min(len(buffer), len(self._pending))
-        buffer[:count] = self._pending[:count]
-        self._pending = self._pending[count:]
-        return count
-
-
-@contextlib.contextmanager
-def _open_decompressed(path: str) -> Iterator[io.BufferedIOBase]:
-    # Closing a GzipFile does not close the file object it wraps, so both are managed here.
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-        _, kind = _split_compression(path)
-        if kind == "gzip":
-            with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
-                yield stream
-        elif kind == "zstd":
-            with io.BufferedReader(_ZstdReader(raw)) as stream:
-                yield stream
-        else:
-            yield raw
+    return [(f.path, f.size) for f in list_inputs(patterns, file_format).files]
 
 
 def _text_field(obj: dict[str, Any], field_path: str) -> Any:
@@ -176,42 +136,112 @@ def _text_field(obj: dict[str, Any], field_path: str) -> Any:
     return value
 
 
-def _iter_lines(stream: io.BufferedIOBase) -> Iterator[tuple[int, bytes]]:
-    yield from enumerate(stream, start=1)
-
-
 def _is_blank(line: bytes) -> bool:
     """A separator line: empty or ASCII whitespace, after a byte-order mark if any."""
     return not (line[3:] if line.startswith(BOM_BYTES) else line).strip()
 
 
-def _text_records(path: str, stream: io.BufferedIOBase, mode: str) -> Iterator[tuple]:
-    """``(path, position, raw bytes, no repairs)`` per record."""
+# A record generator yields ``(position, value, repairs, piece)``: ``value`` is the record's
+# bytes (or text, or a rejection dict), ``piece`` says it is one of the pieces of a record
+# longer than ``max_record_bytes`` (all with the record's position).
+
+
+def _record_end(position: int, buffer: RecordBuffer, path: str, strip: bytes) -> Iterator[tuple]:
+    """The last (or only) piece of a buffered record, or its ``too_long`` rejection."""
+    data = buffer.finish()
+    if strip and not buffer.over and data is not None and _is_blank(data):
+        return  # a long blank line: a separator, as a short one is
+    if data is None:
+        yield position, rejection(path, position, "too_long", f"more than {buffer.limit:,} bytes (--max-record-bytes):"
+                                  f" {buffer.excerpt[:120].decode('utf-8', 'replace')}"), (), False
+        return
+    yield from _pieces(position, [data.rstrip(strip) if strip else data], buffer.over)
+
+
+def _pieces(position: int, pieces: list[bytes], split: bool) -> Iterator[tuple]:
+    for piece in pieces:
+        if not split:
+            yield position, piece, (), False
+        elif not RecordBuffer.blank(piece):  # whitespace between pieces is not a document
+            yield position, piece, (), True
+
+
+def _text_records(path: str, stream: Any, mode: str, policy: RecordPolicy) -> Iterator[tuple]:
+    limit, split = policy.max_record_bytes, policy.long_docs == "split"
     if mode == "file":
-        yield path, 0, stream.read(), ()
+        buffer = RecordBuffer(limit, split)
+        while block := stream.read(BLOCK_BYTES):
+            yield from _pieces(0, buffer.add(block), True)
+        if buffer.size:
+            yield from _record_end(0, buffer, path, b"")
         return
-    if mode == "line":
-        for number, line in _iter_lines(stream):
-            if not _is_blank(line):
-                yield path, number, line.rstrip(b"\r\n"), ()
-        return
-    block: list[bytes] = []
+    buffer: RecordBuffer | None = None
     start = 0
-    for number, line in _iter_lines(stream):
-        if not _is_blank(line):
-            if not block:
-                start = number
-            block.append(line)
-        elif block:
-            yield path, start, b"".join(block).rstrip(b"\r\n"), ()
-            block = []
-    if block:
-        yield path, start, b"".join(block).rstrip(b"\r\n"), ()
+    in_line = False  # inside a line that came in several pieces
+    for number, data, last in iter_lines(stream):
+        if mode == "line":
+            if buffer is None:
+                if last and len(data) <= limit:  # a whole line within the limit: the common case
+                    if not _is_blank(data):
+                        yield number, data.rstrip(b"\r\n"), (), False
+                    continue
+                buffer, start = RecordBuffer(limit, split), number
+            yield from _pieces(start, buffer.add(data), True)
+            if last:
+                yield from _record_end(start, buffer, path, b"\r\n")
+                buffer = None
+            continue
+        # paragraph mode: a blank line (whole, not a piece of a long one) ends the block
+        if not in_line and last and _is_blank(data):
+            if buffer is not None:
+                yield from _record_end(start, buffer, path, b"\r\n")
+                buffer = None
+            continue
+        if buffer is None:
+            buffer, start = RecordBuffer(limit, split), number
+        yield from _pieces(start, buffer.add(data), True)
+        in_line = not last
+    if buffer is not None:
+        yield from _record_end(start, buffer, path, b"\r\n")
 
 
-def _jsonl_records(path: str, stream: io.BufferedIOBase, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
-    """``(path, line number, text or rejection, repairs made)`` per non-blank line."""
-    for number, line in _iter_lines(stream):
+class _BigInt(str):
+    """A JSON integer with more digits than Python converts (kept as its digits)."""
+
+
+def _lenient_int(digits: str) -> int | str:
+    try:
+        return int(digits)
+    except ValueError:
+        return _BigInt(digits)
+
+
+def _loads_lenient(text: str, exc: ValueError) -> Any:
+    """``json.loads`` again for a line Python's int-digit limit refused (re-raises any other error)."""
+    if "integer string conversion" not in str(exc):
+        raise exc
+    return json.loads(text, parse_int=_lenient_int)
+
+
+def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
+    """``(line number, text or rejection, repairs made, False)`` per non-blank line.
+
+    A line longer than ``max_record_bytes`` is a ``too_long`` rejection, never held whole.
+    """
+    limit = policy.max_record_bytes
+    buffer: RecordBuffer | None = None
+    for number, line, last in iter_lines(stream):
+        if buffer is not None or not last or len(line) > limit:  # a long line, in pieces
+            if buffer is None:
+                buffer = RecordBuffer(limit, split=False)
+            buffer.add(line)
+            if not last:
+                continue
+            line, excerpt, buffer = buffer.finish(), buffer.excerpt, None
+            if line is None:
+                yield number, rejection(path, number, "too_long", f"a JSON line of more than {limit:,} bytes "
+                                        f"(--max-record-bytes): {excerpt[:120].decode('utf-8', 'replace')}"), (), False
+                continue
         if line.startswith(BOM_BYTES):  # every line may start with one (concatenated files)
             line = line[3:]
         if not line.strip():
@@ -220,37 +250,40 @@ def _jsonl_records(path: str, stream: io.BufferedIOBase, text_field: str, policy
         if b"\x00" in line and policy.nul_bytes != "keep":
             # Raw NULs are never valid JSON; name them rather than report malformed JSON.
             if policy.nul_bytes == "reject":
-                yield path, number, rejection(path, number, "nul_bytes", line), repairs
+                yield number, rejection(path, number, "nul_bytes", line), repairs, False
                 continue
             line = line.replace(b"\x00", b"")
             repairs.add(NUL_STRIPPED)
         decoded = _decode(path, number, line, policy, repairs)
         if isinstance(decoded, dict):
-            yield path, number, decoded, repairs
+            yield number, decoded, repairs, False
             continue
         try:
-            obj = json.loads(decoded)
+            try:
+                obj = json.loads(decoded)
+            except ValueError as exc:
+                obj = _loads_lenient(decoded, exc)
         except (ValueError, RecursionError):
-            yield path, number, rejection(path, number, "malformed_json", line), repairs
+            yield number, rejection(path, number, "malformed_json", line), repairs, False
             continue
         if not isinstance(obj, dict):
-            yield path, number, rejection(path, number, "not_an_object", line), repairs
+            yield number, rejection(path, number, "not_an_object", line), repairs, False
             continue
         try:
             text = _text_field(obj, text_field)
         except KeyError:
-            yield path, number, rejection(path, number, "missing_text_field", line), repairs
+            yield number, rejection(path, number, "missing_text_field", line), repairs, False
             continue
-        if not isinstance(text, str):
-            yield path, number, rejection(path, number, "text_not_string", line), repairs
+        if type(text) is not str:  # _BigInt digits are not text either
+            yield number, rejection(path, number, "text_not_string", line), repairs, False
             continue
         if has_surrogates(text):  # JSON escapes can spell lone surrogates, which no encoder accepts
             if policy.invalid_utf8 == "reject":
-                yield path, number, rejection(path, number, "invalid_utf8", line), repairs
+                yield number, rejection(path, number, "invalid_utf8", line), repairs, False
                 continue
             text = replace_surrogates(text)
             repairs.add(UTF8_REPLACED)
-        yield path, number, text, repairs
+        yield number, text, repairs, False
 
 
 def _text_bytes(column) -> list[bytes | None] | None:
@@ -270,22 +303,30 @@ def _text_bytes(column) -> list[bytes | None] | None:
     return None
 
 
-def _parquet_records(path: str, stream: io.BufferedIOBase, text_field: str) -> Iterator[tuple]:
+def _parquet_records(path: str, stream: Any, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(io.BytesIO(stream.read()))
+    data = stream.read()
+    if not data:
+        return  # no bytes: an empty file, not a corrupt one
+    parquet = pq.ParquetFile(io.BytesIO(data))
     if text_field not in parquet.schema_arrow.names:
-        yield path, 0, rejection(path, 0, "missing_text_field", f"columns: {parquet.schema_arrow.names}"), ()
+        yield 0, rejection(path, 0, "missing_text_field", f"columns: {parquet.schema_arrow.names}"), (), False
         return
+    limit, split = policy.max_record_bytes, policy.long_docs == "split"
     row = 0
     for batch in parquet.iter_batches(columns=[text_field], batch_size=4096):
         column = batch.column(0)
         values = _text_bytes(column)
         for value in column.to_pylist() if values is None else values:
             if not isinstance(value, bytes):
-                yield path, row, rejection(path, row, "text_not_string", value), ()
+                yield row, rejection(path, row, "text_not_string", value), (), False
+            elif len(value) > limit:
+                buffer = RecordBuffer(limit, split)
+                yield from _pieces(row, buffer.add(value), True)
+                yield from _record_end(row, buffer, path, b"")
             else:
-                yield path, row, value, ()
+                yield row, value, (), False
             row += 1
 
 
@@ -301,8 +342,9 @@ def _decode(path: str, position: int, raw: bytes, policy: RecordPolicy, repairs:
 
 def _finish(
     source: str, position: int, value: bytes | str, policy: RecordPolicy, repairs, counters: Counter
-) -> Iterator[tuple[str, int, str] | dict[str, Any]]:
-    """Apply the policies to one record's text; yield its documents or one rejection.
+) -> tuple[list[tuple[str, int, str] | dict[str, Any]], bool]:
+    """Apply the policies to one record's text: ``(its documents or one rejection, split by
+    max_doc_chars)``.
 
     ``repairs`` made earlier (by the JSONL reader) and here are counted once per record,
     and only when the record is kept.
@@ -311,33 +353,56 @@ def _finish(
     if isinstance(value, bytes):
         decoded = _decode(source, position, value, policy, repairs)
         if isinstance(decoded, dict):
-            yield decoded
-            return
+            return [decoded], False
         value = decoded
     text = value[1:] if value.startswith(BOM) else value
     if "\x00" in text:
         if policy.nul_bytes == "reject":
-            yield rejection(source, position, "nul_bytes", text)
-            return
+            return [rejection(source, position, "nul_bytes", text)], False
         if policy.nul_bytes == "strip":
             text = text.replace("\x00", "")
             repairs.add(NUL_STRIPPED)
-    if not text.strip():
-        yield rejection(source, position, "empty_text", text)
-        return
-    pieces = [text]
+    if not text or text.isspace():  # as ``not text.strip()``, without copying a long text
+        return [rejection(source, position, "empty_text", text)], False
     limit = policy.max_doc_chars
-    if limit is not None and len(text) > limit:
-        if policy.long_docs == "reject":
-            yield rejection(source, position, "too_long", text)
-            return
-        pieces = split_text(text, limit)
-        counters["long_documents_split"] += 1
-        counters["split_pieces"] += len(pieces)
+    split = limit is not None and len(text) > limit
+    if split and policy.long_docs == "reject":
+        return [rejection(source, position, "too_long", text)], False
     for name in repairs:
         counters[name] += 1
-    for piece in pieces:
-        yield source, position, piece
+    if not split:
+        return [(source, position, text)], False
+    return [(source, position, piece) for piece in split_text(text, limit)], True
+
+
+def _records_of(path: str, kind: str, stream: Any, text_mode: str, text_field: str, policy: RecordPolicy):
+    if kind == "text":
+        return _text_records(path, stream, text_mode, policy)
+    if kind == "jsonl":
+        return _jsonl_records(path, stream, text_field, policy)
+    return _parquet_records(path, stream, text_field, policy)
+
+
+class _SmallReads:
+    """A stream read 8 KiB at a time: a decompressor that fails loses at most that much with it."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        return self._stream.read(8192 if size < 0 else min(size, 8192))
+
+
+def _count_records(path: str, kind: str, text_mode: str, text_field: str, policy: RecordPolicy) -> int:
+    """Records of a file that can be read before its first fault."""
+    count = 0
+    try:
+        with open_decompressed(path) as stream:
+            for _ in _records_of(path, kind, _SmallReads(stream), text_mode, text_field, policy):
+                count += 1
+    except Exception:  # noqa: BLE001 - the fault that made the file unreadable
+        pass
+    return count
 
 
 def iter_file_records(
@@ -347,67 +412,107 @@ def iter_file_records(
     text_field: str = "text",
     policy: RecordPolicy | None = None,
     counters: Counter | None = None,
+    verify: bool = True,
 ) -> Iterator[Any]:
     """Yield ``(source, position, text)`` records and rejected-entry dicts of one file.
 
     Decoding, checking and the :class:`~transforms.record_policy.RecordPolicy` happen here:
-    every yielded text is non-blank, encodes to UTF-8 and obeys the policy. A file that
-    cannot be read or decompressed to its end yields one ``unreadable_file`` rejection
-    (records already read stay). No exception escapes for bad data; a bad ``text_mode``
-    raises ``ValueError`` before reading.
+    every yielded text is non-blank, encodes to UTF-8 and obeys the policy. A compressed
+    file is verified first (see the module docstring): one that fails yields a single
+    ``unreadable_file`` rejection. An uncompressed file that cannot be read to its end
+    yields its records before the fault and one ``unreadable_file`` rejection. A file with
+    no record yields one ``empty_file`` rejection. No exception escapes for bad data; a bad
+    ``text_mode`` raises ``ValueError`` before reading.
 
     Args:
-        policy: what to do with invalid UTF-8, NUL bytes and long documents (default:
-            reject them; no length limit).
+        policy: what to do with invalid UTF-8, NUL bytes, long records and unverifiable
+            archives (default: reject them; records held up to 64 MiB; no length limit).
         counters: if given, counts into it the kept records that were repaired
             (``invalid_utf8_replaced``, ``nul_bytes_stripped``), the records split
-            (``long_documents_split``) and the documents they became (``split_pieces``).
+            (``long_documents_split``) and the documents they became (``split_pieces``),
+            and marks a file read without verified checksums (key ``UNVERIFIED_PREFIX + path``).
+        verify: False reads a compressed file without checking its checksums first: only for
+            a sample of the first records taken before the pipeline runs (which verifies), so
+            that sampling a large archive does not decompress all of it.
     """
     if text_mode not in TEXT_MODES:
         raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
     policy = policy or RecordPolicy()
     counters = counters if counters is not None else Counter()
     kind = file_format(path)
-    position = 0
-    try:
-        with _open_decompressed(path) as stream:
-            if kind == "text":
-                records = _text_records(path, stream, text_mode)
-            elif kind == "jsonl":
-                records = _jsonl_records(path, stream, text_field, policy)
+    compression = compression_of(path)
+    kept = None
+    if compression is not None and verify:
+        check = verify_archive(path, compression)
+        if check.error is not None or (check.unverified and policy.unverified_zstd == "reject"):
+            held = _count_records(path, kind, text_mode, text_field, policy)
+            if check.error is not None:
+                yield rejection(path, 0, "unreadable_file", f"{check.error} (none of the {held:,} records before the "
+                                "fault is used)")
             else:
-                records = _parquet_records(path, stream, text_field)
-            for source, position, value, repairs in records:
+                yield rejection(path, 0, "unverified_archive", f"{check.unverified} zstd frame(s) without a content "
+                                f"checksum; {held:,} records not used (--unverified-zstd keep reads them)")
+            return
+        if check.unverified:
+            counters[UNVERIFIED_PREFIX + path] = 1
+        kept = check.data
+    position = 0
+    produced = 0
+    split_at = None  # position of the record whose pieces are being read
+    try:
+        with contextlib.nullcontext(io.BytesIO(kept)) if kept is not None else open_decompressed(path) as stream:
+            for position, value, repairs, piece in _records_of(path, kind, stream, text_mode, text_field, policy):
+                produced += 1
                 if isinstance(value, dict):
                     yield value
-                else:
-                    yield from _finish(source, position, value, policy, repairs, counters)
+                    continue
+                outputs, split = _finish(path, position, value, policy, repairs, counters)
+                if piece:
+                    if split_at != position:
+                        counters["long_documents_split"] += 1
+                        split_at = position
+                    counters["split_pieces"] += len(outputs)
+                elif split:
+                    counters["long_documents_split"] += 1
+                    counters["split_pieces"] += len(outputs)
+                yield from outputs
     except (OSError, EOFError, zlib.error, ValueError) as exc:
         yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
     except Exception as exc:  # zstandard.ZstdError and pyarrow errors have no common base
         yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    if not produced:
+        yield rejection(path, 0, "empty_file", "the file holds no record (it is empty or has only blank lines)")
 
 
-def record_fields(path: str, records: int = 20) -> list[str]:
+def record_fields(path: str, records: int = 20, max_line_bytes: int = 1 << 20) -> list[str]:
     """The top-level field names of the first ``records`` JSON lines (or the columns) of a
     JSONL or Parquet file, sorted; empty for a text file or one that cannot be read. For
-    messages about a ``--text-field`` that nothing has."""
+    messages about a ``--text-field`` that nothing has; lines beyond ``max_line_bytes`` are
+    skipped."""
     kind = file_format(path)
     fields: set[str] = set()
     try:
-        with _open_decompressed(path) as stream:
+        with open_decompressed(path) as stream:
             if kind == "parquet":
                 import pyarrow.parquet as pq
 
                 return sorted(pq.ParquetFile(stream).schema_arrow.names)
             if kind != "jsonl":
                 return []
-            seen = 0
-            for _, line in _iter_lines(stream):
-                if not line.strip():
+            seen, line, size = 0, [], 0
+            for _, piece, last in iter_lines(stream):
+                size += len(piece)
+                if size <= max_line_bytes:
+                    line.append(piece)
+                if not last:
+                    continue
+                text, line, too_long, size = b"".join(line), [], size > max_line_bytes, 0
+                if too_long or not text.strip():
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(text)
                 except (ValueError, RecursionError):
                     obj = None
                 if isinstance(obj, dict):
@@ -429,7 +534,11 @@ class _ReadFile(beam.DoFn):
     def setup(self):
         self._records = beam.metrics.Metrics.counter("lmshards", "records_read")
 
-    def process(self, path: str):
+    def process(self, element: str | InputFile):
+        listed = element if isinstance(element, InputFile) else None
+        path = element.path if listed is not None else element
+        if listed is not None:
+            check_unchanged(listed, "after the inputs were listed")
         counters: Counter = Counter()
         for item in iter_file_records(
             path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters
@@ -442,8 +551,10 @@ class _ReadFile(beam.DoFn):
                 self._records.inc()
                 counters["documents"] += 1
                 yield item[2]
+        if listed is not None:
+            check_unchanged(listed, "while the run read it")
         for name, value in counters.items():
-            if name not in ("documents", "rejected"):
+            if name not in ("documents", "rejected") and not name.startswith(UNVERIFIED_PREFIX):
                 beam.metrics.Metrics.counter("lmshards", name).inc(value)
         yield beam.pvalue.TaggedOutput(ReadCorpus.STATS, dict(counters))
 
@@ -452,7 +563,9 @@ class ReadCorpus(beam.PTransform):
     """Read text documents from files; bad records go to the ``rejected`` output.
 
     Args:
-        files: concrete file paths (already expanded, see :func:`expand_inputs`).
+        files: concrete file paths, or :class:`~transforms.inputs.InputFile` s (from
+            :func:`list_inputs`): a file that then changes size or modification time before its
+            reading ends fails the job with :class:`~transforms.inputs.InputChangedError`.
         text_mode: ``line``, ``paragraph`` or ``file`` for text files.
         text_field: JSON field (dotted path) or Parquet column holding the text.
         policy: invalid UTF-8, NUL byte and long-document policy.

@@ -10,6 +10,14 @@ format, so a policy means the same thing for a text line, a JSON object and a Pa
 - ``max_doc_chars`` / ``long_docs``: a text longer than ``max_doc_chars`` characters is
   rejected (reason ``too_long``) or split with :func:`split_text` into documents of at most
   ``max_doc_chars`` characters. ``None`` means no limit.
+- ``max_record_bytes``: no record is ever held whole beyond this many bytes (64 MiB by
+  default, whatever the other settings): a longer line, paragraph or file is cut, as it is
+  read, into pieces of at most that size (``long_docs="split"``, each piece a document) or
+  rejected ``too_long`` while the rest of it is skipped (``long_docs="reject"``; a JSON line
+  is always rejected, since it cannot be parsed in pieces).
+- ``unverified_zstd``: a zstd frame written without a content checksum cannot be verified:
+  ``keep`` its file (listed in the manifest as unverified) or ``reject`` it (reason
+  ``unverified_archive``).
 - A leading U+FEFF (byte-order mark) is removed from every line and every text, not only
   at the start of a file: concatenated files carry one in the middle.
 """
@@ -24,7 +32,9 @@ __all__ = [
     "BOM_BYTES",
     "INVALID_UTF8_POLICIES",
     "LONG_DOC_POLICIES",
+    "MAX_RECORD_BYTES",
     "NUL_POLICIES",
+    "UNVERIFIED_ZSTD_POLICIES",
     "RecordPolicy",
     "has_surrogates",
     "replace_surrogates",
@@ -34,6 +44,9 @@ __all__ = [
 INVALID_UTF8_POLICIES = ("reject", "replace")
 NUL_POLICIES = ("reject", "strip", "keep")
 LONG_DOC_POLICIES = ("split", "reject")
+UNVERIFIED_ZSTD_POLICIES = ("keep", "reject")
+#: Default bound of the bytes of one record held in memory (``--max-record-bytes``).
+MAX_RECORD_BYTES = 64 << 20
 BOM = "\ufeff"
 BOM_BYTES = BOM.encode("utf-8")
 
@@ -46,7 +59,7 @@ _WHITESPACE_RUN = re.compile(r"\s+")
 @dataclass(frozen=True)
 class RecordPolicy:
     """How to treat imperfect records (flags ``--invalid-utf8``, ``--nul-bytes``,
-    ``--max-doc-chars``, ``--long-docs``).
+    ``--max-doc-chars``, ``--long-docs``, ``--max-record-bytes``, ``--unverified-zstd``).
 
     Raises:
         ValueError: an unknown policy or a ``max_doc_chars`` below 1, naming the flag.
@@ -56,17 +69,22 @@ class RecordPolicy:
     nul_bytes: str = "reject"
     max_doc_chars: int | None = None
     long_docs: str = "split"
+    max_record_bytes: int = MAX_RECORD_BYTES
+    unverified_zstd: str = "keep"
 
     def __post_init__(self):
         for flag, value, choices in (
             ("--invalid-utf8", self.invalid_utf8, INVALID_UTF8_POLICIES),
             ("--nul-bytes", self.nul_bytes, NUL_POLICIES),
             ("--long-docs", self.long_docs, LONG_DOC_POLICIES),
+            ("--unverified-zstd", self.unverified_zstd, UNVERIFIED_ZSTD_POLICIES),
         ):
             if value not in choices:
                 raise ValueError(f"{flag} {value}: choose one of {', '.join(choices)}")
         if self.max_doc_chars is not None and (not isinstance(self.max_doc_chars, int) or self.max_doc_chars < 1):
             raise ValueError(f"--max-doc-chars {self.max_doc_chars}: must be an integer >= 1")
+        if not isinstance(self.max_record_bytes, int) or self.max_record_bytes < 1024:
+            raise ValueError(f"--max-record-bytes {self.max_record_bytes}: must be an integer >= 1024")
 
     def to_json(self) -> dict:
         return {
@@ -74,6 +92,8 @@ class RecordPolicy:
             "nul_bytes": self.nul_bytes,
             "max_doc_chars": self.max_doc_chars,
             "long_docs": self.long_docs,
+            "max_record_bytes": self.max_record_bytes,
+            "unverified_zstd": self.unverified_zstd,
         }
 
 

@@ -18,7 +18,10 @@ batches of texts are encoded on a background thread. Each document gets:
   ``tokenizers``). A document the byte-level path cannot map (its tokens do not spell its
   bytes) is encoded again, alone, by ``tokenizers``.
 
-A text that encodes to no token is rejected with reason ``no_tokens``.
+A document longer than :data:`~transforms.long_text.PIECE_CHARS` characters is encoded in
+bounded pieces and its ids laid end to end (:mod:`transforms.long_text`,
+:func:`transforms.encoder.encode_bounded`), so no document makes the encoder hold
+gigabytes. A text that encodes to no token is rejected with reason ``no_tokens``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.encoder import EncoderUnavailable, error_line, load_encoder
+from transforms.encoder import (
+    EncoderUnavailable,
+    encode_bounded,
+    error_line,
+    full_encoding,
+    load_encoder,
+    offset_ends,
+    pieces_are_exact_for,
+)
 from transforms.handoff import wrap
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
@@ -141,6 +152,8 @@ class TokenFeatures:
         self.features = frozenset(features)
         tokenizer.encode_special_tokens = True
         self.tokenizer = tokenizer
+        #: long texts encoded again are encoded in pieces (set by the DoFn when that is exact)
+        self.pieces = False
         # Byte-level BPE: tokens' byte spans follow from their ids (no offsets to convert), and
         # for the GPT-2 regex pre-tokenizer word starts follow from the text (no word ids).
         self.byte_lengths = byte_level_lengths(tokenizer) if self.features else None
@@ -164,7 +177,7 @@ class TokenFeatures:
             flags = self.words.token_flags(text, encoded, ends) if spelled and self.words is not None else None
             if flags is None:
                 if full is None:  # a rare text the byte-level path cannot handle: encode it again
-                    full = self.tokenizer.encode(text, add_special_tokens=False)
+                    full = full_encoding(self.tokenizer, text, self.pieces)
                 flags = word_start_flags(full.word_ids)
             features["word_starts"] = flags
         if "sentence_starts" in self.features:
@@ -173,9 +186,8 @@ class TokenFeatures:
                 features["sentence_starts"] = token_flags(ends, byte_positions(text, encoded, chars))
             else:
                 if full is None:
-                    full = self.tokenizer.encode(text, add_special_tokens=False)
-                offset_ends = np.maximum.accumulate(np.array([end for _, end in full.offsets], dtype=np.int64))
-                features["sentence_starts"] = token_flags(offset_ends, chars)
+                    full = full_encoding(self.tokenizer, text, self.pieces)
+                features["sentence_starts"] = token_flags(np.maximum.accumulate(offset_ends(full)), chars)
         return features
 
 
@@ -228,6 +240,10 @@ class _TokenizeBatch(beam.DoFn):
                 f"lmshards: the job was planned to encode with {self._backend}, which cannot be used in this worker "
                 f"(pid {os.getpid()}): {exc}; install the same lmshards dependencies on the workers, "
                 "or run with --encoder tokenizers") from None
+        # Long documents go in pieces only where that gives the ids of the whole (transforms/long_text.py).
+        self._pieces = pieces_are_exact_for(self._encoder, data.decode("utf-8"))
+        if self._token_features is not None:
+            self._token_features.pieces = self._pieces
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmshards-encode")
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
@@ -257,7 +273,7 @@ class _TokenizeBatch(beam.DoFn):
     def _encode(self, texts):
         """The batch's ids, and whether ``tokenizers`` had to encode it instead of fastokens."""
         try:
-            return self._encoder.encode(texts), False
+            return encode_bounded(self._encoder, texts, self._pieces), False
         except Exception as exc:
             if self._encoder.name == "tokenizers":
                 raise
@@ -267,7 +283,7 @@ class _TokenizeBatch(beam.DoFn):
                 _LOG.warning("lmshards: fastokens failed on a batch (%s); tokenizers encodes the batches it "
                              "refuses (same ids, slower)", error_line(exc))
                 self._reference = load_encoder("tokenizers", self._tokenizer_bytes.decode("utf-8"))
-            return self._reference.encode(texts), True
+            return encode_bounded(self._reference, texts, self._pieces), True
 
     def _emit(self, texts, future):
         batch, fell_back = future.result()

@@ -67,8 +67,14 @@ def word_start_flags(word_ids: list) -> np.ndarray:
     """True where a token starts a pre-tokenizer word (or has no word: special tokens), from
     the encoder's word ids.
 
-    ``None`` becomes NaN, and NaN differs from everything, itself included.
+    ``None`` becomes NaN, and NaN differs from everything, itself included (a float array,
+    NaN for no word, is taken as it is).
     """
+    if isinstance(word_ids, np.ndarray):
+        words = word_ids.astype(np.float64, copy=False)
+        flags = np.ones(len(words), dtype=bool)
+        flags[1:] = words[1:] != words[:-1]
+        return flags
     try:  # ints only (the usual case): converting without a float detour is twice as fast
         words = np.fromiter(word_ids, dtype=np.int64, count=len(word_ids))
     except TypeError:

@@ -7,7 +7,8 @@ sorted by a seeded digest of their key (this is the global shuffle), and written
 format to a temporary name under ``OUT/.tmp/`` through ``FileSystems``, then renamed to
 the final name. A retried bundle rewrites the same bytes; a killed run leaves only
 temporary files and no manifest. Every shard index exists, empty shards included, so
-names are dense.
+names are dense. With the run's :class:`~transforms.output.RunLock`, every rename first
+checks that the output's lock still names this run (:func:`write_atomic`).
 """
 
 from __future__ import annotations
@@ -24,26 +25,41 @@ from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.build import ExampleBatch
 from transforms.handoff import unwrap
 from transforms.objectives.layout import shard_count
+from transforms.output import TMP_DIR, RunLock
 from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
 
-__all__ = ["WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
+__all__ = ["TMP_DIR", "WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
 
 WRITERS = {"arrow": write_arrow_columns, "webdataset": write_tar_columns}
-TMP_DIR = ".tmp"
 
 
 def join_path(root: str, relative: str) -> str:
     return FileSystems.join(root, *relative.split("/"))
 
 
-def write_atomic(root: str, relative: str, write) -> ShardFile:
+def write_atomic(root: str, relative: str, write, lock: RunLock | None = None) -> ShardFile:
     """Write ``root/relative`` via a unique temporary file and a rename.
 
     Args:
         write: callable taking a binary handle.
+        lock: the run's lock, checked before the rename (raises
+            :class:`~transforms.output.LockLostError` when another run holds the output).
     """
     final = join_path(root, relative)
     temp = join_path(root, f"{TMP_DIR}/{uuid.uuid4().hex}-{relative.replace('/', '-')}")
+    try:
+        return _write_and_rename(root, relative, final, temp, write, lock)
+    except BaseException as exc:
+        try:
+            FileSystems.delete([temp])  # leave no temporary file behind (a full disk, a lost lock)
+        except Exception:  # noqa: BLE001 - never created, or renamed already
+            pass
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"cannot write {relative} under {root}: {exc.strerror or exc}") from exc
+        raise
+
+
+def _write_and_rename(root: str, relative: str, final: str, temp: str, write, lock: RunLock | None) -> ShardFile:
     handle = FileSystems.create(temp)
     # A local write is a copy into the page cache: hashing it inline beats handing blocks to a
     # helper thread, whose GIL hand-offs with the other format's writer cost more than they
@@ -56,13 +72,16 @@ def write_atomic(root: str, relative: str, write) -> ShardFile:
     finally:
         hashing.stop()  # never close the handle under a write in flight
         handle.close()
+    if lock is not None:
+        lock.check()
     FileSystems.rename([temp], [final])
     return ShardFile(path=relative, bytes=hashing.bytes, sha256=hashing.sha256.hexdigest())
 
 
 class _WriteShard(beam.DoFn):
-    def __init__(self, output, schema: ExampleSchema, formats):
+    def __init__(self, output, schema: ExampleSchema, formats, lock: RunLock | None = None):
         self._output, self._schema, self._formats = output, schema, tuple(formats)
+        self._lock = lock
         self._extra_source, self._extra = None, {}
 
     def write(self, split: str, index: int, count: int, parts: list) -> dict:
@@ -70,7 +89,8 @@ class _WriteShard(beam.DoFn):
 
         def write_format(fmt: str) -> ShardFile:
             writer = WRITERS[fmt]
-            return write_atomic(self._output, shard_name(split, fmt, index, count), lambda h: writer(h, batch.columns))
+            return write_atomic(self._output, shard_name(split, fmt, index, count), lambda h: writer(h, batch.columns),
+                                self._lock)
 
         # The formats are written side by side: much of the work (copying, hashing, file writes,
         # Arrow's serialization) releases the GIL, so a second core shortens the stage.
@@ -100,8 +120,8 @@ class _WriteOtherShards(_WriteShard):
     """Writes, once the others are written, the shards that got no piece through the shuffle:
     those with only side-input pieces, and empty ones (so shard names stay dense)."""
 
-    def __init__(self, output, schema: ExampleSchema, formats, sizing):
-        super().__init__(output, schema, formats)
+    def __init__(self, output, schema: ExampleSchema, formats, sizing, lock: RunLock | None = None):
+        super().__init__(output, schema, formats, lock)
         self._sizing = sizing
 
     def process(self, element, written, extra):
@@ -131,11 +151,13 @@ class WriteShards(beam.PTransform):
         schema: the example schema.
         formats: ``arrow`` and/or ``webdataset``.
         sizing: the same ``shard_count`` arguments BuildExamples got.
+        lock: the run's lock (checked before every rename), or None.
     """
 
-    def __init__(self, output, schema, *, formats, sizing: dict):
+    def __init__(self, output, schema, *, formats, sizing: dict, lock: RunLock | None = None):
         super().__init__()
         self._output, self._schema, self._formats, self._sizing = output, schema, formats, sizing
+        self._lock = lock
 
     def expand(self, inputs):
         pieces, extra_pieces, split_tokens = inputs
@@ -143,10 +165,11 @@ class WriteShards(beam.PTransform):
         written = (
             pieces
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats), extra=extra)
+            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats, self._lock),
+                                              extra=extra)
         )
         others = split_tokens | "WriteOtherShards" >> beam.ParDo(
-            _WriteOtherShards(self._output, self._schema, self._formats, self._sizing),
+            _WriteOtherShards(self._output, self._schema, self._formats, self._sizing, self._lock),
             written=beam.pvalue.AsList(written),
             extra=extra,
         )
@@ -154,8 +177,8 @@ class WriteShards(beam.PTransform):
 
 
 class _WriteRejectedFile(beam.DoFn):
-    def __init__(self, output):
-        self._output = output
+    def __init__(self, output, lock: RunLock | None = None):
+        self._output, self._lock = output, lock
 
     def process(self, element):
         _, records = element
@@ -165,26 +188,26 @@ class _WriteRejectedFile(beam.DoFn):
             for row in rows:
                 handle.write((json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8"))
 
-        info = write_atomic(self._output, "rejected/rejected.jsonl", write)
+        info = write_atomic(self._output, "rejected/rejected.jsonl", write, self._lock)
         yield {"path": info.path, "bytes": info.bytes, "sha256": info.sha256, "records": len(rows)}
 
 
 class WriteRejected(beam.PTransform):
     """Rejected-record dicts -> ``OUT/rejected/rejected.jsonl`` (sorted) and counts by reason.
 
-    Returns ``(file info PCollection, reason counts PCollection)``.
+    Returns ``(file info PCollection, reason counts PCollection)``. ``lock``: the run's lock, or None.
     """
 
-    def __init__(self, output):
+    def __init__(self, output, lock: RunLock | None = None):
         super().__init__()
-        self._output = output
+        self._output, self._lock = output, lock
 
     def expand(self, rejected):
         files = (
             rejected
             | "KeyRejected" >> beam.Map(lambda r: (0, r))
             | "GroupRejected" >> beam.GroupByKey()
-            | "WriteRejectedFile" >> beam.ParDo(_WriteRejectedFile(self._output))
+            | "WriteRejectedFile" >> beam.ParDo(_WriteRejectedFile(self._output, self._lock))
         )
         reasons = (
             rejected

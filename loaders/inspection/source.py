@@ -1,10 +1,10 @@
 """A dataset opened for inspection: manifest, tokenizer, special ids, the objective rebuilt
 from the manifest, and examples read shard by shard only as far as asked.
 
-Storage is reached through :func:`dataset_files` alone: a local directory is read in
-place; a URL (``gs://``, ``s3://``) goes through the loader's file layer
-(:class:`loaders.files.DatasetLocation`, which downloads a file into its local cache on
-first use). Swapping the storage layer means changing that one function.
+Storage is reached through :func:`dataset_files` alone (the manifest and every path in it
+checked by :mod:`loaders.files`): a local directory is read in place; a URL (``gs://``,
+``s3://``) goes through the loader's file layer (:class:`loaders.files.DatasetLocation`,
+which downloads a file into its local cache on first use). Swapping the storage layer means changing that one function.
 
 Rows inside a shard are stored sorted by a seeded digest of their key (the writer's global
 shuffle), so the first rows of each shard are a uniform random sample of the split:
@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from loaders.errors import ShardIntegrityError
+from loaders.files import MAX_MANIFEST_BYTES, check_relative, parse_manifest, sha256_file, verify_file
 from loaders.reader import read_arrow_shard, read_tar_shard
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
@@ -59,11 +61,11 @@ class _LocalFiles:
         path = os.path.join(self.root, MANIFEST_NAME)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{self.root}: no {MANIFEST_NAME}; the dataset is missing or incomplete")
-        with open(path, encoding="utf-8") as handle:
-            return Manifest.loads(handle.read())
+        with open(path, "rb") as handle:
+            return parse_manifest(handle.read(MAX_MANIFEST_BYTES + 1), path)
 
     def local_path(self, relative: str) -> str:
-        path = os.path.join(self.root, *relative.split("/"))
+        path = os.path.join(self.root, *check_relative(relative, os.path.join(self.root, MANIFEST_NAME)).split("/"))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{relative} is missing from {self.root}")
         return path
@@ -170,7 +172,14 @@ class InspectedDataset:
         self.path = str(path)
         self.files = dataset_files(self.path)
         self.manifest: Manifest = self.files.read_manifest()
-        self.seed = int(self.manifest.config.get("seed", 0))
+        try:
+            self.seed = int(self.manifest.config.get("seed", 0))
+        except (TypeError, ValueError):
+            raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: config.seed is "
+                                      f"{self.manifest.config.get('seed')!r}, not an integer") from None
+        #: check each shard's size and sha256 (once per process) and the tokenizer's sha256 before reading
+        #: them (validate turns this off: it checks every file itself and reports what it finds)
+        self.verify_reads = True
         self._objective: Any = None
         self._tokenizer: Any = None
         self._special: SpecialIds | None = None
@@ -190,7 +199,11 @@ class InspectedDataset:
     @property
     def objective(self) -> Any:
         if self._objective is None:
-            self._objective = objective_from_manifest(self.manifest.objective)
+            try:
+                self._objective = objective_from_manifest(self.manifest.objective)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: its objective block cannot be rebuilt "
+                                          f"({type(exc).__name__}: {exc})") from None
         return self._objective
 
     @property
@@ -200,13 +213,25 @@ class InspectedDataset:
             from tokenizers import Tokenizer
 
             name = self.manifest.tokenizer.get("file", "tokenizer.json")
-            self._tokenizer = Tokenizer.from_file(self.files.local_path(name))
+            path = self.files.local_path(name)
+            expected = self.manifest.tokenizer.get("sha256")
+            if self.verify_reads and expected and (actual := sha256_file(path)) != expected:
+                raise ShardIntegrityError(f"{name}: sha256 {actual} does not match the manifest's {expected}")
+            try:
+                self._tokenizer = Tokenizer.from_file(path)
+            except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception
+                raise ShardIntegrityError(f"{name}: not a tokenizer the tokenizers library can load "
+                                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         return self._tokenizer
 
     @property
     def special(self) -> SpecialIds:
         if self._special is None:
-            self._special = special_ids_from_tokenizer(self.tokenizer, self.manifest.tokenizer)
+            try:
+                self._special = special_ids_from_tokenizer(self.tokenizer, self.manifest.tokenizer)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: its tokenizer block is damaged "
+                                          f"({type(exc).__name__}: {exc})") from None
         return self._special
 
     @property
@@ -222,13 +247,27 @@ class InspectedDataset:
     def shard_path(self, split: str, index: int, fmt: str | None = None) -> str:
         """Local path of a shard file (downloaded first for a URL)."""
         fmt = fmt or self.default_format
-        return self.files.local_path(self.shards(split)[index].files[fmt].path)
+        entry = self.shards(split)[index].files[fmt]
+        path = self.files.local_path(entry.path)
+        if self.verify_reads:
+            verify_file(path, name=entry.path, sha256=entry.sha256, size=entry.bytes, mode="once")
+        return path
 
     def iter_shard(self, split: str, index: int, fmt: str | None = None, limit: int | None = None) -> Iterator[dict]:
         """The first ``limit`` examples (all when None) of one shard, in stored order."""
         fmt = fmt or self.default_format
         read = read_arrow_shard if fmt == "arrow" else read_tar_shard
-        return itertools.islice(read(self.shard_path(split, index, fmt)), limit)
+        shard = self.shards(split)[index]
+        # Checked against the manifest as it is read: schema, dtypes, shapes, and the row count (an Arrow
+        # shard's up front; a tar's at its end, so only when it is read whole).
+        rows = shard.rows if fmt == "arrow" or limit is None else None
+        return itertools.islice(read(self.shard_path(split, index, fmt), name=shard.files[fmt].path,
+                                     columns=self.columns, rows=rows), limit)
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The manifest's schema: ``{column: arrow type}``."""
+        return {c["name"]: c["type"] for c in self.manifest.schema.get("columns", [])}
 
     def iter_split(self, split: str, fmt: str | None = None, per_shard: int | None = None) -> Iterator[Located]:
         """Examples of ``split`` shard by shard, at most ``per_shard`` of each."""

@@ -5,8 +5,9 @@ Checks, each reported as a :class:`Problem` naming the file or example:
 1. ``manifest``: shard lists dense, split totals equal to the sums over shards.
 2. ``missing`` / ``size`` / ``checksum``: every file the manifest lists exists with its
    size and sha256 (the tokenizer too).
-3. ``schema``: Arrow schemas equal the objective's (:mod:`schemas.examples`); tar members
-   are the schema's fields as int32 ``.npy`` or ``.txt``.
+3. ``schema``: Arrow schemas equal the manifest's and the objective's (:mod:`schemas.examples`);
+   tar members are the schema's fields as int32 ``.npy`` or ``.txt``, with the manifest's
+   dtypes and shapes (a member that differs is a ``read`` problem naming it).
 4. ``rows`` / ``tokens``: per-shard row and raw-token counts equal the manifest's.
 5. ``shard`` / ``order`` / ``duplicate``: each key sits in the shard the writer's hash
    names, rows are in the writer's seeded order, no key appears twice.
@@ -129,14 +130,21 @@ def _check_manifest(ds: InspectedDataset, report: ValidationReport) -> None:
                 report.problems.append(Problem("manifest", f"{split} shard {shard.index}", f"no {missing} file"))
 
 
-def _arrow_schema_problem(path: str, view: ObjectiveView) -> str | None:
-    with pa.memory_map(path, "r") as source:
-        schema = pa.ipc.open_stream(source).schema
+def _arrow_schema_problem(path: str, view: ObjectiveView, manifest_columns: list[tuple[str, str]]) -> str | None:
+    try:
+        with pa.memory_map(path, "r") as source:
+            schema = pa.ipc.open_stream(source).schema
+    except (pa.ArrowInvalid, OSError) as exc:
+        return f"not an Arrow IPC stream ({exc})"
+    got = [(f.name, str(f.type)) for f in schema]
+    shown = ", ".join(f"{name}: {kind}" for name, kind in got)
+    if got != manifest_columns:
+        want = ", ".join(f"{name}: {kind}" for name, kind in manifest_columns)
+        return f"schema ({shown}) differs from the manifest's ({want})"
     expected = view.schema.schema
-    if [(f.name, str(f.type)) for f in schema] != [(f.name, str(f.type)) for f in expected]:
-        got = ", ".join(f"{f.name}: {f.type}" for f in schema)
+    if got != [(f.name, str(f.type)) for f in expected]:
         want = ", ".join(f"{f.name}: {f.type}" for f in expected)
-        return f"schema ({got}) differs from the objective's ({want})"
+        return f"schema ({shown}) differs from the objective's ({want})"
     return None
 
 
@@ -255,7 +263,8 @@ def _check_shard(ds: InspectedDataset, view: ObjectiveView, split: str, shard: A
                  state: _SplitState, report: ValidationReport) -> None:
     paths = {fmt: _check_file(ds, f.path, f.bytes, f.sha256, report) for fmt, f in sorted(shard.files.items())}
     readable = [fmt for fmt in ("arrow", "webdataset") if paths.get(fmt)]
-    if "arrow" in readable and (problem := _arrow_schema_problem(paths["arrow"], view)):
+    columns = [(c["name"], c["type"]) for c in ds.manifest.schema.get("columns", [])]
+    if "arrow" in readable and (problem := _arrow_schema_problem(paths["arrow"], view, columns)):
         report.problems.append(Problem("schema", shard.files["arrow"].path, problem))
         readable.remove("arrow")
     if not readable:
@@ -299,6 +308,7 @@ def validate_dataset(ds: InspectedDataset, *, sample: int | None = None,
                      progress: Callable[[str], None] | None = None) -> ValidationReport:
     """Run every check (see the module docstring) and return the problems found."""
     report = ValidationReport(sample=sample or None)
+    ds.verify_reads = False  # every file is hashed and checked here, and what is wrong reported
     _check_manifest(ds, report)
     tokenizer = ds.manifest.tokenizer
     if _check_file(ds, tokenizer.get("file", "tokenizer.json"), None, tokenizer.get("sha256", ""), report) is None:

@@ -261,9 +261,9 @@ def test_the_run_keeps_older_objects_out_of_full_collections_and_undoes_that_aft
     seen = []
     atomic = write.write_atomic
 
-    def spying(root, relative, writer):
+    def spying(root, relative, writer, lock=None):
         seen.append(gc.get_freeze_count())
-        return atomic(root, relative, writer)
+        return atomic(root, relative, writer, lock)
 
     monkeypatch.setattr(write, "write_atomic", spying)
     assert gc.get_freeze_count() == 0
@@ -351,9 +351,20 @@ def test_refuses_non_empty_output_and_overwrites_when_asked(tmp_path, sample_glo
     assert proc.returncode == 2
     assert "not empty" in proc.stderr and "--overwrite" in proc.stderr
     assert (out / "keep.txt").exists() and not (out / "manifest.json").exists()
+    # --overwrite replaces only an lmshards dataset: a file lmshards did not write is refused, in one line.
+    proc = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "keep.txt is not part of one" in proc.stderr
+    assert os.listdir(out) == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    first = (out / "manifest.json").read_bytes()
+    (out / "train" / "arrow" / "data-00007-of-00009.arrow").write_bytes(b"an old shard of another run")
     proc = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
+    assert not (out / "train" / "arrow" / "data-00007-of-00009.arrow").exists()
+    assert json.loads((out / "manifest.json").read_bytes())["splits"] == json.loads(first)["splits"]
     assert "documents: read 682" in proc.stdout and "tokens/s" in proc.stdout and " shard" in proc.stdout
 
 

@@ -137,7 +137,7 @@ def _hostile_corpus(root: Path) -> dict:
     (root / "big.jsonl").write_bytes(_jline(big) + b"\n")
     expected["strict"]["rejected"].append(("big.jsonl", 1, "too_long"))
     expected["lenient"]["docs"].extend(("big.jsonl", piece) for piece in split_text(big, MAX_DOC_CHARS))
-    # A .gz cut in the middle: the whole lines before the cut are read, the rest is one rejection.
+    # A .gz cut in the middle: its CRC never verifies, so none of its records counts: one rejection.
     cut_docs = [next(good) for _ in range(60)]
     compressed = gzip.compress(b"".join(_jline(t) + b"\n" for t in cut_docs), mtime=0)
     truncated = compressed[: len(compressed) * 3 // 5]
@@ -147,8 +147,7 @@ def _hostile_corpus(root: Path) -> dict:
     # Parquet rows: a text, a null, a blank.
     pq.write_table(pa.table({"text": [next(good), None, "  "]}), str(root / "rows.parquet"))
     for run in ("strict", "lenient"):
-        expected[run]["docs"].extend(("cut.jsonl.gz", text) for text in cut_docs[:whole_lines])
-        expected[run]["rejected"].append(("cut.jsonl.gz", whole_lines, "unreadable_file"))
+        expected[run]["rejected"].append(("cut.jsonl.gz", 0, "unreadable_file"))
         expected[run]["docs"].append(("rows.parquet", pq.read_table(str(root / "rows.parquet"))["text"][0].as_py()))
         expected[run]["rejected"] += [("rows.parquet", 1, "text_not_string"), ("rows.parquet", 2, "empty_text")]
     expected["big_doc"] = big
@@ -332,7 +331,7 @@ CONFIG_ERRORS = {
     "bad choice": (["--nul-bytes", "drop"], "argument --nul-bytes: invalid choice: 'drop'"),
     "bad fraction": (["--max-rejected-fraction", "1.5"], "--max-rejected-fraction 1.5: must be in [0, 1]"),
     "bad max-doc-chars": (["--max-doc-chars", "0"], "--max-doc-chars 0: must be > 0"),
-    "long-docs without a limit": (["--long-docs", "reject"], "--long-docs reject: needs --max-doc-chars"),
+    "record bound too small": (["--max-record-bytes", "100"], "--max-record-bytes 100: must be at least 1024"),
     "multi-threading runner": (["--direct_running_mode", "multi_threading"],
                                "--direct_running_mode=multi_threading: not supported"),
 }
@@ -445,8 +444,9 @@ def test_killed_runs_leave_nothing_half_written_and_rerun_gives_the_same_bytes(t
         # Every file under a final name is complete: the bytes of the uninterrupted run. A manifest
         # exists only if the run got to its end before the kill (it is written last): then so does
         # every other file.
-        digests = {rel: sha for rel, sha in file_digests(out).items() if not rel.startswith(".tmp")} if out.exists() \
-            else {}
+        # The lock of a killed run is debris by design (its process is gone: --overwrite removes it).
+        digests = {rel: sha for rel, sha in file_digests(out).items()
+                   if not rel.startswith(".tmp") and rel != ".lmshards.lock"} if out.exists() else {}
         if (out / "manifest.json").exists():
             assert digests == reference_digests, point
         for rel, sha in digests.items():

@@ -157,3 +157,20 @@ def test_first_difference_names_the_first_text_that_differs():
     assert first_difference(batch([1, 2], [3]), batch([1, 2], [3])) is None
     assert first_difference(batch([1, 2], [3], [4]), batch([1, 2], [3], [5])) == 2
     assert first_difference(batch([1, 2], [3]), batch([1], [2, 3])) == 0  # same ids, other boundaries
+
+
+@pytest.mark.parametrize("backend", ["fastokens", "tokenizers"])
+def test_long_texts_are_encoded_in_bounded_pieces_with_the_ids_of_the_whole(backend, sample_texts):
+    from transforms.encoder import encode_bounded, pieces_are_exact_for
+    from transforms.long_text import PIECE_CHARS
+
+    long_text = "\n\n".join(sample_texts)[: 3 * PIECE_CHARS + 12345]  # four pieces
+    texts = ["a short one", long_text, "another short one"]
+    encoder = load_encoder(backend, PROJECT_JSON)
+    assert pieces_are_exact_for(encoder, PROJECT_JSON)
+    bounded = encode_bounded(encoder, texts, pieces=True)
+    whole = load_encoder("tokenizers", PROJECT_JSON).encode(texts)
+    assert first_difference(whole, bounded) is None and bounded.ids_of(1).size > 100_000
+    full = encode_bounded(load_encoder("tokenizers", PROJECT_JSON, full=True), texts, pieces=True)
+    assert first_difference(whole, full) is None
+    assert full.encodings[1].offset_ends[-1] == len(long_text)  # a PiecedEncoding, offsets across pieces

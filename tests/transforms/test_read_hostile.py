@@ -32,6 +32,8 @@ REASONS = {
     "empty_text",
     "too_long",
     "unreadable_file",
+    "empty_file",
+    "unverified_archive",
 }
 
 
@@ -364,5 +366,8 @@ def test_fuzz_parquet_rows(values, policy):
         pq.write_table(pa.table({"text": pa.array(values, pa.string())}), path)
         items = _read(path, policy=policy)
     _check_items(items, path, policy)
+    if not values:
+        assert _reasons(items) == [(0, "empty_file")]
+        return
     positions = sorted({r[1] if isinstance(r, tuple) else r["position"] for r in items})
     assert positions == list(range(len(values)))  # every row accounted for

@@ -1,0 +1,163 @@
+"""Issue 17, item 8: every inspection command on every damaged dataset ends in one line naming the
+file and the problem (exit 1), never a traceback; a path where nothing exists is a usage error (2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+from lmshards_testing import SAMPLE_GLOB, TOKENIZER, materialize
+
+from pipelines.inspect import inspect_main, report_main, show_main, validate_main
+
+ARROW = "train/arrow/data-00000-of-00002.arrow"
+TAR = "train/wds/data-00000-of-00002.tar"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    out = tmp_path_factory.mktemp("damaged") / "ds"
+    materialize(out, "--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--seq-len", "64", "--num-shards", "2",
+                "--num-buckets", "4", "--formats", "arrow,webdataset")
+    return out
+
+
+def _manifest(root):
+    return json.loads((root / "manifest.json").read_text())
+
+
+def _write_manifest(root, data) -> None:
+    (root / "manifest.json").write_text(json.dumps(data))
+
+
+def _edit(edit):
+    def apply(root):
+        data = _manifest(root)
+        edit(data)
+        _write_manifest(root, data)
+    return apply
+
+
+def _shard0(data):
+    return data["splits"]["train"]["shards"][0]
+
+
+def _truncate(relative, keep=0.5):
+    def apply(root):
+        path = root / relative
+        os.truncate(path, int(path.stat().st_size * keep))
+    return apply
+
+
+def _flip(relative):
+    def apply(root):
+        path = root / relative
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x55
+        path.write_bytes(bytes(data))
+    return apply
+
+
+def _tar_int64(root):
+    path = root / TAR
+    out = io.BytesIO()
+    with tarfile.open(path) as source, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as target:
+        for member in source.getmembers():
+            payload = source.extractfile(member).read()
+            if member.name.endswith(".input_ids.npy"):
+                buffer = io.BytesIO()
+                np.save(buffer, np.load(io.BytesIO(payload)).astype(np.int64))
+                payload = buffer.getvalue()
+            info = tarfile.TarInfo(member.name)
+            info.size = len(payload)
+            target.addfile(info, io.BytesIO(payload))
+    path.write_bytes(out.getvalue())
+    data = _manifest(root)  # re-hashed: only the member's dtype is wrong
+    entry = _shard0(data)["files"]["webdataset"]
+    entry["bytes"], entry["sha256"] = len(out.getvalue()), hashlib.sha256(out.getvalue()).hexdigest()
+    _write_manifest(root, data)
+
+
+def _int64_schema(data):
+    for column in data["schema"]["columns"]:
+        if column["name"] == "input_ids":
+            column["type"] = column["type"].replace("int32", "int64")
+
+
+EVERY = ("inspect", "show", "show webdataset", "validate", "report")
+ARROW_READERS = ("inspect", "show", "validate", "report")
+#: case -> (damage, files the error may name, the commands that must fail)
+DAMAGE = {
+    # the manifest
+    "garbage manifest": (lambda root: (root / "manifest.json").write_bytes(b"\xff\xfe\x00garbage"),
+                         ["manifest.json"], EVERY),
+    "empty manifest": (lambda root: (root / "manifest.json").write_bytes(b""), ["manifest.json"], EVERY),
+    "not an lmshards manifest": (lambda root: (root / "manifest.json").write_text("{}"), ["manifest.json"], EVERY),
+    "wrong types in the manifest": (_edit(lambda d: _shard0(d).update(rows="many")), ["manifest.json"], EVERY),
+    "shard path with ..": (_edit(lambda d: _shard0(d)["files"]["arrow"].update(path="../../../etc/hostname")),
+                           ["manifest.json"], EVERY),
+    "absolute shard path": (_edit(lambda d: _shard0(d)["files"]["arrow"].update(path="/etc/hostname")),
+                            ["manifest.json"], EVERY),
+    "unknown objective": (_edit(lambda d: d["objective"].update(name="nonsense")), ["manifest.json"], EVERY),
+    "bad seed": (_edit(lambda d: d["config"].update(seed="x")), ["manifest.json"], EVERY),
+    "manifest of int64 columns": (_edit(_int64_schema), [ARROW, TAR], EVERY),
+    # (a tar's rows are counted at its end: `show -n 2` of the tar copy stops before)
+    "wrong row count": (_edit(lambda d: _shard0(d).update(rows=_shard0(d)["rows"] + 1)), [ARROW, TAR],
+                        ARROW_READERS),
+    # the files
+    "missing shard": (lambda root: (root / ARROW).unlink(), [ARROW], ARROW_READERS),
+    "truncated shard": (_truncate(ARROW), [ARROW], ARROW_READERS),
+    "flipped byte": (_flip(ARROW), [ARROW], ARROW_READERS),
+    "garbage shard": (lambda root: (root / ARROW).write_bytes(b"\x00" * (root / ARROW).stat().st_size), [ARROW],
+                      ARROW_READERS),
+    "int64 tar member": (_tar_int64, [TAR], ("show webdataset", "validate")),
+    "truncated tar": (_truncate(TAR), [TAR], ("show webdataset", "validate")),
+    "missing tokenizer": (lambda root: (root / "tokenizer.json").unlink(), ["tokenizer.json"], EVERY),
+    "garbage tokenizer": (lambda root: (root / "tokenizer.json").write_bytes(b"{not json"), ["tokenizer.json"],
+                          EVERY),
+}
+
+
+def _commands(root, tmp_path):
+    yield "inspect", lambda: inspect_main([str(root)])
+    yield "show", lambda: show_main([str(root), "-n", "2"])
+    yield "show webdataset", lambda: show_main([str(root), "-n", "2", "--format", "webdataset"])
+    yield "validate", lambda: validate_main([str(root), "--quiet"])
+    yield "report", lambda: report_main([str(root), "-o", str(tmp_path / "report.html")])
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_every_command_on_a_damaged_dataset_ends_in_one_line(pristine, tmp_path, capsys, case):
+    root = tmp_path / "ds"
+    shutil.copytree(pristine, root)
+    damage, named, failing = DAMAGE[case]
+    damage(root)
+    for name, command in _commands(root, tmp_path):
+        code = command()
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        if name not in failing:
+            assert code in (0, 1), (case, name, code)  # it may not read the damaged file at all
+            if code == 0:
+                continue
+        assert code == 1, (case, name, code, err)
+        if name == "validate" and not err:
+            assert any(n in out for n in named), (case, out)  # the report lists what is wrong, by file
+            continue
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"lmshards {name.split()[0]}: error: "), (case, name, err)
+        assert any(n in lines[0] for n in named), (case, name, lines[0])
+
+
+def test_a_path_where_nothing_exists_is_a_usage_error(tmp_path, capsys):
+    assert inspect_main([str(tmp_path / "nothing")]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+    (tmp_path / "incomplete").mkdir()  # a run killed before its manifest: an incomplete dataset
+    assert show_main([str(tmp_path / "incomplete")]) == 1
