@@ -261,9 +261,8 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)
-    # The objective runs on both chunk outputs of Pack apart, and the few re-packed examples reach
-    # the shard writers as a side input: flattening either pair would make Beam's local runner
-    # copy every chunk or example through an extra stage.
+    # The objective runs on both chunk outputs of Pack apart (flattening them would make Beam's
+    # local runner encode every chunk); their example batches meet in WriteShards' one shuffle.
     build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
                           sizing=sizing, processes=o.build_processes, handoff_scope=handoff_scope)
     bucket_chunks, repacked_chunks = chunks
@@ -352,7 +351,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         message = _check_message(exc, RejectedFractionError, "--max-rejected-fraction ")
         if message is not None:
             raise RejectedFractionError(message) from None
-        message = _check_message(exc, UnreconciledCountsError, "documents do not add up")
+        message = _check_message(exc, UnreconciledCountsError, "")
         if message is not None:
             raise JobFailedError(message) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

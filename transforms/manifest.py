@@ -15,7 +15,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
-from transforms.accounting import check_reconciled, check_rejected_fraction, document_counts
+from transforms.accounting import check_conservation, check_reconciled, check_rejected_fraction, document_counts
 from transforms.objectives.summary import summarize_objective
 from transforms.write import TMP_DIR, join_path, write_atomic
 
@@ -91,9 +91,12 @@ class _WriteManifest(beam.DoFn):
         duplicates = sum(s["duplicates"] for s in splits.values())
         counts = document_counts(read_stats, reasons, written, duplicates)
         counts["rejected_files"] = sorted(rejected_files, key=lambda f: f["path"])
-        # Before anything is written: a run that lost documents, or is over the rejected limit,
-        # fails and leaves no manifest.
+        # Before anything is written: a run that lost or repeated documents, tokens, examples or
+        # rows, or is over the rejected limit, fails and leaves no manifest.
         check_reconciled(counts)
+        for split, info in splits.items():
+            check_conservation(split, info, objective_stats.get(split, {}), pack_stats.get(split, {}),
+                               static["config"]["draws"])
         check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
                                 join_path(self._output, "rejected/rejected.jsonl"))
         for split, info in splits.items():

@@ -108,12 +108,13 @@ class _PackBucket(beam.DoFn):
             kept.append((ids, features))
             lengths.append(len(ids) // 4 if isinstance(ids, bytes) else len(ids))
         stats = {"documents": len(kept), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}
-        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
+        total = sum(lengths) + len(lengths)  # EOS included
         prefix = f"{split}-b{bucket:05d}"
         if self._mode == "concat":
             stream = concat_documents(kept, self._eos)
             planner = _Planner(self._objective, self._seed, prefix, total=len(stream))
             chunks, rest = pack_concat(stream, planner)
+            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total - len(rest)}))
             for index, chunk in enumerate(chunks):
                 yield split, planner.key(index), planner.plans[index], chunk
             if len(rest):
@@ -123,11 +124,14 @@ class _PackBucket(beam.DoFn):
                                  features) for ids, features in kept]
         if self._mode == "best_fit":
             full, rest = pack_best_fit(pieces, _fixed_length(self._objective))
+            packed = total - sum(len(piece) for piece in rest)
+            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": packed}))
             for index, chunk in enumerate(full):
                 yield split, f"{prefix}-c{index:06d}", 0, chunk
             if rest:
                 yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, rest)))
         else:
+            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total}))
             for index, chunk in enumerate(pack_none(pieces, _fixed_length(self._objective))):
                 yield split, f"{prefix}-c{index:06d}", 0, chunk
 
@@ -141,6 +145,7 @@ class _RepackRest(beam.DoFn):
         pieces = [piece for _, bucket_pieces in sorted(rests, key=lambda r: r[0]) for piece in bucket_pieces]
         prefix = f"{split}-r"
         dropped = 0
+        total = sum(len(piece) for piece in pieces)
         if self._mode == "concat":
             planner = _Planner(self._objective, self._seed, prefix)
             chunks, final = pack_concat(concat_pieces(pieces), planner)
@@ -157,7 +162,8 @@ class _RepackRest(beam.DoFn):
                 full.append(concat_pieces(rest))
             for index, chunk in enumerate(full):
                 yield split, f"{prefix}-c{index:06d}", 0, chunk
-        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {"dropped_tokens": dropped}))
+        stats = {"dropped_tokens": dropped, "packed_tokens": total - dropped}
+        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
 
 
 class Pack(beam.PTransform):
@@ -172,7 +178,9 @@ class Pack(beam.PTransform):
 
     Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of ``(split, chunk_key,
     plan, Piece)``, kept apart because flattening them would make the runner encode every
-    chunk (consumers apply the same transform to each), and ``(split, counters)``.
+    chunk (consumers apply the same transform to each), and ``(split, counters)``:
+    ``documents``, ``duplicates``, ``doc_tokens_*`` (document lengths), ``packed_tokens``
+    (tokens of the chunks emitted, re-packed ones included) and ``dropped_tokens``.
     """
 
     STATS = "stats"

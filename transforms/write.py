@@ -26,7 +26,7 @@ from transforms.handoff import unwrap
 from transforms.objectives.layout import shard_count
 from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
 
-__all__ = ["WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
+__all__ = ["SHARD_MARKER", "ShardRowsError", "WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
 
 WRITERS = {"arrow": write_arrow_columns, "webdataset": write_tar_columns}
 TMP_DIR = ".tmp"
@@ -40,7 +40,7 @@ def write_atomic(root: str, relative: str, write) -> ShardFile:
     """Write ``root/relative`` via a unique temporary file and a rename.
 
     Args:
-        write: callable taking a binary handle.
+        write: callable taking a binary handle (what it returns is ignored).
     """
     final = join_path(root, relative)
     temp = join_path(root, f"{TMP_DIR}/{uuid.uuid4().hex}-{relative.replace('/', '-')}")
@@ -60,71 +60,71 @@ def write_atomic(root: str, relative: str, write) -> ShardFile:
     return ShardFile(path=relative, bytes=hashing.bytes, sha256=hashing.sha256.hexdigest())
 
 
+class ShardRowsError(RuntimeError):
+    """The files of one shard do not hold the same number of rows (a writer fault)."""
+
+
+#: Stands in the shuffle for "this shard exists" (no rows): every shard index of a split gets
+#: one, so that empty shards are written too and shard names stay dense.
+SHARD_MARKER = None
+
+
 class _WriteShard(beam.DoFn):
     def __init__(self, output, schema: ExampleSchema, formats):
         self._output, self._schema, self._formats = output, schema, tuple(formats)
-        self._extra_source, self._extra = None, {}
 
     def write(self, split: str, index: int, count: int, parts: list) -> dict:
         batch = ExampleBatch.merge_sorted(parts, self._schema)
 
-        def write_format(fmt: str) -> ShardFile:
-            writer = WRITERS[fmt]
-            return write_atomic(self._output, shard_name(split, fmt, index, count), lambda h: writer(h, batch.columns))
+        def write_format(fmt: str) -> tuple[ShardFile, int]:
+            writer, rows = WRITERS[fmt], []
+            written = write_atomic(self._output, shard_name(split, fmt, index, count),
+                                   lambda h: rows.append(writer(h, batch.columns)))
+            return written, rows[0]
 
         # The formats are written side by side: much of the work (copying, hashing, file writes,
         # Arrow's serialization) releases the GIL, so a second core shortens the stage.
         first, *others = self._formats
         with ThreadPoolExecutor(max_workers=max(1, len(others)), thread_name_prefix="lmshards-write") as pool:
             futures = [pool.submit(write_format, fmt) for fmt in others]
-            files = {first: write_format(first)}
-            files.update((fmt, future.result()) for fmt, future in zip(others, futures))
-        info = ShardInfo(split=split, index=index, rows=batch.count, tokens=int(batch.chunk_tokens.sum()), files=files)
+            results = {first: write_format(first)}
+            results.update((fmt, future.result()) for fmt, future in zip(others, futures))
+        rows = {fmt: result[1] for fmt, result in results.items()}
+        if len(set(rows.values())) != 1:
+            held = ", ".join(f"{fmt} {n:,}" for fmt, n in rows.items())
+            raise ShardRowsError(f"shard {index} of {split}: its files hold different numbers of rows ({held})")
+        # The rows the files hold, as the writers counted them: WriteManifest checks them
+        # against the examples built.
+        info = ShardInfo(split=split, index=index, rows=rows[first], tokens=int(batch.chunk_tokens.sum()),
+                         files={fmt: result[0] for fmt, result in results.items()})
         return info.to_json()
 
-    def extra_parts(self, extra: list, shard: tuple) -> list:
-        """Decoded pieces of ``shard`` among the side input's (indexed once per side-input value)."""
-        if extra is not self._extra_source:
-            self._extra_source, self._extra = extra, {}
-            for key, encoded in extra:
-                self._extra.setdefault(tuple(key), []).append(encoded)
-        return [ExampleBatch.decode(unwrap(p), self._schema) for p in self._extra.get(shard, [])]
-
-    def process(self, element, extra):
-        shard, pieces = element
-        parts = [ExampleBatch.decode(unwrap(p), self._schema) for p in pieces] + self.extra_parts(extra, tuple(shard))
-        yield self.write(*shard, parts)
+    def process(self, element):
+        (split, index, count), pieces = element
+        parts = [ExampleBatch.decode(unwrap(p), self._schema) for p in pieces if p is not SHARD_MARKER]
+        yield self.write(split, index, count, parts)
 
 
-class _WriteOtherShards(_WriteShard):
-    """Writes, once the others are written, the shards that got no piece through the shuffle:
-    those with only side-input pieces, and empty ones (so shard names stay dense)."""
-
-    def __init__(self, output, schema: ExampleSchema, formats, sizing):
-        super().__init__(output, schema, formats)
-        self._sizing = sizing
-
-    def process(self, element, written, extra):
-        split, tokens = element
-        count = shard_count(split, tokens, **self._sizing)
-        present = {info["index"] for info in written if info["split"] == split}
-        for index in range(count):
-            if index not in present:
-                yield self.write(split, index, count, self.extra_parts(extra, (split, index, count)))
+def _shard_markers(element, sizing: dict):
+    split, tokens = element
+    count = shard_count(split, tokens, **sizing)
+    for index in range(count):
+        yield (split, index, count), SHARD_MARKER
 
 
 class WriteShards(beam.PTransform):
     """Shard pieces -> written shard files; outputs one ShardInfo dict per shard.
 
-    Input: ``(pieces, extra_pieces, split_tokens)``: ``((split, shard, count), encoded
-    ExampleBatch)`` elements from :class:`transforms.build.BuildExamples`, the many that go
-    through the shuffle and the few (re-packed remainders) that reach every writer as a side
-    input, and the ``(split, document tokens)`` they were sized with.
+    Input: ``(pieces, ..., split_tokens)``: one or more PCollections of ``((split, shard,
+    count), encoded ExampleBatch)`` elements from :class:`transforms.build.BuildExamples`,
+    and the ``(split, document tokens)`` they were sized with.
 
-    Every shard index of a split is written: shards that got no shuffled piece (empty ones,
-    or ones with side-input pieces only) are written after the others. Nothing is flattened
-    into the shuffle: Beam's local runner copies every element of a Flatten whose inputs come
-    from different stages through an extra stage.
+    All pieces and one marker per shard index of every split (:data:`SHARD_MARKER`, so that
+    empty shards are written as well) are flattened into one shuffle by shard: the graph
+    uses only what the Beam model guarantees of Flatten and GroupByKey, never the timing of
+    a side input (Beam's BundleBasedDirectRunner hands a side input made by a multi-output
+    DoFn over empty at times; re-packed examples once reached the writers that way and were
+    lost).
 
     Args:
         output: dataset directory (any Beam filesystem).
@@ -138,19 +138,14 @@ class WriteShards(beam.PTransform):
         self._output, self._schema, self._formats, self._sizing = output, schema, formats, sizing
 
     def expand(self, inputs):
-        pieces, extra_pieces, split_tokens = inputs
-        extra = beam.pvalue.AsList(extra_pieces)
-        written = (
-            pieces
+        *pieces, split_tokens = inputs
+        markers = split_tokens | "ShardMarkers" >> beam.FlatMap(_shard_markers, sizing=self._sizing)
+        return (
+            (*pieces, markers)
+            | "AllPieces" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats), extra=extra)
+            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats))
         )
-        others = split_tokens | "WriteOtherShards" >> beam.ParDo(
-            _WriteOtherShards(self._output, self._schema, self._formats, self._sizing),
-            written=beam.pvalue.AsList(written),
-            extra=extra,
-        )
-        return (written, others) | "AllShards" >> beam.Flatten()
 
 
 class _WriteRejectedFile(beam.DoFn):
