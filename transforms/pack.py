@@ -14,6 +14,8 @@ it the raw length) before the cut.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import apache_beam as beam
 import numpy as np
 
@@ -22,7 +24,8 @@ from transforms.objectives.common import first_uniforms
 from transforms.objectives.counters import length_counters, merge_counters
 from transforms.objectives.layout import PLAN_SALT, plan_rng
 from transforms.objectives.packing import (
-    concat_documents,
+    ConcatPacker,
+    Piece,
     concat_pieces,
     document_piece,
     pack_best_fit,
@@ -92,13 +95,30 @@ def _fixed_length(objective) -> int:
     return length
 
 
+def _ids_array(ids) -> np.ndarray:
+    return np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids
+
+
+def _pieces(documents: list, eos: int) -> Iterator[Piece]:
+    """Each document as a piece (tokens + EOS), letting go of its entry in ``documents`` once copied."""
+    for index, (ids, features) in enumerate(documents):
+        documents[index] = None
+        yield document_piece(_ids_array(ids), eos, features)
+
+
 class _PackBucket(beam.DoFn):
+    """Packs one group. What it holds is one copy of the group's documents: they are sorted
+    as they are, and each is let go of once copied into a chunk (:class:`ConcatPacker`, or
+    a piece of ``best_fit`` and ``none``); chunks go downstream as they are cut."""
+
     def __init__(self, objective, mode, seed, eos):
         self._objective, self._mode, self._seed, self._eos = objective, mode, seed, eos
 
     def process(self, element):
-        (split, bucket), docs = element
-        docs = sorted(map(unwrap, docs), key=lambda d: d[0])
+        (split, bucket), grouped = element
+        docs = [unwrap(document) for document in grouped]
+        del grouped
+        docs.sort(key=lambda d: d[0])
         kept, lengths, duplicates, previous = [], [], 0, None
         for key, ids, features in docs:
             if key == previous:
@@ -107,33 +127,37 @@ class _PackBucket(beam.DoFn):
             previous = key
             kept.append((ids, features))
             lengths.append(len(ids) // 4 if isinstance(ids, bytes) else len(ids))
+        del docs
         stats = {"documents": len(kept), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}
         total = sum(lengths) + len(lengths)  # EOS included
         prefix = f"{split}-b{bucket:05d}"
         if self._mode == "concat":
-            stream = concat_documents(kept, self._eos)
-            planner = _Planner(self._objective, self._seed, prefix, total=len(stream))
-            chunks, rest = pack_concat(stream, planner)
-            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total - len(rest)}))
-            for index, chunk in enumerate(chunks):
+            planner = _Planner(self._objective, self._seed, prefix, total=total)
+            packer = ConcatPacker(kept, self._eos, planner)
+            for index, chunk in enumerate(packer):
                 yield split, planner.key(index), planner.plans[index], chunk
+            rest = packer.rest
+            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total - len(rest)}))
             if len(rest):
                 yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, [rest])))
             return
-        pieces = [document_piece(np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids, self._eos,
-                                 features) for ids, features in kept]
+        length = _fixed_length(self._objective)
         if self._mode == "best_fit":
-            full, rest = pack_best_fit(pieces, _fixed_length(self._objective))
+            full, rest = pack_best_fit(list(_pieces(kept, self._eos)), length, release=True)
             packed = total - sum(len(piece) for piece in rest)
             yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": packed}))
-            for index, chunk in enumerate(full):
+            for index in range(len(full)):
+                chunk, full[index] = full[index], None
                 yield split, f"{prefix}-c{index:06d}", 0, chunk
             if rest:
                 yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, rest)))
         else:
             yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total}))
-            for index, chunk in enumerate(pack_none(pieces, _fixed_length(self._objective))):
-                yield split, f"{prefix}-c{index:06d}", 0, chunk
+            index = 0
+            for piece in _pieces(kept, self._eos):
+                for chunk in pack_none([piece], length):
+                    yield split, f"{prefix}-c{index:06d}", 0, chunk
+                    index += 1
 
 
 class _RepackRest(beam.DoFn):
