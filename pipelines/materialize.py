@@ -45,6 +45,7 @@ from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import RejectedFractionError, UnreconciledCountsError
 from transforms.build import BuildExamples
+from transforms.group import DropDuplicates
 from transforms.handoff import release, scope, unwrap
 from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
@@ -251,8 +252,14 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         encoder_threads=o.encoder_threads,
         handoff_scope=handoff_scope,
     )
-    chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
+    unique = tokenized.documents | "DropDuplicates" >> DropDuplicates()
+    chunks, packing_stats = unique.documents | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
+    )
+    pack_stats = (
+        (packing_stats, unique[DropDuplicates.STATS])
+        | "AllPackingStats" >> beam.Flatten()
+        | "SumPackingStats" >> beam.CombinePerKey(CountersCombineFn())
     )
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (

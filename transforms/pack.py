@@ -1,8 +1,8 @@
 """Pack: tokenized documents -> chunks ready for the objective.
 
-Documents are grouped by ``(split, bucket)``, sorted by key (which also puts exact
-duplicates side by side, where they are dropped and counted) and packed with the pure
-functions of :mod:`transforms.objectives.packing`. Remainders of all buckets of a split
+Documents (one per key: exact duplicates are dropped before the shuffle, see
+:class:`transforms.group.DropDuplicates`) are grouped by ``(split, bucket)``, sorted by key
+and packed with the pure functions of :mod:`transforms.objectives.packing`. Remainders of all buckets of a split
 are grouped once more, sorted by bucket, and re-packed, so at most one partial chunk per
 split is dropped (``--last-chunk drop``) or padded (``pad``).
 
@@ -119,16 +119,10 @@ class _PackBucket(beam.DoFn):
         docs = [unwrap(document) for document in grouped]
         del grouped
         docs.sort(key=lambda d: d[0])
-        kept, lengths, duplicates, previous = [], [], 0, None
-        for key, ids, features in docs:
-            if key == previous:
-                duplicates += 1
-                continue
-            previous = key
-            kept.append((ids, features))
-            lengths.append(len(ids) // 4 if isinstance(ids, bytes) else len(ids))
+        kept = [(ids, features) for _, ids, features in docs]
         del docs
-        stats = {"documents": len(kept), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}
+        lengths = [len(ids) // 4 if isinstance(ids, bytes) else len(ids) for ids, _ in kept]
+        stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
         total = sum(lengths) + len(lengths)  # EOS included
         prefix = f"{split}-b{bucket:05d}"
         if self._mode == "concat":
@@ -191,7 +185,7 @@ class _RepackRest(beam.DoFn):
 
 
 class Pack(beam.PTransform):
-    """Group documents by bucket, drop duplicates, pack chunks, re-pack remainders.
+    """Group documents by bucket, pack chunks, re-pack remainders.
 
     Args:
         objective: the objective (plans chunk lengths).
@@ -202,8 +196,9 @@ class Pack(beam.PTransform):
 
     Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of ``(split, chunk_key,
     plan, Piece)``, kept apart because flattening them would make the runner encode every
-    chunk (consumers apply the same transform to each), and ``(split, counters)``:
-    ``documents``, ``duplicates``, ``doc_tokens_*`` (document lengths), ``packed_tokens``
+    chunk (consumers apply the same transform to each), and ``(split, counters)`` elements
+    (several per split: sum them):
+    ``documents``, ``doc_tokens_*`` (document lengths), ``packed_tokens``
     (tokens of the chunks emitted, re-packed ones included) and ``dropped_tokens``.
     """
 
@@ -231,11 +226,7 @@ class Pack(beam.PTransform):
                 self.STATS, main="chunks"
             )
         )
-        stats = (
-            (packed[self.STATS], repacked[self.STATS])
-            | "AllPackStats" >> beam.Flatten()
-            | "SumPackStats" >> beam.CombinePerKey(CountersCombineFn())
-        )
+        stats = (packed[self.STATS], repacked[self.STATS]) | "AllPackStats" >> beam.Flatten()
         return (packed.chunks, repacked.chunks), stats
 
 

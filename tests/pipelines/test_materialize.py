@@ -422,8 +422,8 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
     assert 0 < examples < 12 and sum(s.rows for s in shards) == examples
     empty = [s for s in shards if s.rows == 0]
     assert len(empty) >= 12 - examples
-    # Most chunks come from re-packed bucket remainders (a side input of the writers): every one is
-    # written exactly once, whether or not its shard also got chunks through the shuffle.
+    # Most chunks come from re-packed bucket remainders (they meet the others in the writers'
+    # shuffle): every one is written exactly once, whatever else its shard got.
     keys = [ex["key"] for ex in open_dataset(str(out)).iter_examples()]
     assert len(keys) == len(set(keys)) == examples
     assert any("-r-" in key for key in keys)
@@ -436,6 +436,36 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
         with tarfile.open(out / shard.files["webdataset"].path) as tar:
             assert tar.getmembers() == []
         assert shard.tokens == 0
+
+
+def test_duplicates_are_dropped_before_the_shuffle_into_pack(tmp_path, monkeypatch, sample_texts, tokenizer_path):
+    """A document repeated 300 times reaches Pack once (the copies are dropped by a combiner
+    in front of the shuffle) and is counted as 299 duplicates; bytes are those of the corpus
+    without the copies."""
+    from transforms.pack import _PackBucket
+
+    texts = sample_texts[:40]
+    with_copies = tmp_path / "with-copies.jsonl"
+    with_copies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts + [texts[3]] * 299))
+    unique = tmp_path / "unique.jsonl"
+    unique.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    seen = []
+    process = _PackBucket.process
+
+    def recording(self, element):
+        documents = list(element[1])
+        seen.extend(handoff.unwrap(document)[0] for document in documents)
+        yield from process(self, (element[0], documents))
+
+    monkeypatch.setattr(_PackBucket, "process", recording)
+    args = ["--tokenizer", tokenizer_path, "--objective", "clm", "--seq-len", "64", "--num-buckets", "4"]
+    manifest = materialize(tmp_path / "out", "--input", str(with_copies), *args)
+    assert len(seen) == len(set(seen)) == len(texts)
+    assert manifest.counts["duplicates"] == 299 and manifest.splits["train"]["duplicates"] == 299
+    assert manifest.counts["documents_written"] == len(texts) and manifest.counts["reconciled"]
+    reference = materialize(tmp_path / "reference", "--input", str(unique), *args)
+    assert file_digests(tmp_path / "out") == file_digests(tmp_path / "reference")
+    assert manifest.splits["train"]["shards"] == reference.splits["train"]["shards"]
 
 
 def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_path, monkeypatch, caplog, sample_glob,
