@@ -45,7 +45,7 @@ from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import RejectedFractionError, UnreconciledCountsError
 from transforms.build import BuildExamples
-from transforms.group import DropDuplicates
+from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
 from transforms.handoff import release, scope, unwrap
 from transforms.manifest import WriteManifest
 from transforms.objectives.registry import make_objective
@@ -177,6 +177,8 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "packing": o.packing,
             "last_chunk": o.last_chunk,
             "num_buckets": o.num_buckets,
+            "pack_group_tokens": o.pack_group_tokens,
+            "sub_buckets": None if o.num_buckets else SUB_BUCKETS,
             "validation_fraction": o.validation_fraction,
             "formats": list(o.formats),
             "num_shards": o.num_shards,
@@ -246,15 +248,22 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         tokenizer_out,
         features=plan.objective.features,
         validation_fraction=o.validation_fraction,
-        num_buckets=o.num_buckets,
+        num_buckets=o.num_buckets or SUB_BUCKETS,
         batch_size=o.batch_size,
         progress_seconds=o.progress_seconds,
         encoder_threads=o.encoder_threads,
         handoff_scope=handoff_scope,
     )
+    # Pack groups are planned from every document's tokens while duplicates are dropped; each
+    # unique document then goes to its group (with --num-buckets its bucket is its group).
+    groups = tokenized.documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
     unique = tokenized.documents | "DropDuplicates" >> DropDuplicates()
-    chunks, packing_stats = unique.documents | "Pack" >> Pack(
-        plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
+    documents = unique.documents
+    if o.num_buckets is None:
+        documents = documents | "AssignGroups" >> AssignGroups(groups)
+    chunks, packing_stats = documents | "Pack" >> Pack(
+        plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk,
+        group_name="b" if o.num_buckets else "g",
     )
     pack_stats = (
         (packing_stats, unique[DropDuplicates.STATS])
@@ -286,8 +295,8 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output)
     read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(CountersCombineFn())
-    _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files) | "WriteManifest" >> WriteManifest(
-        o.output, _static_manifest(plan, argv)
+    _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups) | "WriteManifest" >> (
+        WriteManifest(o.output, _static_manifest(plan, argv))
     )
 
 

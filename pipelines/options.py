@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from transforms.group import DEFAULT_PACK_GROUP_TOKENS
 from transforms.objectives.packing import PACKING_MODES
 from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
@@ -73,7 +74,8 @@ class MaterializeOptions:
     validation_fraction: float
     packing: str
     last_chunk: str
-    num_buckets: int
+    #: fixed hash buckets per split (``--num-buckets``), or None: groups sized by tokens
+    num_buckets: int | None
     text_mode: str
     text_field: str
     draws: int
@@ -89,6 +91,8 @@ class MaterializeOptions:
     max_doc_chars: int | None = None
     long_docs: str = "split"
     max_rejected_fraction: float | None = None
+    #: most tokens of a pack group (None with ``--num-buckets``)
+    pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
     #: worker processes that build examples beside the in-process runner's thread (0: none)
     build_processes: int = 0
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
@@ -313,8 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--packing", choices=PACKING_MODES, default="concat")
     pack.add_argument("--last-chunk", choices=LAST_CHUNK_MODES, default="drop",
                       help="the split's final partial chunk in concat packing")
-    pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=64,
-                      help="packing buckets per split (part of the config: changes the bytes)")
+    pack.add_argument("--pack-group-tokens", type=_positive_int("--pack-group-tokens"), default=None, metavar="N",
+                      help="most tokens of a pack group, the unit a worker packs in memory; groups, and the "
+                      f"parallelism of packing, grow with the corpus (default {DEFAULT_PACK_GROUP_TOKENS:,}: "
+                      "about 1 GB of a worker; part of the config: changes the bytes)")
+    pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=None, metavar="N",
+                      help="expert override of --pack-group-tokens: N hash buckets per split, whatever their "
+                      "sizes (the grouping of dataset format 1; part of the config: changes the bytes)")
     pack.add_argument("--seed", type=int, default=0)
     pack.add_argument("--validation-fraction", type=_fraction, default=0.0,
                       help="share of documents (by content hash) in the validation split")
@@ -384,6 +393,9 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         if objective and "--objective" not in (argv or []):
             args.objective = objective
         sources = {name: f"--config {args.config_file}" for name in params}
+    if args.num_buckets is not None and args.pack_group_tokens is not None:
+        raise ValueError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
+                         "choose one (fixed hash buckets, or groups sized by tokens)")
     if args.long_docs is not None and args.max_doc_chars is None:
         raise ValueError(f"--long-docs {args.long_docs}: needs --max-doc-chars N (no length limit is set)")
     from transforms.objectives.registry import objective_parameters
@@ -416,6 +428,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         packing=args.packing,
         last_chunk=args.last_chunk,
         num_buckets=args.num_buckets,
+        pack_group_tokens=None if args.num_buckets else (args.pack_group_tokens or DEFAULT_PACK_GROUP_TOKENS),
         text_mode=args.text_mode,
         text_field=args.text_field,
         draws=args.draws,

@@ -16,6 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import check_conservation, check_reconciled, check_rejected_fraction, document_counts
+from transforms.group import plan_summary
 from transforms.objectives.summary import summarize_objective
 from transforms.write import TMP_DIR, join_path, write_atomic
 
@@ -61,7 +62,7 @@ class _WriteManifest(beam.DoFn):
     def __init__(self, output, static):
         self._output, self._static = output, static
 
-    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files):
+    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups):
         static = self._static
         splits: dict[str, Any] = {}
         stats: dict[str, Any] = {}
@@ -78,6 +79,7 @@ class _WriteManifest(beam.DoFn):
                 "dropped_tokens": packing.get("dropped_tokens", 0),
                 "document_tokens": packing.get("doc_tokens_sum", 0) + packing.get("documents", 0),
                 "num_shards": len(rows),
+                "pack_groups": plan_summary(groups.get(split)),
                 "shards": rows,
             }
             stats[split] = {
@@ -132,8 +134,10 @@ class WriteManifest(beam.PTransform):
         static: manifest parts known before the run (objective, config, tokenizer,
             schema, run, splits, formats).
 
-    Inputs: ``(shards, objective_stats, pack_stats, read_stats, reasons, rejected_files)``
-    (``objective_stats``: per split, the summed counters of BuildExamples); the counts
+    Inputs: ``(shards, objective_stats, pack_stats, read_stats, reasons, rejected_files,
+    groups)`` (``objective_stats``: per split, the summed counters of BuildExamples;
+    ``groups``: the pack-group plan of :class:`transforms.group.PlanGroups`, recorded per
+    split as ``pack_groups``: groups, their tokens, the largest group's); the counts
     follow :func:`transforms.accounting.document_counts`. When ``static["config"]`` has a
     ``max_rejected_fraction`` that the run exceeds, it raises
     :class:`~transforms.accounting.RejectedFractionError` and writes nothing.
@@ -144,7 +148,7 @@ class WriteManifest(beam.PTransform):
         self._output, self._static = output, static
 
     def expand(self, inputs):
-        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files = inputs
+        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups = inputs
         pipeline = shards.pipeline
         return (
             pipeline
@@ -158,5 +162,6 @@ class WriteManifest(beam.PTransform):
                 read_stats=beam.pvalue.AsSingleton(read_stats),
                 reasons=beam.pvalue.AsDict(reasons),
                 rejected_files=beam.pvalue.AsList(rejected_files),
+                groups=beam.pvalue.AsSingleton(groups),
             )
         )

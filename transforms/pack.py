@@ -1,15 +1,17 @@
 """Pack: tokenized documents -> chunks ready for the objective.
 
-Documents (one per key: exact duplicates are dropped before the shuffle, see
-:class:`transforms.group.DropDuplicates`) are grouped by ``(split, bucket)``, sorted by key
-and packed with the pure functions of :mod:`transforms.objectives.packing`. Remainders of all buckets of a split
-are grouped once more, sorted by bucket, and re-packed, so at most one partial chunk per
-split is dropped (``--last-chunk drop``) or padded (``pad``).
+Documents (one per key: exact duplicates are dropped before the shuffle) are grouped by
+``(split, pack group)`` (groups of at most ``--pack-group-tokens`` tokens, or the
+``--num-buckets`` hash buckets: :mod:`transforms.group`), sorted by key and packed with the
+pure functions of :mod:`transforms.objectives.packing`, holding one copy of the group.
+Remainders of all groups of a split (each shorter than a chunk) are grouped once more,
+sorted by group, and re-packed, so at most one partial chunk per split is dropped
+(``--last-chunk drop``) or padded (``pad``).
 
-Chunk keys name where a chunk came from: ``train-b00012-c000034`` (bucket 12, chunk 34)
-or ``train-r-c000002`` (re-packed remainders). The chunk length an objective needs is
-planned from a generator seeded by the chunk key, so UL2 can pick its denoiser (and with
-it the raw length) before the cut.
+Chunk keys name where a chunk came from: ``train-g00012-c000034`` (group 12, chunk 34;
+``b`` for a ``--num-buckets`` bucket) or ``train-r-c000002`` (re-packed remainders). The
+chunk length an objective needs is planned from a generator seeded by the chunk key, so
+UL2 can pick its denoiser (and with it the raw length) before the cut.
 """
 
 from __future__ import annotations
@@ -111,8 +113,9 @@ class _PackBucket(beam.DoFn):
     as they are, and each is let go of once copied into a chunk (:class:`ConcatPacker`, or
     a piece of ``best_fit`` and ``none``); chunks go downstream as they are cut."""
 
-    def __init__(self, objective, mode, seed, eos):
+    def __init__(self, objective, mode, seed, eos, group_name="g"):
         self._objective, self._mode, self._seed, self._eos = objective, mode, seed, eos
+        self._group_name = group_name
 
     def process(self, element):
         (split, bucket), grouped = element
@@ -124,7 +127,7 @@ class _PackBucket(beam.DoFn):
         lengths = [len(ids) // 4 if isinstance(ids, bytes) else len(ids) for ids, _ in kept]
         stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
         total = sum(lengths) + len(lengths)  # EOS included
-        prefix = f"{split}-b{bucket:05d}"
+        prefix = f"{split}-{self._group_name}{bucket:05d}"
         if self._mode == "concat":
             planner = _Planner(self._objective, self._seed, prefix, total=total)
             packer = ConcatPacker(kept, self._eos, planner)
@@ -185,7 +188,9 @@ class _RepackRest(beam.DoFn):
 
 
 class Pack(beam.PTransform):
-    """Group documents by bucket, pack chunks, re-pack remainders.
+    """Group documents by pack group, pack chunks, re-pack remainders.
+
+    Input: ``((split, group), (key, ids, features))`` documents, one per key.
 
     Args:
         objective: the objective (plans chunk lengths).
@@ -193,6 +198,7 @@ class Pack(beam.PTransform):
         seed: global seed.
         eos: EOS id appended to every document.
         last_chunk: ``drop`` or ``pad`` the split's final partial chunk (concat).
+        group_name: the letter of a group in chunk keys (``g``; ``b`` for ``--num-buckets``).
 
     Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of ``(split, chunk_key,
     plan, Piece)``, kept apart because flattening them would make the runner encode every
@@ -205,18 +211,19 @@ class Pack(beam.PTransform):
     STATS = "stats"
     REST = "rest"
 
-    def __init__(self, objective, *, mode: str, seed: int, eos: int, last_chunk: str = "drop"):
+    def __init__(self, objective, *, mode: str, seed: int, eos: int, last_chunk: str = "drop", group_name: str = "g"):
         super().__init__()
         self._objective, self._mode, self._seed, self._eos, self._last_chunk = objective, mode, seed, eos, last_chunk
+        self._group_name = group_name
 
     def expand(self, documents):
         packed = (
             documents
-            | "GroupByBucket" >> beam.GroupByKey()
+            | "GroupByPackGroup" >> beam.GroupByKey()
             | "PackBuckets"
-            >> beam.ParDo(_PackBucket(self._objective, self._mode, self._seed, self._eos)).with_outputs(
-                self.STATS, self.REST, main="chunks"
-            )
+            >> beam.ParDo(
+                _PackBucket(self._objective, self._mode, self._seed, self._eos, self._group_name)
+            ).with_outputs(self.STATS, self.REST, main="chunks")
         )
         repacked = (
             packed[self.REST]

@@ -20,13 +20,17 @@ from schemas.manifest import MANIFEST_VERSION
 #: name: (extra flags, pinned digest of the dataset's files)
 CASES = {
     "clm": (["--objective", "clm", "--seq-len", "512", "--formats", "arrow,webdataset",
-             "--validation-fraction", "0.05"], "e3301702b9580f9508eb89a1433473d6"),
+             "--validation-fraction", "0.05"], "4adf56065c032dd7536316b2546b094d"),
     "bart": (["--objective", "bart", "--seq-len", "256", "--validation-fraction", "0.1", "--num-shards", "3"],
-             "b4923d7eab1cbfb240d55f80e1911a60"),
+             "75e474d0ca6cee70fe16c8ab7e964032"),
     "best_fit": (["--objective", "clm", "--seq-len", "256", "--packing", "best_fit",
-                  "--validation-fraction", "0.1"], "9707fbd676a69a834cb1b774ec466bd5"),
+                  "--validation-fraction", "0.1"], "3db53c05afe8aa4dbbb619c0b7f3468e"),
 }
-PINNED_FORMAT_VERSION = 1
+PINNED_FORMAT_VERSION = 2
+#: The same datasets as format 1 made them (64 hash buckets, before pack groups were sized in
+#: tokens): ``--num-buckets 64`` still makes them byte for byte.
+FORMAT_1 = {"clm": "e3301702b9580f9508eb89a1433473d6", "bart": "b4923d7eab1cbfb240d55f80e1911a60",
+            "best_fit": "9707fbd676a69a834cb1b774ec466bd5"}
 
 
 def dataset_digest(root) -> str:
@@ -44,6 +48,14 @@ def test_sample_dataset_matches_pinned_digest(tmp_path, sample_glob, tokenizer_p
     flags, pinned = CASES[name]
     materialize(tmp_path / "out", "--input", sample_glob, "--tokenizer", tokenizer_path, *flags)
     assert dataset_digest(tmp_path / "out") == pinned
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", sorted(FORMAT_1))
+def test_num_buckets_64_makes_the_format_1_dataset(tmp_path, sample_glob, tokenizer_path, name):
+    flags, _ = CASES[name]
+    materialize(tmp_path / "out", "--input", sample_glob, "--tokenizer", tokenizer_path, *flags, "--num-buckets", "64")
+    assert dataset_digest(tmp_path / "out") == FORMAT_1[name]
 
 
 if __name__ == "__main__":  # print the digests (to pin them on a checkout whose output is the reference)
