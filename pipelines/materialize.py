@@ -279,11 +279,14 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     sizing = shard_sizing(plan)
     # The objective runs on both chunk outputs of Pack apart (flattening them would make Beam's
     # local runner encode every chunk); their example batches meet in WriteShards' one shuffle.
-    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
-                          sizing=sizing, processes=o.build_processes, handoff_scope=handoff_scope)
+    settings = dict(seed=o.seed, draws=o.draws, sizing=sizing, processes=o.build_processes,
+                    handoff_scope=handoff_scope)
+    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, **settings,
+                          separate=o.build_stage == "separate")
+    build_repacked = BuildExamples(plan.objective, plan.resolved.special, plan.schema, **settings)
     bucket_chunks, repacked_chunks = chunks
     batches, build_stats = (bucket_chunks, split_tokens) | "BuildExamples" >> build
-    rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build
+    rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build_repacked
     objective_stats = (
         (build_stats, rest_stats)
         | "AllObjectiveStats" >> beam.Flatten()

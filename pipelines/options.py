@@ -21,8 +21,8 @@ from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
 from transforms.record_policy import INVALID_UTF8_POLICIES, LONG_DOC_POLICIES, NUL_POLICIES, RecordPolicy
 
-__all__ = ["FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args", "resolve_build_processes",
-           "resolve_encoder_threads"]
+__all__ = ["BUILD_STAGES", "FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args",
+           "resolve_build_processes", "resolve_build_stage", "resolve_encoder_threads"]
 
 FORMATS = ("arrow", "webdataset")
 #: Objective parameter flags: (flag, config field, type, objectives that take it, help).
@@ -95,6 +95,8 @@ class MaterializeOptions:
     pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
     #: worker processes that build examples beside the in-process runner's thread (0: none)
     build_processes: int = 0
+    #: ``fused`` (the objective runs where chunks are packed) or ``separate`` (a stage of its own)
+    build_stage: str = "fused"
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
     #: run Beam's construction-time type check (``--pipeline-type-check``)
@@ -246,6 +248,27 @@ def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
     return max(1, cores // (setup.num_workers or cores))  # Beam: 0 workers means one per core
 
 
+BUILD_STAGES = ("auto", "fused", "separate")
+
+
+def resolve_build_stage(value: str, setup: RunnerSetup, objective: str | None = None) -> str:
+    """``--build-stage``: ``auto`` runs the objective in a stage of its own (``separate``) where
+    that spreads it over more workers than there are pack groups, that is on runners with
+    several worker processes (``--direct_running_mode=multi_processing`` with more than one
+    worker, Dataflow and other distributed runners), unless the objective's examples are copies
+    of their chunks (clm: the extra shuffle would cost what building does); elsewhere it runs
+    where the chunks are packed (``fused``). Either way the output is the same."""
+    if value != "auto":
+        return value
+    if objective in _COPYING_OBJECTIVES:
+        return "fused"
+    if setup.runner in IN_PROCESS_RUNNERS and not setup.multi_processing:
+        return "fused"
+    if setup.multi_processing and setup.num_workers == 1:
+        return "fused"
+    return "separate"
+
+
 def _formats(value):
     formats = tuple(f.strip() for f in value.split(",") if f.strip())
     bad = [f for f in formats if f not in FORMATS]
@@ -346,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "multi_processing, 1 on Dataflow, else the tokenizer's default, every core); sets "
                      "RAYON_NUM_THREADS in "
                      "workers where it is unset")
+    run.add_argument("--build-stage", choices=BUILD_STAGES, default="auto",
+                     help="where the objective runs: fused with packing, or separate (its own stage, chunks "
+                     "spread over every worker); default auto: separate with several worker processes or on "
+                     "Dataflow (not for clm), else fused; never changes the output")
     run.add_argument("--build-processes", type=_auto_or_count("--build-processes", "processes", 0), default="auto",
                      metavar="N",
                      help="worker processes that apply the objective beside the in-process runner (0: none; "
@@ -445,6 +472,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         long_docs=args.long_docs or "split",
         max_rejected_fraction=args.max_rejected_fraction,
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
+        build_stage=resolve_build_stage(args.build_stage, runner_setup, args.objective),
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         in_one_process=runner_setup.in_one_process,
         pipeline_type_check=args.pipeline_type_check,

@@ -99,8 +99,9 @@ class _WriteManifest(beam.DoFn):
         for split, info in splits.items():
             check_conservation(split, info, objective_stats.get(split, {}), pack_stats.get(split, {}),
                                static["config"]["draws"])
+        rejected_path = counts["rejected_files"][0]["path"] if len(counts["rejected_files"]) == 1 else "rejected/"
         check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
-                                join_path(self._output, "rejected/rejected.jsonl"))
+                                join_path(self._output, rejected_path))
         for split, info in splits.items():
             if "arrow" in static["formats"] and info["shards"]:
                 paths = [s["files"]["arrow"]["path"] for s in info["shards"]]

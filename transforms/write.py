@@ -13,6 +13,7 @@ names are dense.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,10 +24,12 @@ from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.build import ExampleBatch
 from transforms.handoff import unwrap
+from transforms.objectives.common import digest_u64
 from transforms.objectives.layout import shard_count
 from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
 
-__all__ = ["SHARD_MARKER", "ShardRowsError", "WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
+__all__ = ["REJECTED_PER_SHARD", "SHARD_MARKER", "ShardRowsError", "WriteRejected", "WriteShards", "join_path",
+           "rejected_file_name", "shard_count", "write_atomic"]
 
 WRITERS = {"arrow": write_arrow_columns, "webdataset": write_tar_columns}
 TMP_DIR = ".tmp"
@@ -148,36 +151,68 @@ class WriteShards(beam.PTransform):
         )
 
 
+#: Rejected records per file of ``OUT/rejected/`` at most (about 700 bytes each while a
+#: file's records are sorted: some 180 MB of one worker).
+REJECTED_PER_SHARD = 1 << 18
+
+
+def rejected_file_name(index: int, count: int) -> str:
+    """``rejected/rejected.jsonl`` when the records fit one file, else
+    ``rejected/rejected-00003-of-00012.jsonl``."""
+    return "rejected/rejected.jsonl" if count == 1 else f"rejected/rejected-{index:05d}-of-{count:05d}.jsonl"
+
+
+def _json_line(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False, sort_keys=True)
+
+
+def _key_rejected(record: dict, total: int, per_file: int):
+    count = max(1, math.ceil(total / per_file))
+    return (digest_u64(_json_line(record), salt=b"lmshards-rejected") % count, count), record
+
+
 class _WriteRejectedFile(beam.DoFn):
     def __init__(self, output):
         self._output = output
 
     def process(self, element):
-        _, records = element
-        rows = sorted(records, key=lambda r: (r["source"], r["position"], r["reason"], r["excerpt"]))
+        (index, count), records = element
+        rows = sorted((r["source"], r["position"], r["reason"], r["excerpt"], _json_line(r)) for r in records)
 
         def write(handle):
             for row in rows:
-                handle.write((json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8"))
+                handle.write((row[-1] + "\n").encode("utf-8"))
 
-        info = write_atomic(self._output, "rejected/rejected.jsonl", write)
+        info = write_atomic(self._output, rejected_file_name(index, count), write)
         yield {"path": info.path, "bytes": info.bytes, "sha256": info.sha256, "records": len(rows)}
 
 
 class WriteRejected(beam.PTransform):
-    """Rejected-record dicts -> ``OUT/rejected/rejected.jsonl`` (sorted) and counts by reason.
+    """Rejected-record dicts -> ``OUT/rejected/`` files and counts by reason.
+
+    The records are counted, and each goes to file ``digest(record) % files`` of
+    ``ceil(records / per_file)`` (:func:`rejected_file_name`), where they are sorted by
+    source, position, reason and excerpt: what one worker sorts is bounded, the files are a
+    pure function of the records, and a run with up to ``per_file`` of them writes the one
+    ``rejected/rejected.jsonl``. No record, no file.
+
+    Args:
+        output: dataset directory.
+        per_file: most records per file (default :data:`REJECTED_PER_SHARD`).
 
     Returns ``(file info PCollection, reason counts PCollection)``.
     """
 
-    def __init__(self, output):
+    def __init__(self, output, per_file: int | None = None):
         super().__init__()
         self._output = output
+        self._per_file = per_file or REJECTED_PER_SHARD
 
     def expand(self, rejected):
+        total = rejected | "CountRejected" >> beam.combiners.Count.Globally()
         files = (
             rejected
-            | "KeyRejected" >> beam.Map(lambda r: (0, r))
+            | "KeyRejected" >> beam.Map(_key_rejected, total=beam.pvalue.AsSingleton(total), per_file=self._per_file)
             | "GroupRejected" >> beam.GroupByKey()
             | "WriteRejectedFile" >> beam.ParDo(_WriteRejectedFile(self._output))
         )

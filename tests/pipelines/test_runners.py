@@ -125,12 +125,15 @@ def test_pack_groups_are_planned_in_tokens_and_recorded(grouped, sample_texts):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode", ["in_process_resplit", "multi_processing", "bundle_repeat", "bundle_based"])
+@pytest.mark.parametrize("mode", ["in_process_resplit", "in_process_separate_build", "multi_processing",
+                                  "bundle_repeat", "bundle_based"])
 def test_token_sized_groups_give_the_same_bytes_on_every_runner_and_input_split(tmp_path, grouped, sample_texts,
                                                                                tokenizer_path, mode):
     corpus, reference_out, reference_manifest = grouped
+    # multi_processing builds bart in a stage of its own (--build-stage auto), as Dataflow does
     beam_args = {"multi_processing": RUNNER_MODES["multi_processing"], "bundle_repeat": RUNNER_MODES["bundle_repeat"],
-                 "bundle_based": RUNNER_MODES["bundle_based_1"]}.get(mode, [])
+                 "bundle_based": RUNNER_MODES["bundle_based_1"],
+                 "in_process_separate_build": ["--build-stage", "separate"]}.get(mode, [])
     if mode == "in_process_resplit":
         corpus = _resplit(sample_texts, tmp_path / "corpus", parts=5)
     out = tmp_path / "out"
@@ -176,3 +179,23 @@ def test_shard_files_that_disagree_on_their_rows_fail_the_run(tmp_path, monkeypa
     assert err.startswith("lmshards materialize: error: the pipeline failed: ShardRowsError: shard ")
     assert "its files hold different numbers of rows (arrow " in err
     assert not (out / "manifest.json").exists()
+
+
+def test_build_stage_auto_separates_the_objective_where_workers_are_processes():
+    from pipelines.options import parse_args
+
+    base = ["--input", FAQ, "--output", "o", "--tokenizer", "t.json"]
+    stages = {}
+    for name, extra in {
+        "in_process": [],
+        "bundle_based": ["--runner", "BundleBasedDirectRunner"],
+        "one_worker": ["--direct_running_mode=multi_processing", "--direct_num_workers=1"],
+        "two_workers": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        "dataflow": ["--runner", "DataflowRunner"],
+    }.items():
+        stages[name] = (parse_args([*base, "--objective", "bart", *extra]).build_stage,
+                        parse_args([*base, "--objective", "clm", *extra]).build_stage)
+    assert stages == {"in_process": ("fused", "fused"), "bundle_based": ("fused", "fused"),
+                      "one_worker": ("fused", "fused"), "two_workers": ("separate", "fused"),
+                      "dataflow": ("separate", "fused")}
+    assert parse_args([*base, "--build-stage", "separate"]).build_stage == "separate"
