@@ -40,6 +40,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import __version__
+from pipelines.dataflow import stage_installed_package
 from pipelines.options import MaterializeOptions, parse_args
 from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
@@ -337,6 +338,9 @@ def serial_encoder_warning(options: MaterializeOptions, environ=None) -> str | N
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     options = parse_args(argv)
+    # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
+    # (and its pinned dependencies) goes to the workers.
+    options.beam_args = stage_installed_package(options.beam_args)
     start = time.monotonic()
     warning = serial_encoder_warning(options)
     if warning:
