@@ -243,9 +243,10 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
     read = pipeline | "ReadCorpus" >> ReadCorpus(
-        [p for p, _ in plan.files], text_mode=o.text_mode, text_field=o.text_field, policy=o.record_policy
+        [p for p, _ in plan.files], text_mode=o.text_mode, text_field=o.text_field, policy=o.record_policy,
+        split_bytes=max(1, int(o.input_split_mb * 2**20)),
     )
-    tokenized = read.texts | "Tokenize" >> Tokenize(
+    tokenized = read["texts"] | "Tokenize" >> Tokenize(
         tokenizer_out,
         features=plan.objective.features,
         validation_fraction=o.validation_fraction,

@@ -91,6 +91,8 @@ class MaterializeOptions:
     max_doc_chars: int | None = None
     long_docs: str = "split"
     max_rejected_fraction: float | None = None
+    #: size of a read task in MB (``--input-split-mb``: byte ranges, Parquet row groups)
+    input_split_mb: float = 64.0
     #: most tokens of a pack group (None with ``--num-buckets``)
     pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
     #: worker processes that build examples beside the in-process runner's thread (0: none)
@@ -119,6 +121,19 @@ def _positive_int(flag):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} {value}: not an integer") from None
         if number <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: must be > 0")
+        return number
+
+    return parse
+
+
+def _positive_float(flag):
+    def parse(value):
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: not a number") from None
+        if not number > 0:
             raise argparse.ArgumentTypeError(f"{flag} {value}: must be > 0")
         return number
 
@@ -310,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train shards (default: sized by --shard-size-mb)")
     io.add_argument("--shard-size-mb", type=float, default=256.0, help="target shard size (default 256)")
     io.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    io.add_argument("--input-split-mb", type=_positive_float("--input-split-mb"), default=64.0, metavar="MB",
+                    help="read uncompressed text/JSONL files in byte ranges, and Parquet in runs of row groups, "
+                    "of about this size, in parallel (default 64; never changes the output)")
     bad = parser.add_argument_group("bad input (see README, Bad input)")
     bad.add_argument("--invalid-utf8", choices=INVALID_UTF8_POLICIES, default="reject",
                      help="reject a record with invalid UTF-8 (default) or replace bad bytes with U+FFFD")
@@ -455,6 +473,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         packing=args.packing,
         last_chunk=args.last_chunk,
         num_buckets=args.num_buckets,
+        input_split_mb=args.input_split_mb,
         pack_group_tokens=None if args.num_buckets else (args.pack_group_tokens or DEFAULT_PACK_GROUP_TOKENS),
         text_mode=args.text_mode,
         text_field=args.text_field,

@@ -41,6 +41,16 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.record_policy import BOM, BOM_BYTES, RecordPolicy, has_surrogates, replace_surrogates, split_text
+from transforms.splits import (
+    DEFAULT_SPLIT_BYTES,
+    RANGE_LINES,
+    FixLinePositions,
+    ReadTask,
+    as_task,
+    open_task,
+    row_group_values,
+    tasks_of,
+)
 
 __all__ = [
     "TEXT_MODES",
@@ -339,6 +349,18 @@ def _finish(
         yield source, position, piece
 
 
+def _row_group_records(path: str, stream, task: ReadTask, text_field: str) -> Iterator[tuple]:
+    """``(path, row, value, no repairs)`` of a Parquet task's row groups (positions: file rows)."""
+    try:
+        values = row_group_values(stream, task, text_field)
+    except KeyError as missing:
+        if task.index == 0:  # once per file, whatever its tasks
+            yield path, 0, rejection(path, 0, "missing_text_field", missing.args[0]), ()
+        return
+    for row, value in values:
+        yield path, row, value if isinstance(value, bytes) else rejection(path, row, "text_not_string", value), ()
+
+
 def iter_file_records(
     path: str,
     *,
@@ -346,6 +368,7 @@ def iter_file_records(
     text_field: str = "text",
     policy: RecordPolicy | None = None,
     counters: Counter | None = None,
+    task: ReadTask | None = None,
 ) -> Iterator[Any]:
     """Yield ``(source, position, text)`` records and rejected-entry dicts of one file.
 
@@ -361,19 +384,25 @@ def iter_file_records(
         counters: if given, counts into it the kept records that were repaired
             (``invalid_utf8_replaced``, ``nul_bytes_stripped``), the records split
             (``long_documents_split``) and the documents they became (``split_pieces``).
+        task: read only this part of the file (:mod:`transforms.splits`: a byte range, whose
+            positions count from its first line, or Parquet row groups); None: all of it.
     """
     if text_mode not in TEXT_MODES:
         raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
     policy = policy or RecordPolicy()
     counters = counters if counters is not None else Counter()
     kind = file_format(path)
+    task = task or ReadTask(path)
+    record_mode = "paragraph" if kind == "text" and text_mode == "paragraph" else "line"
     position = 0
     try:
-        with _open_decompressed(path) as stream:
+        with open_task(task, record_mode, _open_decompressed, counters) as stream:
             if kind == "text":
                 records = _text_records(path, stream, text_mode)
             elif kind == "jsonl":
                 records = _jsonl_records(path, stream, text_field, policy)
+            elif task.kind == "row_groups":
+                records = _row_group_records(path, stream, task, text_field)
             else:
                 records = _parquet_records(path, stream, text_field)
             for source, position, value, repairs in records:
@@ -396,41 +425,73 @@ class _ReadFile(beam.DoFn):
     def setup(self):
         self._records = beam.metrics.Metrics.counter("lmshards", "records_read")
 
-    def process(self, path: str):
+    def process(self, element):
+        task = as_task(element)
+        path = task.path
+        # rejections of a range after a file's first have positions counted from its first line
+        relative = task.kind == "range" and task.index > 0
         counters: Counter = Counter()
         for item in iter_file_records(
-            path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters
+            path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters,
+            task=task,
         ):
             if isinstance(item, dict):
                 beam.metrics.Metrics.counter("lmshards", f"rejected_{item['reason']}").inc()
                 counters["rejected"] += 1
-                yield beam.pvalue.TaggedOutput(ReadCorpus.REJECTED, item)
+                if relative:
+                    yield beam.pvalue.TaggedOutput(ReadCorpus.RELATIVE, ((path, task.index), item))
+                else:
+                    yield beam.pvalue.TaggedOutput(ReadCorpus.REJECTED, item)
             else:
                 self._records.inc()
                 counters["documents"] += 1
                 yield item[2]
+        if task.kind == "range":
+            yield beam.pvalue.TaggedOutput(ReadCorpus.LINES, (path, (task.index, counters.pop(RANGE_LINES, 0))))
         for name, value in counters.items():
             if name not in ("documents", "rejected"):
                 beam.metrics.Metrics.counter("lmshards", name).inc(value)
         yield beam.pvalue.TaggedOutput(ReadCorpus.STATS, dict(counters))
 
 
+class ReadOutputs(dict):
+    """ReadCorpus' outputs: ``texts``, ``rejected`` and ``stats`` (also by tag: ``outputs["rejected"]``)."""
+
+    @property
+    def texts(self):
+        return self["texts"]
+
+
+def _tasks_of(path: str, text_mode: str, split_bytes: int) -> list[ReadTask]:
+    kind = file_format(path)
+    compressed = _split_compression(path)[1] is not None
+    return tasks_of(path, kind=kind, compressed=compressed, text_mode=text_mode, split_bytes=split_bytes)
+
+
 class ReadCorpus(beam.PTransform):
     """Read text documents from files; bad records go to the ``rejected`` output.
+
+    Files are read in tasks below the file level where they can be (:mod:`transforms.splits`:
+    byte ranges of uncompressed text and JSONL larger than ``split_bytes``, Parquet row
+    groups), so one large file is read in parallel; what is read, and the positions of
+    rejected records, do not depend on ``split_bytes``.
 
     Args:
         files: concrete file paths (already expanded, see :func:`expand_inputs`).
         text_mode: ``line``, ``paragraph`` or ``file`` for text files.
         text_field: JSON field (dotted path) or Parquet column holding the text.
         policy: invalid UTF-8, NUL byte and long-document policy.
+        split_bytes: bytes per read task (``--input-split-mb``).
 
-    Returns a ``DoOutputsTuple``: the texts as main output, rejected-entry dicts under
-    :attr:`REJECTED`, and one counters dict per file under :attr:`STATS` (``documents``,
-    ``rejected`` and the repairs counted by :func:`iter_file_records`).
+    Returns a :class:`ReadOutputs`: the texts, rejected-entry dicts under :attr:`REJECTED`,
+    and one counters dict per task under :attr:`STATS` (``documents``, ``rejected`` and the
+    repairs counted by :func:`iter_file_records`).
     """
 
     REJECTED = "rejected"
     STATS = "stats"
+    RELATIVE = "relative"
+    LINES = "lines"
 
     def __init__(
         self,
@@ -439,20 +500,27 @@ class ReadCorpus(beam.PTransform):
         text_mode: str = "line",
         text_field: str = "text",
         policy: RecordPolicy | None = None,
+        split_bytes: int = DEFAULT_SPLIT_BYTES,
     ):
         super().__init__()
         self._files = list(files)
         self._text_mode = text_mode
         self._text_field = text_field
         self._policy = policy or RecordPolicy()
+        self._split_bytes = split_bytes
 
     def expand(self, pbegin):
-        return (
+        read = (
             pbegin
             | "ListFiles" >> beam.Create(self._files, reshuffle=False)
             | "SpreadFiles" >> beam.Reshuffle()
+            | "SplitFiles" >> beam.FlatMap(_tasks_of, text_mode=self._text_mode, split_bytes=self._split_bytes)
+            | "SpreadTasks" >> beam.Reshuffle()
             | "ReadRecords"
             >> beam.ParDo(_ReadFile(self._text_mode, self._text_field, self._policy)).with_outputs(
-                self.REJECTED, self.STATS, main="texts"
+                self.REJECTED, self.STATS, self.RELATIVE, self.LINES, main="texts"
             )
         )
+        shifted = (read[self.RELATIVE], read[self.LINES]) | "FixLinePositions" >> FixLinePositions()
+        rejected = (read[self.REJECTED], shifted) | "AllRejected" >> beam.Flatten()
+        return ReadOutputs(texts=read.texts, rejected=rejected, stats=read[self.STATS])

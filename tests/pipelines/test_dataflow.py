@@ -123,6 +123,8 @@ def test_a_user_who_ships_the_code_is_left_alone(tmp_path):
 #: others carry small aggregates.
 GROWS_WITH_THE_CORPUS = {
     "ReadCorpus/SpreadFiles": ("ReadCorpus/SpreadFiles/", "random keys (Reshuffle) of file names"),
+    "ReadCorpus/SpreadTasks": ("ReadCorpus/SpreadTasks/", "random keys (Reshuffle) of read tasks: byte ranges, "
+                               "row groups (tests/transforms/test_splits.py)"),
     "DropDuplicates/KeepOnePerKey": ("DropDuplicates/KeyByDocument", "documents' content keys"),
     "Pack/GroupByPackGroup": ("AssignGroups/GroupOfBucket",
                               "(split, pack group): a group per --pack-group-tokens tokens (tests/transforms/"
@@ -134,6 +136,7 @@ GROWS_WITH_THE_CORPUS = {
                                     "(tests/transforms/test_write_rejected.py)"),
 }
 SMALL_AGGREGATES = {
+    "ReadCorpus/FixLinePositions/LinesPerFile": "a line count per byte range, keyed by file",
     "Pack/GroupRemainders": "one remainder, shorter than a chunk, per pack group, keyed by split",
     "PlanGroups/SumBucketTokens": "a token count per (split, sub-bucket)",
     "PlanGroups/CutIntoGroups": "the token counts of 2**20 sub-buckets per split",
