@@ -17,7 +17,12 @@ runner and 1, then 2, worker processes, each run in a fresh process, interleaved
 rounds; the ratio of the two is the parallel speed-up on this machine (2 cores, shared:
 compare ratios of one run, not seconds across runs).
 
+Remainders (``--remainders N``): the remainders of N groups (one per group, shorter than a
+chunk) re-packed on one key per split and built, measured like a group: the one stage whose
+input grows with the number of groups.
+
     python -m benchmarks.bench_scale --memory --objectives clm,bart --group-tokens 4,16,64
+    python -m benchmarks.bench_scale --remainders 2000,20000 --objectives clm,bart
     python -m benchmarks.bench_scale --throughput --megabytes 60
 """
 
@@ -111,9 +116,55 @@ def measure_group(objective: str, group_tokens: int, seq_len: int) -> dict:
             "examples": examples, "peak_bytes": peak, "seconds": time.perf_counter() - start}
 
 
+def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
+    """Peak memory of re-packing the remainders of ``groups`` pack groups (one per group, each
+    shorter than a chunk, as Pack leaves them) and building their examples (a fresh process)."""
+    import numpy as np
+
+    from pipelines.materialize import plan_run
+    from pipelines.options import parse_args
+    from transforms.build import BATCH_ROWS, MAX_BUFFERED_ROWS
+    from transforms.objectives.packing import document_piece
+    from transforms.pack import Pack, _RepackRest
+    from transforms.parallel import BuildConfig, ChunkBuilder
+
+    options = parse_args(["--input", SAMPLE, "--tokenizer", TOKENIZER, "--output", tempfile.mkdtemp(),
+                          *_objective_args(objective, seq_len), "--add-special-tokens"])
+    plan = plan_run(options)
+    special = plan.resolved.special
+    repack = _RepackRest(plan.objective, "concat", 0, "drop")
+    builder = ChunkBuilder(BuildConfig(plan.objective, special, plan.schema, 0, 1, batch_rows=BATCH_ROWS,
+                                       max_buffered_rows=MAX_BUFFERED_ROWS))
+    features = frozenset(plan.objective.features)
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+    before = _status_bytes("VmRSS")
+    start = time.perf_counter()
+    rng = np.random.default_rng(0)
+    rests, tokens = [], 0
+    for group in range(groups):
+        length = int(rng.integers(1, seq_len))
+        flags = {name: rng.random(length - 1) < 0.5 for name in features}
+        rests.append((group, [document_piece(rng.integers(10, 30000, length - 1, dtype=np.int32), special.eos,
+                                             flags)]))
+        tokens += length
+    chunks = 0
+    for output in repack.process(("train", rests)):
+        if getattr(output, "tag", None) == Pack.STATS:
+            continue
+        chunks += 1
+        builder.add(output, 1)
+    builder.finish()
+    del rests
+    return {"objective": objective, "groups": groups, "tokens": tokens, "chunks": chunks,
+            "peak_bytes": _status_bytes("VmHWM") - before, "seconds": time.perf_counter() - start}
+
+
 def _child(spec: dict) -> dict:
     if spec["kind"] == "group":
         return measure_group(spec["objective"], spec["group_tokens"], spec["seq_len"])
+    if spec["kind"] == "remainders":
+        return measure_remainders(spec["objective"], spec["groups"], spec["seq_len"])
     from pipelines.materialize import run
 
     start = time.perf_counter()
@@ -149,6 +200,16 @@ def memory_table(objectives: list[str], sizes_m: list[float], seq_len: int) -> N
                   f"{result['peak_bytes'] / 2**20:>10,.0f}{per_token:>13.2f}{result['seconds']:>7.1f}", flush=True)
 
 
+def remainders_table(objectives: list[str], groups: list[int], seq_len: int) -> None:
+    print(f"re-packing the remainders of N groups, one key per split (seq-len {seq_len}; each in a fresh process):")
+    print(f"  {'objective':<16}{'groups':>10}{'tokens':>14}{'peak MiB':>10}{'bytes/group':>13}{'s':>7}")
+    for objective in objectives:
+        for count in groups:
+            result = measure({"kind": "remainders", "objective": objective, "groups": count, "seq_len": seq_len})
+            print(f"  {objective:<16}{count:>10,}{result['tokens']:>14,}{result['peak_bytes'] / 2**20:>10,.0f}"
+                  f"{result['peak_bytes'] / count:>13,.0f}{result['seconds']:>7.1f}", flush=True)
+
+
 def throughput_table(corpus: str, tokenizer: str, objectives: list[str], seq_len: int, rounds: int) -> None:
     best: dict[tuple[str, int], float] = {}
     tokens = {}
@@ -178,6 +239,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--memory", action="store_true", help="Pack + Build peak memory per group size")
     parser.add_argument("--throughput", action="store_true", help="materialize with 1 and 2 worker processes")
+    parser.add_argument("--remainders", default="", metavar="N,...",
+                        help="also measure re-packing the remainders of N pack groups (the one single-keyed "
+                        "stage whose size grows with the corpus: one remainder per group)")
     parser.add_argument("--objectives", default="clm,bart", help="comma-separated objectives")
     parser.add_argument("--group-tokens", default="4,16,64", help="group sizes in Mi tokens (2**20)")
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -193,6 +257,8 @@ def main() -> None:
     objectives = [o for o in args.objectives.split(",") if o]
     if args.memory:
         memory_table(objectives, [float(s) for s in args.group_tokens.split(",")], args.seq_len)
+    if args.remainders:
+        remainders_table(objectives, [int(n) for n in args.remainders.split(",")], args.seq_len)
     if args.throughput:
         from benchmarks.bench_materialize import CACHE, corpus_of
 
@@ -201,8 +267,8 @@ def main() -> None:
         if not os.path.exists(tokenizer):
             raise SystemExit(f"{tokenizer}: no tokenizer; run benchmarks.bench_materialize once or pass --tokenizer")
         throughput_table(corpus, tokenizer, objectives, args.seq_len, args.rounds)
-    if not (args.memory or args.throughput):
-        parser.error("choose --memory and/or --throughput")
+    if not (args.memory or args.throughput or args.remainders):
+        parser.error("choose --memory, --remainders and/or --throughput")
 
 
 if __name__ == "__main__":

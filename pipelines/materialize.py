@@ -2,8 +2,11 @@
 
 Pipeline (DESIGN.md section 2)::
 
-    ReadCorpus -> Tokenize -> Pack -> BuildExamples -> WriteShards -> WriteManifest
-         \\-> rejected records --------------------------------> rejected/rejected.jsonl
+    ReadCorpus -> Tokenize -> DropDuplicates -> AssignGroups -> Pack -> BuildExamples -> WriteShards -> WriteManifest
+        |            \\-> PlanGroups (tokens per sub-bucket: the groups AssignGroups uses)
+        \\-> rejected records ----------------------------------------------> rejected/*.jsonl
+
+WriteManifest checks the run's conservation laws (documents, tokens, examples, rows) first.
 
 Everything that can be checked before the pipeline starts is checked here, and fails in
 one line naming the flag: unknown flags, a bad objective or parameter, a missing or
@@ -41,7 +44,7 @@ from apache_beam.options.pipeline_options import (
 
 from pipelines import __version__
 from pipelines.dataflow import stage_installed_package
-from pipelines.options import MaterializeOptions, parse_args
+from pipelines.options import MaterializeOptions, RunnerSetup, estimated_groups, parse_args, resolve_build_stage
 from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import RejectedFractionError, UnreconciledCountsError
@@ -161,6 +164,9 @@ def plan_run(options: MaterializeOptions) -> Plan:
         message = str(exc)
         raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
     files = expand_inputs(options.inputs)
+    groups = estimated_groups(files, options.pack_group_tokens, options.num_buckets)
+    options.build_stage = resolve_build_stage(options.build_stage, RunnerSetup.from_beam_args(options.beam_args),
+                                              options.objective, groups)
     schema = example_schema(objective.family, **objective.schema_kwargs())
     return Plan(options, objective, resolved, files, schema)
 

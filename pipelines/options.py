@@ -22,7 +22,7 @@ from transforms.read import TEXT_MODES
 from transforms.record_policy import INVALID_UTF8_POLICIES, LONG_DOC_POLICIES, NUL_POLICIES, RecordPolicy
 
 __all__ = ["BUILD_STAGES", "FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args",
-           "resolve_build_processes", "resolve_build_stage", "resolve_encoder_threads"]
+           "estimated_groups", "resolve_build_processes", "resolve_build_stage", "resolve_encoder_threads"]
 
 FORMATS = ("arrow", "webdataset")
 #: Objective parameter flags: (flag, config field, type, objectives that take it, help).
@@ -97,8 +97,9 @@ class MaterializeOptions:
     pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
     #: worker processes that build examples beside the in-process runner's thread (0: none)
     build_processes: int = 0
-    #: ``fused`` (the objective runs where chunks are packed) or ``separate`` (a stage of its own)
-    build_stage: str = "fused"
+    #: ``fused`` (the objective runs where chunks are packed), ``separate`` (a stage of its own) or
+    #: ``auto`` (until :func:`resolve_build_stage` decides)
+    build_stage: str = "auto"
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
     #: run Beam's construction-time type check (``--pipeline-type-check``)
@@ -264,24 +265,36 @@ def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
 
 
 BUILD_STAGES = ("auto", "fused", "separate")
+#: ``--build-stage auto`` on a distributed runner builds in a stage of its own below this many
+#: estimated pack groups: fused, building has only as many workers as there are groups.
+SEPARATE_BELOW_GROUPS = 64
+#: Bytes of text per token, and of text per byte of a compressed file, to estimate groups with.
+_TEXT_BYTES_PER_TOKEN, _COMPRESSION_RATIO = 4, 4
 
 
-def resolve_build_stage(value: str, setup: RunnerSetup, objective: str | None = None) -> str:
-    """``--build-stage``: ``auto`` runs the objective in a stage of its own (``separate``) where
-    that spreads it over more workers than there are pack groups, that is on runners with
-    several worker processes (``--direct_running_mode=multi_processing`` with more than one
-    worker, Dataflow and other distributed runners), unless the objective's examples are copies
-    of their chunks (clm: the extra shuffle would cost what building does); elsewhere it runs
-    where the chunks are packed (``fused``). Either way the output is the same."""
+def estimated_groups(files: list[tuple[str, int]], pack_group_tokens: int | None, num_buckets: int | None) -> int:
+    """About how many pack groups per split the inputs make (from their sizes alone)."""
+    if num_buckets:
+        return num_buckets
+    text_bytes = sum(size * (_COMPRESSION_RATIO if path.lower().endswith((".gz", ".zst", ".zstd", ".gzip")) else 1)
+                     for path, size in files)
+    return -(-text_bytes // (_TEXT_BYTES_PER_TOKEN * (pack_group_tokens or 1)))
+
+
+def resolve_build_stage(value: str, setup: RunnerSetup, objective: str | None = None, groups: int = 0) -> str:
+    """``--build-stage``: ``auto`` runs the objective in a stage of its own (``separate``) only
+    where that buys parallelism: on a distributed runner (Dataflow, ...) when the corpus makes
+    fewer than :data:`SEPARATE_BELOW_GROUPS` pack groups (``groups``, estimated from the input
+    sizes), so that building is spread over every worker instead of one per group; not for clm
+    (its examples are copies of its chunks). Everywhere else it runs where the chunks are packed
+    (``fused``): on Beam's local multi-processing runner, spreading the chunks over its workers
+    cost more than the building it spread (README, Runners). Either way the output is the same;
+    the choice depends on file sizes and the runner, never the bytes."""
     if value != "auto":
         return value
-    if objective in _COPYING_OBJECTIVES:
+    if objective in _COPYING_OBJECTIVES or setup.runner in IN_PROCESS_RUNNERS:
         return "fused"
-    if setup.runner in IN_PROCESS_RUNNERS and not setup.multi_processing:
-        return "fused"
-    if setup.multi_processing and setup.num_workers == 1:
-        return "fused"
-    return "separate"
+    return "separate" if groups < SEPARATE_BELOW_GROUPS else "fused"
 
 
 def _formats(value):
@@ -389,8 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "workers where it is unset")
     run.add_argument("--build-stage", choices=BUILD_STAGES, default="auto",
                      help="where the objective runs: fused with packing, or separate (its own stage, chunks "
-                     "spread over every worker); default auto: separate with several worker processes or on "
-                     "Dataflow (not for clm), else fused; never changes the output")
+                     f"spread over every worker); default auto: separate on Dataflow when the corpus makes fewer "
+                     f"than {SEPARATE_BELOW_GROUPS} pack groups (not for clm), else fused; never changes the output")
     run.add_argument("--build-processes", type=_auto_or_count("--build-processes", "processes", 0), default="auto",
                      metavar="N",
                      help="worker processes that apply the objective beside the in-process runner (0: none; "
@@ -491,7 +504,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         long_docs=args.long_docs or "split",
         max_rejected_fraction=args.max_rejected_fraction,
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
-        build_stage=resolve_build_stage(args.build_stage, runner_setup, args.objective),
+        build_stage=args.build_stage,  # resolved once the inputs are listed (materialize.plan_run)
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         in_one_process=runner_setup.in_one_process,
         pipeline_type_check=args.pipeline_type_check,

@@ -45,10 +45,10 @@ __all__ = ["DEFAULT_PACK_GROUP_TOKENS", "SUB_BUCKETS", "AssignGroups", "DropDupl
 #: stays far below a group up to about 10**14 tokens (a sub-bucket of 2**20 holds 1/1,048,576
 #: of a split), few enough that their token counts are a small aggregate.
 SUB_BUCKETS = 1 << 20
-#: Default ``--pack-group-tokens``: 2**27 (134 M) tokens. Pack + Build hold 5.4 (clm) to 8.4
-#: (bart) bytes per token of a group (benchmarks/bench_scale.py), so a group takes 0.7-1.1 GB
-#: of a worker process: it fits the 3.75 GB of an n1-standard vCPU's SDK process, the worker's
-#: own 0.8 GB included, with room for a second bundle.
+#: Default ``--pack-group-tokens``: 2**27 (134 M) tokens. Pack + Build hold about one copy of a
+#: group (measured per objective by benchmarks/bench_scale.py; README, "How large a corpus on
+#: Dataflow"): under 1 GB of a worker process, which fits the 3.75 GB of an n1-standard vCPU's
+#: SDK process, the worker's own share included, with room for a second bundle.
 DEFAULT_PACK_GROUP_TOKENS = 1 << 27
 
 

@@ -130,8 +130,9 @@ def test_pack_groups_are_planned_in_tokens_and_recorded(grouped, sample_texts):
 def test_token_sized_groups_give_the_same_bytes_on_every_runner_and_input_split(tmp_path, grouped, sample_texts,
                                                                                tokenizer_path, mode):
     corpus, reference_out, reference_manifest = grouped
-    # multi_processing builds bart in a stage of its own (--build-stage auto), as Dataflow does
-    beam_args = {"multi_processing": RUNNER_MODES["multi_processing"], "bundle_repeat": RUNNER_MODES["bundle_repeat"],
+    # multi_processing builds bart in a stage of its own, as Dataflow does for a small corpus
+    beam_args = {"multi_processing": [*RUNNER_MODES["multi_processing"], "--build-stage", "separate"],
+                 "bundle_repeat": RUNNER_MODES["bundle_repeat"],
                  "bundle_based": RUNNER_MODES["bundle_based_1"],
                  "in_process_separate_build": ["--build-stage", "separate"]}.get(mode, [])
     if mode == "in_process_resplit":
@@ -181,21 +182,20 @@ def test_shard_files_that_disagree_on_their_rows_fail_the_run(tmp_path, monkeypa
     assert not (out / "manifest.json").exists()
 
 
-def test_build_stage_auto_separates_the_objective_where_workers_are_processes():
-    from pipelines.options import parse_args
+def test_build_stage_auto_separates_the_objective_only_where_that_buys_parallelism():
+    from pipelines.options import RunnerSetup, estimated_groups, resolve_build_stage
 
-    base = ["--input", FAQ, "--output", "o", "--tokenizer", "t.json"]
-    stages = {}
-    for name, extra in {
-        "in_process": [],
-        "bundle_based": ["--runner", "BundleBasedDirectRunner"],
-        "one_worker": ["--direct_running_mode=multi_processing", "--direct_num_workers=1"],
-        "two_workers": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
-        "dataflow": ["--runner", "DataflowRunner"],
-    }.items():
-        stages[name] = (parse_args([*base, "--objective", "bart", *extra]).build_stage,
-                        parse_args([*base, "--objective", "clm", *extra]).build_stage)
-    assert stages == {"in_process": ("fused", "fused"), "bundle_based": ("fused", "fused"),
-                      "one_worker": ("fused", "fused"), "two_workers": ("separate", "fused"),
-                      "dataflow": ("separate", "fused")}
-    assert parse_args([*base, "--build-stage", "separate"]).build_stage == "separate"
+    def stage(runner, objective, groups, multi_processing=False):
+        return resolve_build_stage("auto", RunnerSetup(runner, multi_processing, 2, ()), objective, groups)
+
+    assert stage("FnApiRunner", "bart", 1) == "fused"
+    assert stage("FnApiRunner", "bart", 1, multi_processing=True) == "fused"  # measured: no gain
+    assert stage("BundleBasedDirectRunner", "bart", 1) == "fused"
+    assert stage("DataflowRunner", "bart", 10) == "separate"  # fewer groups than workers
+    assert stage("DataflowRunner", "bart", 5000) == "fused"  # groups enough for every worker
+    assert stage("DataflowRunner", "clm", 10) == "fused"  # a copy is not worth a shuffle
+    assert resolve_build_stage("separate", RunnerSetup("FnApiRunner", False, 0, ()), "clm", 1) == "separate"
+    # 10 GB of text, about 2.5 G tokens, in groups of 2**27; gzip counted as 4 times its size
+    assert estimated_groups([("a.jsonl", 10 * 10**9)], 2**27, None) == 19
+    assert estimated_groups([("a.jsonl.gz", 10**9)], 2**27, None) == 8
+    assert estimated_groups([("a.jsonl", 10**12)], 2**27, 64) == 64
