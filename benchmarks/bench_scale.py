@@ -145,7 +145,8 @@ def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
     for group in range(groups):
         length = int(rng.integers(1, seq_len))
         flags = {name: rng.random(length - 1) < 0.5 for name in features}
-        rests.append((group, [document_piece(rng.integers(10, 30000, length - 1, dtype=np.int32), special.eos,
+        rests.append((group, [document_piece(rng.integers(10, special.vocab_size - 200, length - 1, dtype=np.int32),
+                                             special.eos,
                                              flags)]))
         tokens += length
     chunks = 0
