@@ -194,7 +194,8 @@ class WriteRejected(beam.PTransform):
     ``ceil(records / per_file)`` (:func:`rejected_file_name`), where they are sorted by
     source, position, reason and excerpt: what one worker sorts is bounded, the files are a
     pure function of the records, and a run with up to ``per_file`` of them writes the one
-    ``rejected/rejected.jsonl``. No record, no file.
+    ``rejected/rejected.jsonl``. No record, no file (also for a file index no record hashes to:
+    the manifest's ``rejected_files`` lists those written).
 
     Args:
         output: dataset directory.
