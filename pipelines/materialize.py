@@ -2,8 +2,11 @@
 
 Pipeline (DESIGN.md section 2)::
 
-    ReadCorpus -> Tokenize -> Pack -> BuildExamples -> WriteShards -> WriteManifest
-         \\-> rejected records --------------------------------> rejected/rejected.jsonl
+    ReadCorpus -> Tokenize -> DropDuplicates -> AssignGroups -> Pack -> BuildExamples -> WriteShards -> WriteManifest
+        |            \\-> PlanGroups (tokens per sub-bucket: the groups AssignGroups uses)
+        \\-> rejected records ----------------------------------------------> rejected/*.jsonl
+
+WriteManifest checks the run's conservation laws (documents, tokens, examples, rows) first.
 
 Everything that can be checked before the pipeline starts is checked here, and fails in
 one line naming the flag: unknown flags, a bad objective or parameter, a missing or
@@ -50,12 +53,22 @@ from apache_beam.options.pipeline_options import (
 
 from pipelines import __version__
 from pipelines.beam_logging import set_beam_verbosity
-from pipelines.options import OBJECTIVE_FLAGS, MaterializeOptions, build_parser, parse_args
+from pipelines.dataflow import stage_installed_package
+from pipelines.options import (
+    OBJECTIVE_FLAGS,
+    MaterializeOptions,
+    RunnerSetup,
+    build_parser,
+    estimated_groups,
+    parse_args,
+    resolve_build_stage,
+)
 from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
 from transforms.build import BuildExamples
 from transforms.encoder import EncoderChoice, choose_encoder
+from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
 from transforms.handoff import release, scope, unwrap
 from transforms.inputs import InputChangedError
 from transforms.manifest import WriteManifest
@@ -289,6 +302,10 @@ def plan_run(options: MaterializeOptions) -> Plan:
         message = str(exc)
         raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
     listing = list_inputs(options.inputs, file_format)
+    groups = estimated_groups([(f.path, f.size) for f in listing.files], options.pack_group_tokens,
+                              options.num_buckets)
+    options.build_stage = resolve_build_stage(options.build_stage, RunnerSetup.from_beam_args(options.beam_args),
+                                              options.objective, groups)
     schema = example_schema(objective.family, **objective.schema_kwargs())
     files = [(f.path, f.size) for f in listing.files]
     texts, rejected = sample_records(options, files)
@@ -372,6 +389,8 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "packing": o.packing,
             "last_chunk": o.last_chunk,
             "num_buckets": o.num_buckets,
+            "pack_group_tokens": o.pack_group_tokens,
+            "sub_buckets": None if o.num_buckets else SUB_BUCKETS,
             "validation_fraction": o.validation_fraction,
             "formats": list(o.formats),
             "num_shards": o.num_shards,
@@ -441,21 +460,34 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     tokenizer_out = join_path(o.output, "tokenizer.json")
     read = pipeline | "ReadCorpus" >> ReadCorpus(
         plan.inputs if plan.inputs is not None else [p for p, _ in plan.files], text_mode=o.text_mode,
-        text_field=o.text_field, policy=o.record_policy
+        text_field=o.text_field, policy=o.record_policy, split_bytes=max(1, int(o.input_split_mb * 2**20)),
     )
-    tokenized = read.texts | "Tokenize" >> Tokenize(
+    tokenized = read["texts"] | "Tokenize" >> Tokenize(
         tokenizer_out,
         features=plan.objective.features,
         validation_fraction=o.validation_fraction,
-        num_buckets=o.num_buckets,
+        num_buckets=o.num_buckets or SUB_BUCKETS,
         batch_size=o.batch_size,
         progress_seconds=o.progress_seconds,
         encoder_threads=o.encoder_threads,
         handoff_scope=handoff_scope,
         encoder=plan.encoder.backend,
     )
-    chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
-        plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
+    # Pack groups are planned from every document's tokens while duplicates are dropped; each
+    # unique document then goes to its group (with --num-buckets its bucket is its group).
+    groups = tokenized.documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
+    unique = tokenized.documents | "DropDuplicates" >> DropDuplicates()
+    documents = unique.documents
+    if o.num_buckets is None:
+        documents = documents | "AssignGroups" >> AssignGroups(groups)
+    chunks, packing_stats = documents | "Pack" >> Pack(
+        plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk,
+        group_name="b" if o.num_buckets else "g",
+    )
+    pack_stats = (
+        (packing_stats, unique[DropDuplicates.STATS])
+        | "AllPackingStats" >> beam.Flatten()
+        | "SumPackingStats" >> beam.CombinePerKey(CountersCombineFn())
     )
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (
@@ -464,14 +496,16 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)
-    # The objective runs on both chunk outputs of Pack apart, and the few re-packed examples reach
-    # the shard writers as a side input: flattening either pair would make Beam's local runner
-    # copy every chunk or example through an extra stage.
-    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
-                          sizing=sizing, processes=o.build_processes, handoff_scope=handoff_scope)
+    # The objective runs on both chunk outputs of Pack apart (flattening them would make Beam's
+    # local runner encode every chunk); their example batches meet in WriteShards' one shuffle.
+    settings = dict(seed=o.seed, draws=o.draws, sizing=sizing, processes=o.build_processes,
+                    handoff_scope=handoff_scope)
+    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, **settings,
+                          separate=o.build_stage == "separate")
+    build_repacked = BuildExamples(plan.objective, plan.resolved.special, plan.schema, **settings)
     bucket_chunks, repacked_chunks = chunks
     batches, build_stats = (bucket_chunks, split_tokens) | "BuildExamples" >> build
-    rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build
+    rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build_repacked
     objective_stats = (
         (build_stats, rest_stats)
         | "AllObjectiveStats" >> beam.Flatten()
@@ -481,10 +515,10 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
-    rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output, lock)
+    rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output, lock=lock)
     read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(CountersCombineFn())
-    _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files) | "WriteManifest" >> WriteManifest(
-        o.output, _static_manifest(plan, argv), lock
+    _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups) | "WriteManifest" >> (
+        WriteManifest(o.output, _static_manifest(plan, argv), lock)
     )
 
 
@@ -523,6 +557,9 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     options = parse_args(argv)
     set_beam_verbosity(options.verbose)
+    # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
+    # (and its pinned dependencies) goes to the workers.
+    options.beam_args = stage_installed_package(options.beam_args)
     start = time.monotonic()
     pipeline_options = PipelineOptions(options.beam_args)
     if not options.pipeline_type_check:
@@ -588,7 +625,7 @@ def _job_error(exc: BaseException) -> tuple[BaseException, bool]:
     message = _check_message(exc, RejectedFractionError, "--max-rejected-fraction ")
     if message is not None:
         return RejectedFractionError(message), False
-    for error_type, start in ((UnreconciledCountsError, "documents do not add up"), (EmptySplitError, "split "),
+    for error_type, start in ((UnreconciledCountsError, ""), (EmptySplitError, "split "),
                               (InputChangedError, "--input "), (LockLostError, "--output "), (OSError, "[Errno ")):
         message = _check_message(exc, error_type, start)
         if message is not None:

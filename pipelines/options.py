@@ -17,6 +17,7 @@ from typing import Any
 
 from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
 from transforms.encoder import ENCODER_CHOICES
+from transforms.group import DEFAULT_PACK_GROUP_TOKENS
 from transforms.objectives.packing import PACKING_MODES
 from transforms.pack import LAST_CHUNK_MODES
 from transforms.read import TEXT_MODES
@@ -29,8 +30,9 @@ from transforms.record_policy import (
     RecordPolicy,
 )
 
-__all__ = ["FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args", "resolve_build_processes",
-           "resolve_encoder_threads", "worker_flags"]
+__all__ = ["BUILD_STAGES", "FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args",
+           "estimated_groups", "resolve_build_processes", "resolve_build_stage", "resolve_encoder_threads",
+           "worker_flags"]
 
 FORMATS = ("arrow", "webdataset")
 #: Objective parameter flags: (flag, config field, type, objectives that take it, help).
@@ -82,7 +84,8 @@ class MaterializeOptions:
     validation_fraction: float
     packing: str
     last_chunk: str
-    num_buckets: int
+    #: fixed hash buckets per split (``--num-buckets``), or None: groups sized by tokens
+    num_buckets: int | None
     text_mode: str
     text_field: str
     draws: int
@@ -100,8 +103,15 @@ class MaterializeOptions:
     max_rejected_fraction: float | None = DEFAULT_MAX_REJECTED_FRACTION
     max_record_bytes: int = MAX_RECORD_BYTES
     unverified_zstd: str = "keep"
+    #: size of a read task in MB (``--input-split-mb``: byte ranges, Parquet row groups)
+    input_split_mb: float = 64.0
+    #: most tokens of a pack group (None with ``--num-buckets``)
+    pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
     #: worker processes that build examples beside the in-process runner's thread (0: none)
     build_processes: int = 0
+    #: ``fused`` (the objective runs where chunks are packed), ``separate`` (a stage of its own) or
+    #: ``auto`` (until :func:`resolve_build_stage` decides)
+    build_stage: str = "auto"
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
     #: the encoder backend asked for: auto, fastokens or tokenizers (:mod:`transforms.encoder`)
@@ -129,6 +139,19 @@ def _positive_int(flag):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} {value}: not an integer") from None
         if number <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: must be > 0")
+        return number
+
+    return parse
+
+
+def _positive_float(flag):
+    def parse(value):
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {value}: not a number") from None
+        if not number > 0:
             raise argparse.ArgumentTypeError(f"{flag} {value}: must be > 0")
         return number
 
@@ -280,6 +303,37 @@ def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
         return [f"--num_workers={workers}"]
     raise ValueError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
                      "its parallelism")
+BUILD_STAGES = ("auto", "fused", "separate")
+#: ``--build-stage auto`` on a distributed runner builds in a stage of its own below this many
+#: estimated pack groups: fused, building has only as many workers as there are groups.
+SEPARATE_BELOW_GROUPS = 64
+#: Bytes of text per token, and of text per byte of a compressed file, to estimate groups with.
+_TEXT_BYTES_PER_TOKEN, _COMPRESSION_RATIO = 4, 4
+
+
+def estimated_groups(files: list[tuple[str, int]], pack_group_tokens: int | None, num_buckets: int | None) -> int:
+    """About how many pack groups per split the inputs make (from their sizes alone)."""
+    if num_buckets:
+        return num_buckets
+    text_bytes = sum(size * (_COMPRESSION_RATIO if path.lower().endswith((".gz", ".zst", ".zstd", ".gzip")) else 1)
+                     for path, size in files)
+    return -(-text_bytes // (_TEXT_BYTES_PER_TOKEN * (pack_group_tokens or 1)))
+
+
+def resolve_build_stage(value: str, setup: RunnerSetup, objective: str | None = None, groups: int = 0) -> str:
+    """``--build-stage``: ``auto`` runs the objective in a stage of its own (``separate``) only
+    where that buys parallelism: on a distributed runner (Dataflow, ...) when the corpus makes
+    fewer than :data:`SEPARATE_BELOW_GROUPS` pack groups (``groups``, estimated from the input
+    sizes), so that building is spread over every worker instead of one per group; not for clm
+    (its examples are copies of its chunks). Everywhere else it runs where the chunks are packed
+    (``fused``): on Beam's local multi-processing runner, spreading the chunks over its workers
+    cost more than the building it spread (README, Runners). Either way the output is the same;
+    the choice depends on file sizes and the runner, never the bytes."""
+    if value != "auto":
+        return value
+    if objective in _COPYING_OBJECTIVES or setup.runner in IN_PROCESS_RUNNERS:
+        return "fused"
+    return "separate" if groups < SEPARATE_BELOW_GROUPS else "fused"
 
 
 def _formats(value):
@@ -324,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train shards (default: sized by --shard-size-mb)")
     io.add_argument("--shard-size-mb", type=float, default=256.0, help="target shard size (default 256)")
     io.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    io.add_argument("--input-split-mb", type=_positive_float("--input-split-mb"), default=64.0, metavar="MB",
+                    help="read uncompressed text/JSONL files in byte ranges, and Parquet in runs of row groups, "
+                    "of about this size, in parallel (default 64; never changes the output)")
     bad = parser.add_argument_group("bad input (see README, Bad input)")
     bad.add_argument("--invalid-utf8", choices=INVALID_UTF8_POLICIES, default="reject",
                      help="reject a record with invalid UTF-8 (default) or replace bad bytes with U+FFFD")
@@ -362,8 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--packing", choices=PACKING_MODES, default="concat")
     pack.add_argument("--last-chunk", choices=LAST_CHUNK_MODES, default="drop",
                       help="the split's final partial chunk in concat packing")
-    pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=64,
-                      help="packing buckets per split (part of the config: changes the bytes)")
+    pack.add_argument("--pack-group-tokens", type=_positive_int("--pack-group-tokens"), default=None, metavar="N",
+                      help="most tokens of a pack group, the unit a worker packs in memory; groups, and the "
+                      f"parallelism of packing, grow with the corpus (default {DEFAULT_PACK_GROUP_TOKENS:,}: "
+                      "about 1 GB of a worker; part of the config: changes the bytes)")
+    pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=None, metavar="N",
+                      help="expert override of --pack-group-tokens: N hash buckets per split, whatever their "
+                      "sizes (the grouping of dataset format 1; part of the config: changes the bytes)")
     pack.add_argument("--seed", type=int, default=0)
     pack.add_argument("--validation-fraction", type=_fraction, default=0.0,
                       help="share of documents (by content hash) in the validation split")
@@ -394,6 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "multi_processing, 1 on Dataflow, else the tokenizer's default, every core); sets "
                      "RAYON_NUM_THREADS in "
                      "workers where it is unset")
+    run.add_argument("--build-stage", choices=BUILD_STAGES, default="auto",
+                     help="where the objective runs: fused with packing, or separate (its own stage, chunks "
+                     f"spread over every worker); default auto: separate on Dataflow when the corpus makes fewer "
+                     f"than {SEPARATE_BELOW_GROUPS} pack groups (not for clm), else fused; never changes the output")
     run.add_argument("--build-processes", type=_auto_or_count("--build-processes", "processes", 0), default="auto",
                      metavar="N",
                      help="worker processes that apply the objective beside the in-process runner (0: none; "
@@ -443,6 +509,9 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         sources = {name: f"--config {args.config_file}" for name in params}
     if args.max_record_bytes < 1024:
         raise ValueError(f"--max-record-bytes {args.max_record_bytes}: must be at least 1024")
+    if args.num_buckets is not None and args.pack_group_tokens is not None:
+        raise ValueError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
+                         "choose one (fixed hash buckets, or groups sized by tokens)")
     from transforms.objectives.registry import objective_parameters
 
     objective_parameters(args.objective)  # unknown objective: fail first, naming it
@@ -475,6 +544,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         packing=args.packing,
         last_chunk=args.last_chunk,
         num_buckets=args.num_buckets,
+        input_split_mb=args.input_split_mb,
+        pack_group_tokens=None if args.num_buckets else (args.pack_group_tokens or DEFAULT_PACK_GROUP_TOKENS),
         text_mode=args.text_mode,
         text_field=args.text_field,
         draws=args.draws,
@@ -493,6 +564,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_record_bytes=args.max_record_bytes,
         unverified_zstd=args.unverified_zstd,
         build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
+        build_stage=args.build_stage,  # resolved once the inputs are listed (materialize.plan_run)
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         encoder=args.encoder,
         verbose=args.verbose,

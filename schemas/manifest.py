@@ -16,7 +16,9 @@ from typing import Any
 __all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "Manifest", "ShardFile", "ShardInfo", "shard_name"]
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+#: Version 2: pack groups sized in tokens (``--pack-group-tokens``, ``splits.*.pack_groups``),
+#: chunk keys ``SPLIT-gNNNNN-cNNNNNN``; version 1 packed in ``--num-buckets`` hash buckets.
+MANIFEST_VERSION = 2
 FORMAT_DIRS = {"arrow": "arrow", "webdataset": "wds"}
 FORMAT_SUFFIXES = {"arrow": ".arrow", "webdataset": ".tar"}
 

@@ -10,6 +10,10 @@ unread rest as one rejected document. Every document read ends in exactly one bu
 ``rejected`` is broken down by reason (the same reasons as ``OUT/rejected/``); nothing is
 filtered yet (``filtered`` is there for quality filters, always 0 today). Blank lines are
 separators, not records, so they are not counted at all.
+
+Per split, tokens, examples and rows are conserved too (:func:`check_conservation`): each
+law compares what two different stages counted, so a runner that loses or repeats a
+bundle's work between them fails the job instead of writing a short dataset.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ __all__ = [
     "EmptySplitError",
     "RejectedFractionError",
     "UnreconciledCountsError",
+    "check_conservation",
     "check_reconciled",
     "check_rejected_fraction",
     "check_splits_have_examples",
@@ -56,10 +61,11 @@ class RejectedFractionError(ValueError):
 
 
 class UnreconciledCountsError(RuntimeError):
-    """The documents of a run do not add up: some were lost (or made up) between stages.
+    """The documents, tokens, examples or rows of a run do not add up: some were lost (or
+    made up) between stages.
 
     Raised by WriteManifest before it writes anything: a dataset that silently misses
-    documents must never look complete. The message is one line.
+    documents or examples must never look complete. The message is one line.
     """
 
 
@@ -159,3 +165,50 @@ def check_reconciled(counts: dict[str, Any]) -> None:
         f"+ duplicates {counts['duplicates']:,} + rejected {counts['rejected']:,} + filtered {counts['filtered']:,} "
         f"({what} between stages, a runner fault); no manifest written"
     )
+
+
+def check_conservation(split: str, info: dict[str, Any], objective: dict[str, int], packing: dict[str, int],
+                       draws: int) -> None:
+    """Raise :class:`UnreconciledCountsError` unless a split's tokens, examples and rows add up.
+
+    Each law is counted by two different stages, so that a runner (or a writer) that loses
+    or repeats work between them breaks one:
+
+    - packing: document tokens (EOS included) = tokens packed into chunks + tokens dropped;
+    - building: source tokens of the examples built = tokens packed times ``draws``;
+    - writing: rows the shard files hold = examples built, and their source tokens add up;
+    - shards: every shard index from 0 to the shard count, once.
+
+    Args:
+        split: the split's name (for the message).
+        info: the split's manifest entry (``document_tokens``, ``dropped_tokens``, ``shards``).
+        objective: the split's summed BuildExamples counters (``examples``, ``chunk_tokens``).
+        packing: the split's summed Pack counters (``packed_tokens``).
+        draws: examples built per chunk.
+    """
+    document_tokens, dropped = info["document_tokens"], info["dropped_tokens"]
+    packed = int(packing.get("packed_tokens", 0))
+    built, built_tokens = int(objective.get("examples", 0)), int(objective.get("chunk_tokens", 0))
+    rows = sum(int(shard["rows"]) for shard in info["shards"])
+    row_tokens = sum(int(shard["tokens"]) for shard in info["shards"])
+    indices = sorted(int(shard["index"]) for shard in info["shards"])
+    laws = [
+        (document_tokens == packed + dropped,
+         f"document tokens {document_tokens:,} != packed {packed:,} + dropped {dropped:,} (Pack)"),
+        (built_tokens == packed * draws,
+         f"examples were built from {built_tokens:,} tokens, not packed {packed:,} x draws {draws} (BuildExamples)"),
+        (rows == built, f"shard files hold {rows:,} rows, not the {built:,} examples built (WriteShards)"),
+        (row_tokens == built_tokens,
+         f"shard rows were built from {row_tokens:,} tokens, not {built_tokens:,} (WriteShards)"),
+        (indices == list(range(len(indices))), f"shard indices {_ranges(indices)} are not 0..{len(indices) - 1} once"),
+    ]
+    for holds, message in laws:
+        if not holds:
+            raise UnreconciledCountsError(
+                f"{split}: counts do not add up: {message}, a runner or writer lost or repeated work; "
+                "no manifest written"
+            )
+
+
+def _ranges(indices: list[int]) -> str:
+    return ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")

@@ -30,7 +30,17 @@ from apache_beam.transforms.window import GlobalWindows
 
 from transforms.handoff import wrap
 from transforms.objectives.layout import shard_count
-from transforms.parallel import STATS_KEY, BuildConfig, ChunkBuilder, ExampleBatch, PooledBuilder, example_key
+from transforms.parallel import (
+    STATS_KEY,
+    TASK_TOKENS,
+    BuildConfig,
+    ChunkBuilder,
+    ExampleBatch,
+    PooledBuilder,
+    decode_chunks,
+    encode_chunks,
+    example_key,
+)
 
 __all__ = ["BATCH_ROWS", "STATS_KEY", "BuildExamples", "ExampleBatch", "example_key"]
 
@@ -78,6 +88,30 @@ class _Build(beam.DoFn):
         self._builder = None
 
 
+class _BlockChunks(beam.DoFn):
+    """Chunks -> blocks of about :data:`transforms.parallel.TASK_TOKENS` tokens, each as one
+    array per column (:func:`transforms.parallel.encode_chunks`): what crosses the
+    redistributing shuffle costs a copy of its tokens, not a pickle per chunk."""
+
+    def start_bundle(self):
+        self._chunks, self._tokens = [], 0
+
+    def process(self, chunk):
+        self._chunks.append(chunk)
+        self._tokens += len(chunk[3])
+        if self._tokens >= TASK_TOKENS:
+            yield self._block()
+
+    def _block(self):
+        block = encode_chunks(self._chunks)
+        self._chunks, self._tokens = [], 0
+        return block
+
+    def finish_bundle(self):
+        if self._chunks:
+            yield GlobalWindows.windowed_value(self._block())
+
+
 class BuildExamples(beam.PTransform):
     """``(split, chunk_key, plan, Piece)`` -> ``((split, shard, shard count), encoded ExampleBatch)``.
 
@@ -95,6 +129,10 @@ class BuildExamples(beam.PTransform):
             output is the same either way.
         handoff_scope: wrap each encoded batch in a :class:`~transforms.handoff.ByReference` of
             this scope (only where every stage runs in this process); None emits it as it is.
+        separate: run the objective in a stage of its own: the chunks are gathered into blocks
+            and spread over the workers by a shuffle (``Reshuffle``) first, so that building
+            is not bound to the workers that packed the chunks (one per pack group). The
+            output is the same either way.
 
     Input: ``(chunks, split_tokens)``, the latter a PCollection of ``(split, document tokens)``
     (one element per split, used as a side input to size the splits' shards).
@@ -106,8 +144,9 @@ class BuildExamples(beam.PTransform):
     STATS = "stats"
 
     def __init__(self, objective, special, schema, *, seed: int, draws: int = 1, sizing: dict, processes: int = 0,
-                 handoff_scope: str | None = None):
+                 handoff_scope: str | None = None, separate: bool = False):
         super().__init__()
+        self._separate = separate
         if draws < 1:
             raise ValueError(f"--draws {draws}: must be >= 1")
         if processes < 0:
@@ -116,6 +155,13 @@ class BuildExamples(beam.PTransform):
 
     def expand(self, inputs):
         chunks, split_tokens = inputs
+        if self._separate:
+            chunks = (
+                chunks
+                | "BlockChunks" >> beam.ParDo(_BlockChunks())
+                | "SpreadBlocks" >> beam.Reshuffle()
+                | "UnblockChunks" >> beam.FlatMap(decode_chunks)
+            )
         outputs = chunks | "ApplyObjective" >> beam.ParDo(
             self._fn, split_tokens=beam.pvalue.AsDict(split_tokens)
         ).with_outputs(self.STATS, main="batches")

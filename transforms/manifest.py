@@ -20,11 +20,13 @@ import apache_beam as beam
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import (
+    check_conservation,
     check_reconciled,
     check_rejected_fraction,
     check_splits_have_examples,
     document_counts,
 )
+from transforms.group import plan_summary
 from transforms.inputs import InputFile, check_all_unchanged
 from transforms.objectives.summary import summarize_objective
 from transforms.output import RunLock, delete_tree
@@ -78,7 +80,7 @@ class _WriteManifest(beam.DoFn):
     def __init__(self, output, static, lock: RunLock | None = None):
         self._output, self._static, self._lock = output, static, lock
 
-    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files):
+    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups):
         static = self._static
         splits: dict[str, Any] = {}
         stats: dict[str, Any] = {}
@@ -95,6 +97,7 @@ class _WriteManifest(beam.DoFn):
                 "dropped_tokens": packing.get("dropped_tokens", 0),
                 "document_tokens": packing.get("doc_tokens_sum", 0) + packing.get("documents", 0),
                 "num_shards": len(rows),
+                "pack_groups": plan_summary(groups.get(split)),
                 "shards": rows,
             }
             stats[split] = {
@@ -110,15 +113,19 @@ class _WriteManifest(beam.DoFn):
         read_stats = {k: v for k, v in read_stats.items() if not k.startswith(UNVERIFIED_PREFIX)}
         counts = document_counts(read_stats, reasons, written, duplicates)
         counts["rejected_files"] = sorted(rejected_files, key=lambda f: f["path"])
-        # Before anything is written: a run that lost documents, or is over the rejected limit,
-        # fails and leaves no manifest.
+        # Before anything is written: a run that lost or repeated documents, tokens, examples or
+        # rows, or is over the rejected limit, fails and leaves no manifest.
         check_reconciled(counts)
+        for split, info in splits.items():
+            check_conservation(split, info, objective_stats.get(split, {}), pack_stats.get(split, {}),
+                               static["config"]["draws"])
         # A run's inputs must not change under it: one changed after it was read fails the run here.
         listed = [InputFile(f["path"], f["bytes"], f["modified"]) for f in static["run"].get("input_files", [])
                   if "modified" in f]
         check_all_unchanged(listed, "during the run")
+        rejected_path = counts["rejected_files"][0]["path"] if len(counts["rejected_files"]) == 1 else "rejected/"
         check_rejected_fraction(counts, static["config"].get("max_rejected_fraction"),
-                                join_path(self._output, "rejected/rejected.jsonl"))
+                                join_path(self._output, rejected_path))
         check_splits_have_examples(splits, static["config"].get("last_chunk"))
         hf_splits = []
         for split, info in splits.items():
@@ -160,8 +167,10 @@ class WriteManifest(beam.PTransform):
         static: manifest parts known before the run (objective, config, tokenizer,
             schema, run, splits, formats).
 
-    Inputs: ``(shards, objective_stats, pack_stats, read_stats, reasons, rejected_files)``
-    (``objective_stats``: per split, the summed counters of BuildExamples); the counts
+    Inputs: ``(shards, objective_stats, pack_stats, read_stats, reasons, rejected_files,
+    groups)`` (``objective_stats``: per split, the summed counters of BuildExamples;
+    ``groups``: the pack-group plan of :class:`transforms.group.PlanGroups`, recorded per
+    split as ``pack_groups``: groups, their tokens, the largest group's); the counts
     follow :func:`transforms.accounting.document_counts`. When ``static["config"]`` has a
     ``max_rejected_fraction`` that the run exceeds, it raises
     :class:`~transforms.accounting.RejectedFractionError` and writes nothing. ``lock``: the
@@ -173,7 +182,7 @@ class WriteManifest(beam.PTransform):
         self._output, self._static, self._lock = output, static, lock
 
     def expand(self, inputs):
-        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files = inputs
+        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups = inputs
         pipeline = shards.pipeline
         return (
             pipeline
@@ -187,5 +196,6 @@ class WriteManifest(beam.PTransform):
                 read_stats=beam.pvalue.AsSingleton(read_stats),
                 reasons=beam.pvalue.AsDict(reasons),
                 rejected_files=beam.pvalue.AsList(rejected_files),
+                groups=beam.pvalue.AsSingleton(groups),
             )
         )

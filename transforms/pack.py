@@ -1,18 +1,22 @@
 """Pack: tokenized documents -> chunks ready for the objective.
 
-Documents are grouped by ``(split, bucket)``, sorted by key (which also puts exact
-duplicates side by side, where they are dropped and counted) and packed with the pure
-functions of :mod:`transforms.objectives.packing`. Remainders of all buckets of a split
-are grouped once more, sorted by bucket, and re-packed, so at most one partial chunk per
-split is dropped (``--last-chunk drop``) or padded (``pad``).
+Documents (one per key: exact duplicates are dropped before the shuffle) are grouped by
+``(split, pack group)`` (groups of at most ``--pack-group-tokens`` tokens, or the
+``--num-buckets`` hash buckets: :mod:`transforms.group`), sorted by key and packed with the
+pure functions of :mod:`transforms.objectives.packing`, holding one copy of the group.
+Remainders of all groups of a split (each shorter than a chunk) are grouped once more,
+sorted by group, and re-packed, so at most one partial chunk per split is dropped
+(``--last-chunk drop``) or padded (``pad``).
 
-Chunk keys name where a chunk came from: ``train-b00012-c000034`` (bucket 12, chunk 34)
-or ``train-r-c000002`` (re-packed remainders). The chunk length an objective needs is
-planned from a generator seeded by the chunk key, so UL2 can pick its denoiser (and with
-it the raw length) before the cut.
+Chunk keys name where a chunk came from: ``train-g00012-c000034`` (group 12, chunk 34;
+``b`` for a ``--num-buckets`` bucket) or ``train-r-c000002`` (re-packed remainders). The
+chunk length an objective needs is planned from a generator seeded by the chunk key, so
+UL2 can pick its denoiser (and with it the raw length) before the cut.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import apache_beam as beam
 import numpy as np
@@ -22,7 +26,8 @@ from transforms.objectives.common import first_uniforms
 from transforms.objectives.counters import length_counters, merge_counters
 from transforms.objectives.layout import PLAN_SALT, plan_rng
 from transforms.objectives.packing import (
-    concat_documents,
+    ConcatPacker,
+    Piece,
     concat_pieces,
     document_piece,
     pack_best_fit,
@@ -92,44 +97,64 @@ def _fixed_length(objective) -> int:
     return length
 
 
+def _ids_array(ids) -> np.ndarray:
+    return np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids
+
+
+def _pieces(documents: list, eos: int) -> Iterator[Piece]:
+    """Each document as a piece (tokens + EOS), letting go of its entry in ``documents`` once copied."""
+    for index, (ids, features) in enumerate(documents):
+        documents[index] = None
+        yield document_piece(_ids_array(ids), eos, features)
+
+
 class _PackBucket(beam.DoFn):
-    def __init__(self, objective, mode, seed, eos):
+    """Packs one group. What it holds is one copy of the group's documents: they are sorted
+    as they are, and each is let go of once copied into a chunk (:class:`ConcatPacker`, or
+    a piece of ``best_fit`` and ``none``); chunks go downstream as they are cut."""
+
+    def __init__(self, objective, mode, seed, eos, group_name="g"):
         self._objective, self._mode, self._seed, self._eos = objective, mode, seed, eos
+        self._group_name = group_name
 
     def process(self, element):
-        (split, bucket), docs = element
-        docs = sorted(map(unwrap, docs), key=lambda d: d[0])
-        kept, lengths, duplicates, previous = [], [], 0, None
-        for key, ids, features in docs:
-            if key == previous:
-                duplicates += 1
-                continue
-            previous = key
-            kept.append((ids, features))
-            lengths.append(len(ids) // 4 if isinstance(ids, bytes) else len(ids))
-        stats = {"documents": len(kept), "duplicates": duplicates, **length_counters("doc_tokens", np.array(lengths))}
-        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
-        prefix = f"{split}-b{bucket:05d}"
+        (split, bucket), grouped = element
+        docs = [unwrap(document) for document in grouped]
+        del grouped
+        docs.sort(key=lambda d: d[0])
+        kept = [(ids, features) for _, ids, features in docs]
+        del docs
+        lengths = [len(ids) // 4 if isinstance(ids, bytes) else len(ids) for ids, _ in kept]
+        stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
+        total = sum(lengths) + len(lengths)  # EOS included
+        prefix = f"{split}-{self._group_name}{bucket:05d}"
         if self._mode == "concat":
-            stream = concat_documents(kept, self._eos)
-            planner = _Planner(self._objective, self._seed, prefix, total=len(stream))
-            chunks, rest = pack_concat(stream, planner)
-            for index, chunk in enumerate(chunks):
+            planner = _Planner(self._objective, self._seed, prefix, total=total)
+            packer = ConcatPacker(kept, self._eos, planner)
+            for index, chunk in enumerate(packer):
                 yield split, planner.key(index), planner.plans[index], chunk
+            rest = packer.rest
+            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total - len(rest)}))
             if len(rest):
                 yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, [rest])))
             return
-        pieces = [document_piece(np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids, self._eos,
-                                 features) for ids, features in kept]
+        length = _fixed_length(self._objective)
         if self._mode == "best_fit":
-            full, rest = pack_best_fit(pieces, _fixed_length(self._objective))
-            for index, chunk in enumerate(full):
+            full, rest = pack_best_fit(list(_pieces(kept, self._eos)), length, release=True)
+            packed = total - sum(len(piece) for piece in rest)
+            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": packed}))
+            for index in range(len(full)):
+                chunk, full[index] = full[index], None
                 yield split, f"{prefix}-c{index:06d}", 0, chunk
             if rest:
                 yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, rest)))
         else:
-            for index, chunk in enumerate(pack_none(pieces, _fixed_length(self._objective))):
-                yield split, f"{prefix}-c{index:06d}", 0, chunk
+            yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total}))
+            index = 0
+            for piece in _pieces(kept, self._eos):
+                for chunk in pack_none([piece], length):
+                    yield split, f"{prefix}-c{index:06d}", 0, chunk
+                    index += 1
 
 
 class _RepackRest(beam.DoFn):
@@ -141,6 +166,7 @@ class _RepackRest(beam.DoFn):
         pieces = [piece for _, bucket_pieces in sorted(rests, key=lambda r: r[0]) for piece in bucket_pieces]
         prefix = f"{split}-r"
         dropped = 0
+        total = sum(len(piece) for piece in pieces)
         if self._mode == "concat":
             planner = _Planner(self._objective, self._seed, prefix)
             chunks, final = pack_concat(concat_pieces(pieces), planner)
@@ -157,11 +183,14 @@ class _RepackRest(beam.DoFn):
                 full.append(concat_pieces(rest))
             for index, chunk in enumerate(full):
                 yield split, f"{prefix}-c{index:06d}", 0, chunk
-        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {"dropped_tokens": dropped}))
+        stats = {"dropped_tokens": dropped, "packed_tokens": total - dropped}
+        yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
 
 
 class Pack(beam.PTransform):
-    """Group documents by bucket, drop duplicates, pack chunks, re-pack remainders.
+    """Group documents by pack group, pack chunks, re-pack remainders.
+
+    Input: ``((split, group), (key, ids, features))`` documents, one per key.
 
     Args:
         objective: the objective (plans chunk lengths).
@@ -169,27 +198,32 @@ class Pack(beam.PTransform):
         seed: global seed.
         eos: EOS id appended to every document.
         last_chunk: ``drop`` or ``pad`` the split's final partial chunk (concat).
+        group_name: the letter of a group in chunk keys (``g``; ``b`` for ``--num-buckets``).
 
     Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of ``(split, chunk_key,
     plan, Piece)``, kept apart because flattening them would make the runner encode every
-    chunk (consumers apply the same transform to each), and ``(split, counters)``.
+    chunk (consumers apply the same transform to each), and ``(split, counters)`` elements
+    (several per split: sum them):
+    ``documents``, ``doc_tokens_*`` (document lengths), ``packed_tokens``
+    (tokens of the chunks emitted, re-packed ones included) and ``dropped_tokens``.
     """
 
     STATS = "stats"
     REST = "rest"
 
-    def __init__(self, objective, *, mode: str, seed: int, eos: int, last_chunk: str = "drop"):
+    def __init__(self, objective, *, mode: str, seed: int, eos: int, last_chunk: str = "drop", group_name: str = "g"):
         super().__init__()
         self._objective, self._mode, self._seed, self._eos, self._last_chunk = objective, mode, seed, eos, last_chunk
+        self._group_name = group_name
 
     def expand(self, documents):
         packed = (
             documents
-            | "GroupByBucket" >> beam.GroupByKey()
+            | "GroupByPackGroup" >> beam.GroupByKey()
             | "PackBuckets"
-            >> beam.ParDo(_PackBucket(self._objective, self._mode, self._seed, self._eos)).with_outputs(
-                self.STATS, self.REST, main="chunks"
-            )
+            >> beam.ParDo(
+                _PackBucket(self._objective, self._mode, self._seed, self._eos, self._group_name)
+            ).with_outputs(self.STATS, self.REST, main="chunks")
         )
         repacked = (
             packed[self.REST]
@@ -199,11 +233,7 @@ class Pack(beam.PTransform):
                 self.STATS, main="chunks"
             )
         )
-        stats = (
-            (packed[self.STATS], repacked[self.STATS])
-            | "AllPackStats" >> beam.Flatten()
-            | "SumPackStats" >> beam.CombinePerKey(CountersCombineFn())
-        )
+        stats = (packed[self.STATS], repacked[self.STATS]) | "AllPackStats" >> beam.Flatten()
         return (packed.chunks, repacked.chunks), stats
 
 

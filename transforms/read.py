@@ -66,6 +66,16 @@ from transforms.archives import compression_of, open_decompressed, verify_archiv
 from transforms.inputs import InputChangedError, InputFile, check_unchanged, list_inputs
 from transforms.line_reader import BLOCK_BYTES, RecordBuffer, iter_lines
 from transforms.record_policy import BOM, BOM_BYTES, RecordPolicy, has_surrogates, replace_surrogates, split_text
+from transforms.splits import (
+    DEFAULT_SPLIT_BYTES,
+    RANGE_LINES,
+    FixLinePositions,
+    ReadTask,
+    as_task,
+    open_task,
+    row_group_values,
+    tasks_of,
+)
 
 __all__ = [
     "TEXT_MODES",
@@ -76,6 +86,7 @@ __all__ = [
     "expand_inputs",
     "iter_file_records",
     "list_inputs",
+    "empty_file_rejection",
     "record_fields",
     "rejection",
 ]
@@ -313,20 +324,16 @@ def _parquet_records(path: str, stream: Any, text_field: str, policy: RecordPoli
     if text_field not in parquet.schema_arrow.names:
         yield 0, rejection(path, 0, "missing_text_field", f"columns: {parquet.schema_arrow.names}"), (), False
         return
-    limit, split = policy.max_record_bytes, policy.long_docs == "split"
+    yield from _text_column_records(path, _column_rows(parquet, text_field), policy)
+
+
+def _column_rows(parquet, text_field: str) -> Iterator[tuple[int, Any]]:
     row = 0
     for batch in parquet.iter_batches(columns=[text_field], batch_size=4096):
         column = batch.column(0)
         values = _text_bytes(column)
         for value in column.to_pylist() if values is None else values:
-            if not isinstance(value, bytes):
-                yield row, rejection(path, row, "text_not_string", value), (), False
-            elif len(value) > limit:
-                buffer = RecordBuffer(limit, split)
-                yield from _pieces(row, buffer.add(value), True)
-                yield from _record_end(row, buffer, path, b"")
-            else:
-                yield row, value, (), False
+            yield row, value
             row += 1
 
 
@@ -375,11 +382,14 @@ def _finish(
     return [(source, position, piece) for piece in split_text(text, limit)], True
 
 
-def _records_of(path: str, kind: str, stream: Any, text_mode: str, text_field: str, policy: RecordPolicy):
+def _records_of(path: str, kind: str, stream: Any, text_mode: str, text_field: str, policy: RecordPolicy,
+                task: ReadTask | None = None):
     if kind == "text":
         return _text_records(path, stream, text_mode, policy)
     if kind == "jsonl":
         return _jsonl_records(path, stream, text_field, policy)
+    if task is not None and task.kind == "row_groups":
+        return _row_group_records(path, stream, task, text_field, policy)
     return _parquet_records(path, stream, text_field, policy)
 
 
@@ -405,6 +415,32 @@ def _count_records(path: str, kind: str, text_mode: str, text_field: str, policy
     return count
 
 
+def _text_column_records(path: str, rows: Iterator[tuple[int, Any]], policy: RecordPolicy) -> Iterator[tuple]:
+    """``(row, value, no repairs, piece)`` of Parquet text values, long ones held in bounded pieces."""
+    limit, split = policy.max_record_bytes, policy.long_docs == "split"
+    for row, value in rows:
+        if not isinstance(value, bytes):
+            yield row, rejection(path, row, "text_not_string", value), (), False
+        elif len(value) > limit:
+            buffer = RecordBuffer(limit, split)
+            yield from _pieces(row, buffer.add(value), True)
+            yield from _record_end(row, buffer, path, b"")
+        else:
+            yield row, value, (), False
+
+
+def _row_group_records(path: str, stream, task: ReadTask, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
+    """The records of a Parquet task's row groups (positions: the file's row numbers); only the
+    task's row groups are read."""
+    try:
+        rows = row_group_values(stream, task, text_field)
+    except KeyError as missing:
+        if task.index == 0:  # once per file, whatever its tasks
+            yield 0, rejection(path, 0, "missing_text_field", missing.args[0]), (), False
+        return
+    yield from _text_column_records(path, rows, policy)
+
+
 def iter_file_records(
     path: str,
     *,
@@ -413,6 +449,7 @@ def iter_file_records(
     policy: RecordPolicy | None = None,
     counters: Counter | None = None,
     verify: bool = True,
+    task: ReadTask | None = None,
 ) -> Iterator[Any]:
     """Yield ``(source, position, text)`` records and rejected-entry dicts of one file.
 
@@ -434,12 +471,17 @@ def iter_file_records(
         verify: False reads a compressed file without checking its checksums first: only for
             a sample of the first records taken before the pipeline runs (which verifies), so
             that sampling a large archive does not decompress all of it.
+        task: read only this part of the file (:mod:`transforms.splits`: a byte range, whose
+            positions count from its first line, or Parquet row groups); None: all of it.
+            Only an uncompressed file is split, so a task is never an archive to verify.
     """
     if text_mode not in TEXT_MODES:
         raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
     policy = policy or RecordPolicy()
     counters = counters if counters is not None else Counter()
     kind = file_format(path)
+    task = task or ReadTask(path)
+    record_mode = "paragraph" if kind == "text" and text_mode == "paragraph" else "line"
     compression = compression_of(path)
     kept = None
     if compression is not None and verify:
@@ -460,8 +502,11 @@ def iter_file_records(
     produced = 0
     split_at = None  # position of the record whose pieces are being read
     try:
-        with contextlib.nullcontext(io.BytesIO(kept)) if kept is not None else open_decompressed(path) as stream:
-            for position, value, repairs, piece in _records_of(path, kind, stream, text_mode, text_field, policy):
+        opened = contextlib.nullcontext(io.BytesIO(kept)) if kept is not None else \
+            open_task(task, record_mode, open_decompressed, counters)
+        with opened as stream:
+            for position, value, repairs, piece in _records_of(path, kind, stream, text_mode, text_field, policy,
+                                                               task):
                 produced += 1
                 if isinstance(value, dict):
                     yield value
@@ -482,8 +527,13 @@ def iter_file_records(
     except Exception as exc:  # zstandard.ZstdError and pyarrow errors have no common base
         yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
         return
-    if not produced:
-        yield rejection(path, 0, "empty_file", "the file holds no record (it is empty or has only blank lines)")
+    if not produced and task.kind == "file":  # a file read in ranges: ReadCorpus sums its ranges' records
+        yield empty_file_rejection(path)
+
+
+def empty_file_rejection(path: str) -> dict[str, Any]:
+    """The rejected entry of a file that holds no record (the accounting counts it as one)."""
+    return rejection(path, 0, "empty_file", "the file holds no record (it is empty or has only blank lines)")
 
 
 def record_fields(path: str, records: int = 20, max_line_bytes: int = 1 << 20) -> list[str]:
@@ -534,33 +584,76 @@ class _ReadFile(beam.DoFn):
     def setup(self):
         self._records = beam.metrics.Metrics.counter("lmshards", "records_read")
 
-    def process(self, element: str | InputFile):
-        listed = element if isinstance(element, InputFile) else None
-        path = element.path if listed is not None else element
+    def process(self, element):
+        listed, task = _listed_task(element)
+        path = task.path
+        # rejections of a range after a file's first have positions counted from its first line
+        relative = task.kind == "range" and task.index > 0
         if listed is not None:
             check_unchanged(listed, "after the inputs were listed")
         counters: Counter = Counter()
         for item in iter_file_records(
-            path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters
+            path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters,
+            task=task,
         ):
             if isinstance(item, dict):
                 beam.metrics.Metrics.counter("lmshards", f"rejected_{item['reason']}").inc()
                 counters["rejected"] += 1
-                yield beam.pvalue.TaggedOutput(ReadCorpus.REJECTED, item)
+                if relative:
+                    yield beam.pvalue.TaggedOutput(ReadCorpus.RELATIVE, ((path, task.index), item))
+                else:
+                    yield beam.pvalue.TaggedOutput(ReadCorpus.REJECTED, item)
             else:
                 self._records.inc()
                 counters["documents"] += 1
                 yield item[2]
         if listed is not None:
             check_unchanged(listed, "while the run read it")
+        if task.kind == "range":
+            records = counters["documents"] + counters["rejected"]
+            yield beam.pvalue.TaggedOutput(ReadCorpus.LINES, (path, (task.index, counters.pop(RANGE_LINES, 0),
+                                                                    records)))
         for name, value in counters.items():
             if name not in ("documents", "rejected") and not name.startswith(UNVERIFIED_PREFIX):
                 beam.metrics.Metrics.counter("lmshards", name).inc(value)
         yield beam.pvalue.TaggedOutput(ReadCorpus.STATS, dict(counters))
 
 
+class ReadOutputs(dict):
+    """ReadCorpus' outputs: ``texts``, ``rejected`` and ``stats`` (also by tag: ``outputs["rejected"]``)."""
+
+    @property
+    def texts(self):
+        return self["texts"]
+
+
+def _listed_task(element) -> tuple[InputFile | None, ReadTask]:
+    """``(the file as listed or None, the task)`` of what :class:`_ReadFile` is given: a pair
+    from :func:`_tasks_of`, an :class:`~transforms.inputs.InputFile`, a task or a bare path."""
+    if isinstance(element, InputFile):
+        return element, ReadTask(element.path)
+    if isinstance(element, tuple) and len(element) == 2 and (element[0] is None or isinstance(element[0], InputFile)):
+        return element[0], as_task(element[1])
+    return None, as_task(element)
+
+
+def _tasks_of(element: str | InputFile, text_mode: str, split_bytes: int) -> list[tuple[InputFile | None, ReadTask]]:
+    """The read tasks of one input, each with the file as listed (None for a bare path)."""
+    listed = element if isinstance(element, InputFile) else None
+    path = element.path if listed is not None else element
+    kind = file_format(path)
+    compressed = compression_of(path) is not None
+    tasks = tasks_of(path, kind=kind, compressed=compressed, text_mode=text_mode, split_bytes=split_bytes)
+    return [(listed, task) for task in tasks]
+
+
 class ReadCorpus(beam.PTransform):
     """Read text documents from files; bad records go to the ``rejected`` output.
+
+    Files are read in tasks below the file level where they can be (:mod:`transforms.splits`:
+    byte ranges of uncompressed text and JSONL larger than ``split_bytes``, Parquet row
+    groups), so one large file is read in parallel; what is read, and the positions of
+    rejected records, do not depend on ``split_bytes``.
 
     Args:
         files: concrete file paths, or :class:`~transforms.inputs.InputFile` s (from
@@ -569,14 +662,17 @@ class ReadCorpus(beam.PTransform):
         text_mode: ``line``, ``paragraph`` or ``file`` for text files.
         text_field: JSON field (dotted path) or Parquet column holding the text.
         policy: invalid UTF-8, NUL byte and long-document policy.
+        split_bytes: bytes per read task (``--input-split-mb``).
 
-    Returns a ``DoOutputsTuple``: the texts as main output, rejected-entry dicts under
-    :attr:`REJECTED`, and one counters dict per file under :attr:`STATS` (``documents``,
-    ``rejected`` and the repairs counted by :func:`iter_file_records`).
+    Returns a :class:`ReadOutputs`: the texts, rejected-entry dicts under :attr:`REJECTED`,
+    and one counters dict per task under :attr:`STATS` (``documents``, ``rejected`` and the
+    repairs counted by :func:`iter_file_records`).
     """
 
     REJECTED = "rejected"
     STATS = "stats"
+    RELATIVE = "relative"
+    LINES = "lines"
 
     def __init__(
         self,
@@ -585,20 +681,32 @@ class ReadCorpus(beam.PTransform):
         text_mode: str = "line",
         text_field: str = "text",
         policy: RecordPolicy | None = None,
+        split_bytes: int = DEFAULT_SPLIT_BYTES,
     ):
         super().__init__()
         self._files = list(files)
         self._text_mode = text_mode
         self._text_field = text_field
         self._policy = policy or RecordPolicy()
+        self._split_bytes = split_bytes
 
     def expand(self, pbegin):
-        return (
+        read = (
             pbegin
             | "ListFiles" >> beam.Create(self._files, reshuffle=False)
             | "SpreadFiles" >> beam.Reshuffle()
+            | "SplitFiles" >> beam.FlatMap(_tasks_of, text_mode=self._text_mode, split_bytes=self._split_bytes)
+            | "SpreadTasks" >> beam.Reshuffle()
             | "ReadRecords"
             >> beam.ParDo(_ReadFile(self._text_mode, self._text_field, self._policy)).with_outputs(
-                self.REJECTED, self.STATS, main="texts"
+                self.REJECTED, self.STATS, self.RELATIVE, self.LINES, main="texts"
             )
         )
+        shifted, empty = (read[self.RELATIVE], read[self.LINES]) | "FixLinePositions" >> FixLinePositions()
+        # A file read in ranges is empty when none of them held a record: one rejection, as a
+        # whole-file read gives, counted with the reader's statistics.
+        empty_rejected = empty | "EmptyFileRejections" >> beam.Map(empty_file_rejection)
+        rejected = (read[self.REJECTED], shifted, empty_rejected) | "AllRejected" >> beam.Flatten()
+        empty_stats = empty | "EmptyFileStats" >> beam.Map(lambda _: {"rejected": 1})
+        stats = (read[self.STATS], empty_stats) | "AllReadStats" >> beam.Flatten()
+        return ReadOutputs(texts=read.texts, rejected=rejected, stats=stats)

@@ -378,12 +378,16 @@ def examples_to_batch(examples: Sequence[dict[str, Any]], schema: ExampleSchema)
     return next(columns.record_batches(columns.count))
 
 
-def write_arrow_columns(handle: BinaryIO, columns: ExampleColumns | MergedColumns) -> None:
-    """Write the rows of ``columns`` as one Arrow IPC stream (uncompressed, fixed batch rows)."""
+def write_arrow_columns(handle: BinaryIO, columns: ExampleColumns | MergedColumns) -> int:
+    """Write the rows of ``columns`` as one Arrow IPC stream (uncompressed, fixed batch rows);
+    return the number of rows written."""
     options = pa.ipc.IpcWriteOptions(compression=None)
+    rows = 0
     with pa.ipc.new_stream(handle, columns.schema.schema, options=options) as writer:
         for batch in columns.record_batches():
             writer.write_batch(batch)
+            rows += batch.num_rows
+    return rows
 
 
 def write_arrow(handle: BinaryIO, examples: Sequence[dict[str, Any]], schema: ExampleSchema) -> None:
@@ -536,8 +540,9 @@ def _npy_scalar_payloads(values: np.ndarray) -> tuple[list, list, np.ndarray]:
     return [header] * count, list(values.reshape(count, 1)), np.full(count, len(header) + 4, dtype=np.int64)
 
 
-def write_tar_columns(handle: BinaryIO, columns: ExampleColumns | MergedColumns) -> None:
-    """Write the rows of ``columns`` as a WebDataset tar stream (see :func:`write_tar`).
+def write_tar_columns(handle: BinaryIO, columns: ExampleColumns | MergedColumns) -> int:
+    """Write the rows of ``columns`` as a WebDataset tar stream (see :func:`write_tar`); return
+    the number of rows (samples) written.
 
     Column by column: every member header of a column is built in one numpy operation, the
     ``.npy`` header of each distinct row shape once, and the stream is the interleaving of
@@ -580,3 +585,4 @@ def write_tar_columns(handle: BinaryIO, columns: ExampleColumns | MergedColumns)
     end = bytes(2 * _BLOCK)
     total = written + len(end)
     handle.write(end + bytes(-total % _RECORD))
+    return count

@@ -14,6 +14,7 @@ checks that the output's lock still names this run (:func:`write_atomic`).
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,15 +25,15 @@ from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.build import ExampleBatch
 from transforms.handoff import unwrap
+from transforms.objectives.common import digest_u64
 from transforms.objectives.layout import shard_count
 from transforms.output import TMP_DIR, RunLock
 from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
 
-__all__ = ["TMP_DIR", "WriteRejected", "WriteShards", "join_path", "shard_count", "write_atomic"]
+__all__ = ["REJECTED_PER_SHARD", "SHARD_MARKER", "TMP_DIR", "ShardRowsError", "WriteRejected", "WriteShards",
+           "join_path", "rejected_file_name", "shard_count", "write_atomic"]
 
 WRITERS = {"arrow": write_arrow_columns, "webdataset": write_tar_columns}
-
-
 def join_path(root: str, relative: str) -> str:
     return FileSystems.join(root, *relative.split("/"))
 
@@ -41,14 +42,14 @@ def write_atomic(root: str, relative: str, write, lock: RunLock | None = None) -
     """Write ``root/relative`` via a unique temporary file and a rename.
 
     Args:
-        write: callable taking a binary handle.
+        write: callable taking a binary handle (what it returns is ignored).
         lock: the run's lock, checked before the rename (raises
             :class:`~transforms.output.LockLostError` when another run holds the output).
     """
     final = join_path(root, relative)
     temp = join_path(root, f"{TMP_DIR}/{uuid.uuid4().hex}-{relative.replace('/', '-')}")
     try:
-        return _write_and_rename(root, relative, final, temp, write, lock)
+        return _write_and_rename(relative, final, temp, write, lock)
     except BaseException as exc:
         try:
             FileSystems.delete([temp])  # leave no temporary file behind (a full disk, a lost lock)
@@ -59,7 +60,7 @@ def write_atomic(root: str, relative: str, write, lock: RunLock | None = None) -
         raise
 
 
-def _write_and_rename(root: str, relative: str, final: str, temp: str, write, lock: RunLock | None) -> ShardFile:
+def _write_and_rename(relative: str, final: str, temp: str, write, lock: RunLock | None) -> ShardFile:
     handle = FileSystems.create(temp)
     # A local write is a copy into the page cache: hashing it inline beats handing blocks to a
     # helper thread, whose GIL hand-offs with the other format's writer cost more than they
@@ -78,73 +79,72 @@ def _write_and_rename(root: str, relative: str, final: str, temp: str, write, lo
     return ShardFile(path=relative, bytes=hashing.bytes, sha256=hashing.sha256.hexdigest())
 
 
+class ShardRowsError(RuntimeError):
+    """The files of one shard do not hold the same number of rows (a writer fault)."""
+
+
+#: Stands in the shuffle for "this shard exists" (no rows): every shard index of a split gets
+#: one, so that empty shards are written too and shard names stay dense.
+SHARD_MARKER = None
+
+
 class _WriteShard(beam.DoFn):
     def __init__(self, output, schema: ExampleSchema, formats, lock: RunLock | None = None):
         self._output, self._schema, self._formats = output, schema, tuple(formats)
         self._lock = lock
-        self._extra_source, self._extra = None, {}
 
     def write(self, split: str, index: int, count: int, parts: list) -> dict:
         batch = ExampleBatch.merge_sorted(parts, self._schema)
 
-        def write_format(fmt: str) -> ShardFile:
-            writer = WRITERS[fmt]
-            return write_atomic(self._output, shard_name(split, fmt, index, count), lambda h: writer(h, batch.columns),
-                                self._lock)
+        def write_format(fmt: str) -> tuple[ShardFile, int]:
+            writer, rows = WRITERS[fmt], []
+            written = write_atomic(self._output, shard_name(split, fmt, index, count),
+                                   lambda h: rows.append(writer(h, batch.columns)), self._lock)
+            return written, rows[0]
 
         # The formats are written side by side: much of the work (copying, hashing, file writes,
         # Arrow's serialization) releases the GIL, so a second core shortens the stage.
         first, *others = self._formats
         with ThreadPoolExecutor(max_workers=max(1, len(others)), thread_name_prefix="lmshards-write") as pool:
             futures = [pool.submit(write_format, fmt) for fmt in others]
-            files = {first: write_format(first)}
-            files.update((fmt, future.result()) for fmt, future in zip(others, futures))
-        info = ShardInfo(split=split, index=index, rows=batch.count, tokens=int(batch.chunk_tokens.sum()), files=files)
+            results = {first: write_format(first)}
+            results.update((fmt, future.result()) for fmt, future in zip(others, futures))
+        rows = {fmt: result[1] for fmt, result in results.items()}
+        if len(set(rows.values())) != 1:
+            held = ", ".join(f"{fmt} {n:,}" for fmt, n in rows.items())
+            raise ShardRowsError(f"shard {index} of {split}: its files hold different numbers of rows ({held})")
+        # The rows the files hold, as the writers counted them: WriteManifest checks them
+        # against the examples built.
+        info = ShardInfo(split=split, index=index, rows=rows[first], tokens=int(batch.chunk_tokens.sum()),
+                         files={fmt: result[0] for fmt, result in results.items()})
         return info.to_json()
 
-    def extra_parts(self, extra: list, shard: tuple) -> list:
-        """Decoded pieces of ``shard`` among the side input's (indexed once per side-input value)."""
-        if extra is not self._extra_source:
-            self._extra_source, self._extra = extra, {}
-            for key, encoded in extra:
-                self._extra.setdefault(tuple(key), []).append(encoded)
-        return [ExampleBatch.decode(unwrap(p), self._schema) for p in self._extra.get(shard, [])]
-
-    def process(self, element, extra):
-        shard, pieces = element
-        parts = [ExampleBatch.decode(unwrap(p), self._schema) for p in pieces] + self.extra_parts(extra, tuple(shard))
-        yield self.write(*shard, parts)
+    def process(self, element):
+        (split, index, count), pieces = element
+        parts = [ExampleBatch.decode(unwrap(p), self._schema) for p in pieces if p is not SHARD_MARKER]
+        yield self.write(split, index, count, parts)
 
 
-class _WriteOtherShards(_WriteShard):
-    """Writes, once the others are written, the shards that got no piece through the shuffle:
-    those with only side-input pieces, and empty ones (so shard names stay dense)."""
-
-    def __init__(self, output, schema: ExampleSchema, formats, sizing, lock: RunLock | None = None):
-        super().__init__(output, schema, formats, lock)
-        self._sizing = sizing
-
-    def process(self, element, written, extra):
-        split, tokens = element
-        count = shard_count(split, tokens, **self._sizing)
-        present = {info["index"] for info in written if info["split"] == split}
-        for index in range(count):
-            if index not in present:
-                yield self.write(split, index, count, self.extra_parts(extra, (split, index, count)))
+def _shard_markers(element, sizing: dict):
+    split, tokens = element
+    count = shard_count(split, tokens, **sizing)
+    for index in range(count):
+        yield (split, index, count), SHARD_MARKER
 
 
 class WriteShards(beam.PTransform):
     """Shard pieces -> written shard files; outputs one ShardInfo dict per shard.
 
-    Input: ``(pieces, extra_pieces, split_tokens)``: ``((split, shard, count), encoded
-    ExampleBatch)`` elements from :class:`transforms.build.BuildExamples`, the many that go
-    through the shuffle and the few (re-packed remainders) that reach every writer as a side
-    input, and the ``(split, document tokens)`` they were sized with.
+    Input: ``(pieces, ..., split_tokens)``: one or more PCollections of ``((split, shard,
+    count), encoded ExampleBatch)`` elements from :class:`transforms.build.BuildExamples`,
+    and the ``(split, document tokens)`` they were sized with.
 
-    Every shard index of a split is written: shards that got no shuffled piece (empty ones,
-    or ones with side-input pieces only) are written after the others. Nothing is flattened
-    into the shuffle: Beam's local runner copies every element of a Flatten whose inputs come
-    from different stages through an extra stage.
+    All pieces and one marker per shard index of every split (:data:`SHARD_MARKER`, so that
+    empty shards are written as well) are flattened into one shuffle by shard: the graph
+    uses only what the Beam model guarantees of Flatten and GroupByKey, never the timing of
+    a side input (Beam's BundleBasedDirectRunner hands a side input made by a multi-output
+    DoFn over empty at times; re-packed examples once reached the writers that way and were
+    lost).
 
     Args:
         output: dataset directory (any Beam filesystem).
@@ -160,52 +160,81 @@ class WriteShards(beam.PTransform):
         self._lock = lock
 
     def expand(self, inputs):
-        pieces, extra_pieces, split_tokens = inputs
-        extra = beam.pvalue.AsList(extra_pieces)
-        written = (
-            pieces
+        *pieces, split_tokens = inputs
+        markers = split_tokens | "ShardMarkers" >> beam.FlatMap(_shard_markers, sizing=self._sizing)
+        return (
+            (*pieces, markers)
+            | "AllPieces" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats, self._lock),
-                                              extra=extra)
+            | "WriteShardFiles" >> beam.ParDo(_WriteShard(self._output, self._schema, self._formats, self._lock))
         )
-        others = split_tokens | "WriteOtherShards" >> beam.ParDo(
-            _WriteOtherShards(self._output, self._schema, self._formats, self._sizing, self._lock),
-            written=beam.pvalue.AsList(written),
-            extra=extra,
-        )
-        return (written, others) | "AllShards" >> beam.Flatten()
+
+
+#: Rejected records per file of ``OUT/rejected/`` at most (about 700 bytes each while a
+#: file's records are sorted: some 180 MB of one worker).
+REJECTED_PER_SHARD = 1 << 18
+
+
+def rejected_file_name(index: int, count: int) -> str:
+    """``rejected/rejected.jsonl`` when the records fit one file, else
+    ``rejected/rejected-00003-of-00012.jsonl``."""
+    return "rejected/rejected.jsonl" if count == 1 else f"rejected/rejected-{index:05d}-of-{count:05d}.jsonl"
+
+
+def _json_line(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False, sort_keys=True)
+
+
+def _key_rejected(record: dict, total: int, per_file: int):
+    count = max(1, math.ceil(total / per_file))
+    return (digest_u64(_json_line(record), salt=b"lmshards-rejected") % count, count), record
 
 
 class _WriteRejectedFile(beam.DoFn):
     def __init__(self, output, lock: RunLock | None = None):
-        self._output, self._lock = output, lock
+        self._lock = lock
+        self._output = output
 
     def process(self, element):
-        _, records = element
-        rows = sorted(records, key=lambda r: (r["source"], r["position"], r["reason"], r["excerpt"]))
+        (index, count), records = element
+        rows = sorted((r["source"], r["position"], r["reason"], r["excerpt"], _json_line(r)) for r in records)
 
         def write(handle):
             for row in rows:
-                handle.write((json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8"))
+                handle.write((row[-1] + "\n").encode("utf-8"))
 
-        info = write_atomic(self._output, "rejected/rejected.jsonl", write, self._lock)
+        info = write_atomic(self._output, rejected_file_name(index, count), write, self._lock)
         yield {"path": info.path, "bytes": info.bytes, "sha256": info.sha256, "records": len(rows)}
 
 
 class WriteRejected(beam.PTransform):
-    """Rejected-record dicts -> ``OUT/rejected/rejected.jsonl`` (sorted) and counts by reason.
+    """Rejected-record dicts -> ``OUT/rejected/`` files and counts by reason.
 
-    Returns ``(file info PCollection, reason counts PCollection)``. ``lock``: the run's lock, or None.
+    The records are counted, and each goes to file ``digest(record) % files`` of
+    ``ceil(records / per_file)`` (:func:`rejected_file_name`), where they are sorted by
+    source, position, reason and excerpt: what one worker sorts is bounded, the files are a
+    pure function of the records, and a run with up to ``per_file`` of them writes the one
+    ``rejected/rejected.jsonl``. No record, no file (also for a file index no record hashes to:
+    the manifest's ``rejected_files`` lists those written).
+
+    Args:
+        output: dataset directory.
+        per_file: most records per file (default :data:`REJECTED_PER_SHARD`).
+        lock: the run's lock, or None.
+
+    Returns ``(file info PCollection, reason counts PCollection)``.
     """
 
-    def __init__(self, output, lock: RunLock | None = None):
+    def __init__(self, output, per_file: int | None = None, lock: RunLock | None = None):
         super().__init__()
         self._output, self._lock = output, lock
+        self._per_file = per_file or REJECTED_PER_SHARD
 
     def expand(self, rejected):
+        total = rejected | "CountRejected" >> beam.combiners.Count.Globally()
         files = (
             rejected
-            | "KeyRejected" >> beam.Map(lambda r: (0, r))
+            | "KeyRejected" >> beam.Map(_key_rejected, total=beam.pvalue.AsSingleton(total), per_file=self._per_file)
             | "GroupRejected" >> beam.GroupByKey()
             | "WriteRejectedFile" >> beam.ParDo(_WriteRejectedFile(self._output, self._lock))
         )

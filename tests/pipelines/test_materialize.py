@@ -42,11 +42,42 @@ def _parse_key(key):
     return split, where, int(chunk[1:]), int(draw[1:])
 
 
-def test_every_token_of_every_document_appears_exactly_once(clm_dataset, sample_texts, tokenizer_path):
-    out, manifest = clm_dataset
+GROUP_TOKENS = 30000
+
+
+@pytest.fixture(scope="module")
+def clm_groups_dataset(tmp_path_factory, sample_glob, tokenizer_path):
+    """The clm dataset with pack groups sized in tokens (the default), small enough to make many."""
+    out = tmp_path_factory.mktemp("clm-groups") / "out"
+    args = [a for a in _base_args(sample_glob, tokenizer_path) if a not in ("--num-buckets", str(NUM_BUCKETS))]
+    manifest = materialize(out, *args, "--pack-group-tokens", str(GROUP_TOKENS))
+    return out, manifest
+
+
+def _groups_of_planned(sample_texts, docs):
+    """key -> (letter, group) by the plan of pack groups, recomputed from every document."""
+    from transforms.group import SUB_BUCKETS, group_of, plan_groups
+
+    tokens = collections.Counter()
+    for text, ids in zip(sample_texts, docs):
+        key = document_key(text)
+        tokens[assign_split(key, 0.1), bucket_of(key, SUB_BUCKETS)] += len(ids) + 1
+    plans = {split: plan_groups([(b, n) for (s, b), n in tokens.items() if s == split], GROUP_TOKENS)
+             for split in ("train", "validation")}
+    return lambda key: ("g", group_of(plans[assign_split(key, 0.1)], bucket_of(key, SUB_BUCKETS)))
+
+
+@pytest.mark.parametrize("grouping", ["buckets", "token_groups"])
+def test_every_token_of_every_document_appears_exactly_once(request, sample_texts, tokenizer_path, grouping):
+    out, manifest = request.getfixturevalue("clm_dataset" if grouping == "buckets" else "clm_groups_dataset")
     eos = manifest.tokenizer["special_ids"]["eos"]
     docs = encode_documents(sample_texts, tokenizer_path)
-    # The expected token stream of every (split, bucket): documents sorted by key, EOS after each.
+    if grouping == "buckets":
+        def group_of_key(key):
+            return "b", bucket_of(key, NUM_BUCKETS)
+    else:
+        group_of_key = _groups_of_planned(sample_texts, docs)
+    # The expected token stream of every (split, group): documents sorted by key, EOS after each.
     streams = collections.defaultdict(list)
     seen = set()
     for text, ids in sorted(zip(sample_texts, docs), key=lambda pair: document_key(pair[0])):
@@ -54,7 +85,7 @@ def test_every_token_of_every_document_appears_exactly_once(clm_dataset, sample_
         if key in seen:
             continue
         seen.add(key)
-        streams[(assign_split(key, 0.1), bucket_of(key, NUM_BUCKETS))].append(np.append(ids, eos))
+        streams[(assign_split(key, 0.1), *group_of_key(key))].append(np.append(ids, eos))
     reader = open_dataset(str(out))
     for split in ("train", "validation"):
         examples = sorted(reader.iter_examples(split), key=lambda ex: _parse_key(ex["key"]))
@@ -64,18 +95,25 @@ def test_every_token_of_every_document_appears_exactly_once(clm_dataset, sample_
             assert draw == 0
             assert int(ex["doc_lengths"].sum()) == SEQ_LEN
             chunks[where].append((index, ex["input_ids"]))
+        groups = sorted((letter, group) for s, letter, group in streams if s == split)
+        if grouping == "token_groups":
+            assert len(groups) == manifest.splits[split]["pack_groups"]["groups"]
+            assert [g for _, g in groups] == list(range(len(groups)))
         remainder_stream = []
-        for bucket in range(NUM_BUCKETS):
-            stream = np.concatenate(streams[(split, bucket)]) if streams[(split, bucket)] else np.zeros(0, np.int32)
-            got = [ids for _, ids in sorted(chunks.get(f"b{bucket:05d}", []))]
-            assert [i for i, _ in sorted(chunks.get(f"b{bucket:05d}", []))] == list(range(len(got)))
+        for letter, group in groups:
+            stream = np.concatenate(streams[(split, letter, group)])
+            name = f"{letter}{group:05d}"
+            indexed = sorted(chunks.pop(name, []))
+            got = [ids for _, ids in indexed]
+            assert [i for i, _ in indexed] == list(range(len(got)))
             full = len(stream) // SEQ_LEN
             assert len(got) == full
             if got:
                 np.testing.assert_array_equal(np.concatenate(got), stream[: full * SEQ_LEN])
             remainder_stream.append(stream[full * SEQ_LEN :])
         rest = np.concatenate(remainder_stream)
-        got = [ids for _, ids in sorted(chunks.get("r", []))]
+        got = [ids for _, ids in sorted(chunks.pop("r", []))]
+        assert not chunks  # no chunk of a group that should not exist
         assert len(got) == len(rest) // SEQ_LEN
         if got:
             np.testing.assert_array_equal(np.concatenate(got), rest[: len(got) * SEQ_LEN])
@@ -376,6 +414,9 @@ def test_refuses_non_empty_output_and_overwrites_when_asked(tmp_path, sample_glo
         (["--objective", "nope"], "--objective nope: unknown objective"),
         (["--seq-len-typo", "5"], "unknown option --seq-len-typo"),
         (["--seq-len", "1"], "--seq-len 1"),
+        (["--num-buckets", "8", "--pack-group-tokens", "1000"],
+         "--num-buckets 8 and --pack-group-tokens 1000: choose one (fixed hash buckets, or groups sized by tokens)"),
+        (["--pack-group-tokens", "0"], "--pack-group-tokens 0: must be > 0"),
     ],
 )
 def test_configuration_errors_fail_before_any_work(tmp_path, sample_glob, tokenizer_path, extra, message):
@@ -432,15 +473,16 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
                               for i in range(6)))
     out = tmp_path / "out"
     manifest = materialize(out, "--input", str(corpus), "--tokenizer", tokenizer_path, "--objective", "clm",
-                           "--seq-len", "16", "--num-shards", "12", "--formats", "arrow,webdataset")
+                           "--seq-len", "16", "--num-shards", "12", "--formats", "arrow,webdataset",
+                           "--pack-group-tokens", "20")  # about a document per group: most chunks re-packed
     shards = manifest.shards("train")
     assert [s.index for s in shards] == list(range(12))
     examples = manifest.splits["train"]["examples"]
     assert 0 < examples < 12 and sum(s.rows for s in shards) == examples
     empty = [s for s in shards if s.rows == 0]
     assert len(empty) >= 12 - examples
-    # Most chunks come from re-packed bucket remainders (a side input of the writers): every one is
-    # written exactly once, whether or not its shard also got chunks through the shuffle.
+    # Most chunks come from re-packed bucket remainders (they meet the others in the writers'
+    # shuffle): every one is written exactly once, whatever else its shard got.
     keys = [ex["key"] for ex in open_dataset(str(out)).iter_examples()]
     assert len(keys) == len(set(keys)) == examples
     assert any("-r-" in key for key in keys)
@@ -453,6 +495,36 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
         with tarfile.open(out / shard.files["webdataset"].path) as tar:
             assert tar.getmembers() == []
         assert shard.tokens == 0
+
+
+def test_duplicates_are_dropped_before_the_shuffle_into_pack(tmp_path, monkeypatch, sample_texts, tokenizer_path):
+    """A document repeated 300 times reaches Pack once (the copies are dropped by a combiner
+    in front of the shuffle) and is counted as 299 duplicates; bytes are those of the corpus
+    without the copies."""
+    from transforms.pack import _PackBucket
+
+    texts = sample_texts[:40]
+    with_copies = tmp_path / "with-copies.jsonl"
+    with_copies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts + [texts[3]] * 299))
+    unique = tmp_path / "unique.jsonl"
+    unique.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    seen = []
+    process = _PackBucket.process
+
+    def recording(self, element):
+        documents = list(element[1])
+        seen.extend(handoff.unwrap(document)[0] for document in documents)
+        yield from process(self, (element[0], documents))
+
+    monkeypatch.setattr(_PackBucket, "process", recording)
+    args = ["--tokenizer", tokenizer_path, "--objective", "clm", "--seq-len", "64", "--num-buckets", "4"]
+    manifest = materialize(tmp_path / "out", "--input", str(with_copies), *args)
+    assert len(seen) == len(set(seen)) == len(texts)
+    assert manifest.counts["duplicates"] == 299 and manifest.splits["train"]["duplicates"] == 299
+    assert manifest.counts["documents_written"] == len(texts) and manifest.counts["reconciled"]
+    reference = materialize(tmp_path / "reference", "--input", str(unique), *args)
+    assert file_digests(tmp_path / "out") == file_digests(tmp_path / "reference")
+    assert manifest.splits["train"]["shards"] == reference.splits["train"]["shards"]
 
 
 def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_path, monkeypatch, caplog, sample_glob,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from transforms.accounting import UnreconciledCountsError, check_reconciled, document_counts
+from transforms.accounting import UnreconciledCountsError, check_conservation, check_reconciled, document_counts
 
 
 def _counts(written, duplicates=1, rejected=2):
@@ -29,3 +29,34 @@ def test_lost_documents_fail_with_the_numbers():
 def test_documents_counted_twice_fail():
     with pytest.raises(UnreconciledCountsError, match="2 documents were counted twice"):
         check_reconciled(_counts(written=10))
+
+
+def _split_info(rows=(3, 2), tokens=(30, 20), indices=(0, 1), document_tokens=57, dropped=7):
+    shards = [{"index": i, "rows": r, "tokens": t} for i, r, t in zip(indices, rows, tokens)]
+    return {"document_tokens": document_tokens, "dropped_tokens": dropped, "shards": shards}
+
+
+def test_conserved_split_passes():
+    check_conservation("train", _split_info(), {"examples": 5, "chunk_tokens": 50}, {"packed_tokens": 50}, 1)
+    # two draws: every chunk built twice
+    check_conservation("train", _split_info(document_tokens=32), {"examples": 5, "chunk_tokens": 50},
+                       {"packed_tokens": 25}, 2)
+
+
+@pytest.mark.parametrize("info, objective, packing, message", [
+    (_split_info(dropped=6), {"examples": 5, "chunk_tokens": 50}, {"packed_tokens": 50},
+     "document tokens 57 != packed 50 + dropped 6 (Pack)"),
+    (_split_info(document_tokens=61), {"examples": 5, "chunk_tokens": 50}, {"packed_tokens": 54},
+     "examples were built from 50 tokens, not packed 54 x draws 1 (BuildExamples)"),
+    (_split_info(rows=(3, 1), tokens=(30, 20)), {"examples": 5, "chunk_tokens": 50}, {"packed_tokens": 50},
+     "shard files hold 4 rows, not the 5 examples built (WriteShards)"),
+    (_split_info(tokens=(30, 10)), {"examples": 5, "chunk_tokens": 50}, {"packed_tokens": 50},
+     "shard rows were built from 40 tokens, not 50 (WriteShards)"),
+    (_split_info(indices=(1, 1)), {"examples": 5, "chunk_tokens": 50}, {"packed_tokens": 50},
+     "shard indices 1, 1 are not 0..1 once"),
+])
+def test_each_broken_law_fails_the_split_with_the_numbers(info, objective, packing, message):
+    with pytest.raises(UnreconciledCountsError) as error:
+        check_conservation("validation", info, objective, packing, 1)
+    assert str(error.value) == (f"validation: counts do not add up: {message}, a runner or writer lost or repeated "
+                                "work; no manifest written")

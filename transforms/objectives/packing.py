@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["PACKING_MODES", "Piece", "concat_documents", "concat_pieces", "pack_best_fit", "pack_concat", "pack_none"]
+__all__ = ["BLOCK_TOKENS", "PACKING_MODES", "ConcatPacker", "Piece", "concat_documents", "concat_pieces",
+           "pack_best_fit", "pack_concat", "pack_none"]
 
 PACKING_MODES = ("concat", "best_fit", "none")
 #: Feature value the EOS separator gets, per feature (absent: False).
@@ -109,18 +110,22 @@ def concat_pieces(pieces: list[Piece]) -> Piece:
     )
 
 
-def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndarray]]], eos: int) -> Piece:
-    """``concat_pieces([document_piece(ids, eos, features) for ids, features in documents])``,
-    copying every document once.
+def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndarray]]], eos: int,
+                     head: Piece | None = None) -> Piece:
+    """``concat_pieces([head, *(document_piece(ids, eos, features) for ids, features in documents)])``,
+    copying every document (and ``head``) once.
 
     Args:
         documents: ``(ids, features)`` per document; ids as an integer array or the bytes of an
             int32 one; every document has the same feature names.
+        head: a piece to put first (for example the tail of the previous block), or None.
     """
     if not documents:
-        return concat_pieces([])
+        return concat_pieces([] if head is None else [head])
     eos_bytes = np.array([eos], dtype=np.int32).tobytes()
     parts, lengths = [], np.empty(len(documents), dtype=np.int32)
+    if head is not None:
+        parts.append(np.ascontiguousarray(head.tokens, dtype=np.int32).tobytes())
     for index, (ids, _) in enumerate(documents):
         data = ids if isinstance(ids, bytes) else np.asarray(ids).astype(np.int32, copy=False).tobytes()
         parts.append(data)
@@ -129,12 +134,73 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
     features = {}
     for name in documents[0][1]:
         end_flag = np.array([EOS_FEATURE.get(name, False)])
-        flags = []
+        flags = [] if head is None else [np.asarray(head.features[name], dtype=bool)]
         for _, document_features in documents:
             flags.append(np.asarray(document_features[name], dtype=bool))
             flags.append(end_flag)
         features[name] = np.concatenate(flags)
+    if head is not None:
+        lengths = np.concatenate([np.asarray(head.doc_lengths, dtype=np.int32), lengths])
     return Piece(np.frombuffer(bytearray().join(parts), dtype=np.int32), lengths, features)
+
+
+#: Tokens (about) a :class:`ConcatPacker` copies into one block.
+BLOCK_TOKENS = 1 << 22
+
+
+class ConcatPacker:
+    """``pack_concat(concat_documents(documents, eos), next_length)``, a block at a time.
+
+    The documents are concatenated (each followed by EOS) a block of about ``block_tokens``
+    tokens at a time, and the block is cut into chunks of the planned lengths; the tail that
+    does not fill the next chunk starts the next block. The chunks are those of the one-stream
+    :func:`pack_concat` (the cuts fall at the same places of the same stream), but only one
+    block is ever copied at a time, and each document's entry in ``documents`` is set to None
+    once copied, so that a group's tokens are held once, not twice.
+
+    Iterate over it for the full chunks (views of their block); :attr:`rest` is the
+    remainder once the iteration has ended. ``next_length`` is called once per chunk index,
+    in order, as in :func:`pack_concat`.
+    """
+
+    def __init__(self, documents: list, eos: int, next_length: Callable[[int], int], *,
+                 block_tokens: int = BLOCK_TOKENS):
+        self._documents, self._eos, self._next_length, self._block_tokens = documents, eos, next_length, block_tokens
+        self.rest: Piece | None = None
+
+    def __iter__(self) -> Iterator[Piece]:
+        documents, count = self._documents, len(self._documents)
+        carry: Piece | None = None
+        position, index, length = 0, 0, None
+        while True:
+            batch, tokens = [], 0
+            while position < count and (not batch or tokens < self._block_tokens):
+                document, documents[position] = documents[position], None
+                position += 1
+                batch.append(document)
+                ids = document[0]
+                tokens += (len(ids) // 4 if isinstance(ids, bytes) else len(ids)) + 1
+            block = concat_documents(batch, self._eos, head=carry)
+            del batch, carry
+            cuts = [0]
+            while True:
+                if length is None:
+                    length = self._next_length(index)
+                    if length <= 0:
+                        raise ValueError(f"planned chunk length must be > 0, got {length}")
+                if cuts[-1] + length > len(block):
+                    break
+                cuts.append(cuts[-1] + length)
+                index, length = index + 1, None
+            cuts.append(len(block))
+            pieces = block.split(cuts)
+            del block
+            carry = pieces.pop()
+            yield from pieces
+            del pieces
+            if position >= count:
+                self.rest = carry
+                return
 
 
 def pack_concat(stream: Piece, next_length: Callable[[int], int]) -> tuple[list[Piece], Piece]:
@@ -173,16 +239,22 @@ def pack_none(documents: list[Piece], length: int) -> list[Piece]:
     return [part for doc in documents for part in split_long(doc, length)]
 
 
-def pack_best_fit(items: list[Piece], length: int) -> tuple[list[Piece], list[Piece]]:
+def pack_best_fit(items: list[Piece], length: int, *, release: bool = False) -> tuple[list[Piece], list[Piece]]:
     """Best-fit-decreasing packing of pieces into bins of ``length`` tokens.
 
     Items longer than ``length`` are split first. Ties are broken by input order, so the
     result is a pure function of the (ordered) input.
 
+    Args:
+        release: empty ``items`` and let go of each piece once it is copied into its bin, so
+            that the pieces and the bins are not both held in full.
+
     Returns:
         (bins more than half full, the pieces of the at most one bin that is not).
     """
-    parts = [part for item in items for part in split_long(item, length)]
+    parts: list = [part for item in items for part in split_long(item, length)]
+    if release:
+        items.clear()
     order = sorted(range(len(parts)), key=lambda i: (-len(parts[i]), i))
     bins: list[list[int]] = []
     fill: list[int] = []
@@ -210,4 +282,7 @@ def pack_best_fit(items: list[Piece], length: int) -> tuple[list[Piece], list[Pi
             full.append(concat_pieces([parts[i] for i in members]))
         else:
             rest.extend(parts[i] for i in members)
+        if release:
+            for i in members:
+                parts[i] = None
     return full, rest

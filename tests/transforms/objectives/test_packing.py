@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from transforms.objectives.packing import (
     PACKING_MODES,
+    ConcatPacker,
     Piece,
     concat_documents,
     concat_pieces,
@@ -381,3 +382,62 @@ def test_slice_segments_sum_to_window(lengths, data):
     bounds = set(np.cumsum(lengths).tolist())
     expected = sorted({b - start for b in bounds if start < b < stop} | ({stop - start} if stop > start else set()))
     assert np.cumsum(part.doc_lengths).tolist() == expected
+
+
+# --- ConcatPacker (the one-copy, block-at-a-time pack_concat) -----------------------------
+
+
+def _raw_documents(sizes: list[int], as_bytes: bool) -> list[tuple]:
+    docs = []
+    for d, size in enumerate(sizes):
+        ids = 1000 * (d + 1) + np.arange(size, dtype=np.int32)
+        docs.append((ids.tobytes() if as_bytes else ids, {"word_starts": np.arange(size) % 3 == 0}))
+    return docs
+
+
+@_SETTINGS
+@given(sizes=_DOC_SIZES, lengths=st.lists(st.integers(1, 30), min_size=1, max_size=10),
+       block_tokens=st.integers(1, 80), as_bytes=st.booleans())
+def test_concat_packer_cuts_the_chunks_of_the_one_stream_packing(sizes, lengths, block_tokens, as_bytes):
+    documents = _raw_documents(sizes, as_bytes)
+    calls = []
+
+    def planned(index):
+        calls.append(index)
+        return lengths[index % len(lengths)]
+
+    expected, expected_rest = pack_concat(concat_documents(documents, EOS), planned)
+    expected_calls, calls[:] = list(calls), []
+    packer = ConcatPacker(list(documents), EOS, planned, block_tokens=block_tokens)
+    chunks = list(packer)
+    assert calls == expected_calls  # every index planned once, in order
+    assert [_lists(c) for c in chunks] == [_lists(c) for c in expected]
+    assert _lists(packer.rest) == _lists(expected_rest)
+    for got, want in zip(chunks + [packer.rest], expected + [expected_rest]):
+        assert got.tokens.dtype == np.int32 and got.doc_lengths.dtype == np.int32
+        if sizes:
+            assert got.features["word_starts"].tolist() == want.features["word_starts"].tolist()
+
+
+def test_concat_packer_lets_go_of_each_document_once_copied():
+    documents = _raw_documents([5, 5, 5, 5], as_bytes=True)
+    held = list(documents)
+    packer = ConcatPacker(held, EOS, lambda i: 4, block_tokens=6)
+    iterator = iter(packer)
+    first = next(iterator)
+    assert first.tokens.tolist() == [1000, 1001, 1002, 1003]
+    assert held[0] is None and held[2] is not None  # the first block holds documents 0 and 1
+    rest = list(iterator)
+    assert held == [None] * 4 and len(rest) == 5 and len(packer.rest) == 0
+
+
+@_SETTINGS
+@given(sizes=_DOC_SIZES, length=st.integers(1, 30))
+def test_best_fit_releasing_its_input_packs_the_same_bins(sizes, length):
+    docs = _documents(sizes)
+    full, rest = pack_best_fit(list(docs), length)
+    held = list(docs)
+    released_full, released_rest = pack_best_fit(held, length, release=True)
+    assert held == []
+    assert [_lists(p) for p in released_full] == [_lists(p) for p in full]
+    assert [_lists(p) for p in released_rest] == [_lists(p) for p in rest]

@@ -1,0 +1,192 @@
+"""Dataflow jobs built with ``--dry_run``: lmshards ships itself, and no shuffle of documents
+or examples has a key space fixed independently of the corpus.
+
+A dry run builds the whole job (translation, pickling, the environment and what it stages)
+without submitting it; no Google Cloud access is needed (``--no_auth``, local inputs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from lmshards_testing import ROOT
+
+from pipelines.dataflow import build_wheel, pinned_requirements, ships_itself
+
+FAQ = str(ROOT / "data" / "sample" / "faq.jsonl")
+TOKENIZER = str(ROOT / "data" / "tokenizer.json")
+DATAFLOW = ["--runner", "DataflowRunner", "--dry_run=True", "--no_auth", "--project", "lmshards-test",
+            "--region", "us-central1", "--temp_location", "gs://lmshards-test/tmp"]
+
+#: Prints what a dry run of ``sys.argv[1:]`` would stage for the workers and what the wheel of
+#: lmshards among them holds.
+_DRY_RUN = """
+import json, sys, zipfile
+from apache_beam.options.pipeline_options import SetupOptions
+from apache_beam.portability.api import beam_runner_api_pb2
+from pipelines.materialize import run_job
+
+manifest, result = run_job(sys.argv[1:])
+staged = set()
+for environment in result.job.proto_pipeline.components.environments.values():
+    for dependency in environment.dependencies:
+        role = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dependency.role_payload)
+        staged.add(role.staged_name)
+wheels = [p for p in result.job.options.view_as(SetupOptions).extra_packages or [] if "lmshards-" in p]
+names, metadata = [], ""
+for path in wheels:
+    with zipfile.ZipFile(path) as wheel:
+        names = wheel.namelist()
+        metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+print("DRY-RUN " + json.dumps({"manifest": manifest, "staged": sorted(staged), "wheel_files": names,
+                               "metadata": metadata}))
+"""
+
+
+def _dry_run(cwd, *args, python=sys.executable):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([python, "-c", _DRY_RUN, *args], cwd=cwd, env=env, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("DRY-RUN ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("DRY-RUN "):])
+
+
+def _job_args(out, *extra):
+    return ["--input", FAQ, "--tokenizer", TOKENIZER, "--output", str(out), "--objective", "clm", "--seq-len", "128",
+            *DATAFLOW, *extra]
+
+
+def _installed_from_a_wheel(root) -> str:
+    """A virtual environment where lmshards is installed from its wheel (as ``pip install`` does
+    for a pure-Python wheel: unpacked into site-packages), with this one's libraries beside it;
+    its python."""
+    import sysconfig
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(root)
+    python = os.path.join(root, "bin", "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with zipfile.ZipFile(build_wheel(str(root))) as wheel:
+        wheel.extractall(site)
+    # this environment's libraries, as a plain path entry: its editable lmshards finder stays out
+    with open(os.path.join(site, "libraries.pth"), "w") as handle:
+        handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+@pytest.mark.e2e
+def test_a_dry_run_outside_the_repository_stages_the_installed_lmshards(tmp_path):
+    python = _installed_from_a_wheel(tmp_path / "venv")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    assert not str(outside).startswith(str(ROOT))
+    where = subprocess.run([python, "-c", "import pipelines; print(pipelines.__file__)"], cwd=outside,
+                           capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(tmp_path / "venv"))  # not the checkout
+    result = _dry_run(outside, *_job_args(tmp_path / "out"), python=python)
+    assert result["manifest"] is None
+    wheels = [name for name in result["staged"] if name.startswith("lmshards-")]
+    assert len(wheels) == 1 and re.fullmatch(r"lmshards-0\.1\.0\+src[0-9a-f]{12}-py3-none-any\.whl", wheels[0])
+    assert wheels[0] == os.path.basename(build_wheel(str(tmp_path)))  # the same modules as here
+    assert "extra_packages.txt" in result["staged"]
+    files = set(result["wheel_files"])
+    for module in ("pipelines/materialize.py", "transforms/pack.py", "transforms/objectives/bart.py",
+                   "schemas/manifest.py", "loaders/dataset.py"):
+        assert module in files
+    requires = [line.split(": ", 1)[1] for line in result["metadata"].splitlines() if line.startswith("Requires-Dist")]
+    assert requires == pinned_requirements()
+    assert all("==" in pin for pin in requires) and any(pin.startswith("tokenizers==") for pin in requires)
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_a_user_who_ships_the_code_is_left_alone(tmp_path):
+    assert ships_itself(["--runner", "DataflowRunner"]) and ships_itself(["--runner=DataflowRunner"])
+    assert not ships_itself(["--runner", "FnApiRunner"]) and not ships_itself([])
+    for flag in ("--setup_file=./setup.py", "--extra_package=x.whl", "--requirements_file=r.txt",
+                 "--sdk_container_image=gcr.io/p/lmshards:1"):
+        assert not ships_itself(["--runner", "DataflowRunner", flag]), flag
+        assert not ships_itself(["--runner", "DataflowRunner", *flag.split("=", 1)]), flag
+    result = _dry_run(tmp_path, *_job_args(tmp_path / "out", "--sdk_container_image", "gcr.io/p/lmshards:1"))
+    assert not [name for name in result["staged"] if name.startswith("lmshards-")]
+
+
+#: Every GroupByKey of the job, by name, and why its key space is what it is. Those that carry
+#: documents, examples or rejected records have keys that grow with the corpus: each is keyed
+#: by the step named here (a key the graph alone cannot size is tested where it is made); the
+#: others carry small aggregates.
+GROWS_WITH_THE_CORPUS = {
+    "ReadCorpus/SpreadFiles": ("ReadCorpus/SpreadFiles/", "random keys (Reshuffle) of file names"),
+    "ReadCorpus/SpreadTasks": ("ReadCorpus/SpreadTasks/", "random keys (Reshuffle) of read tasks: byte ranges, "
+                               "row groups (tests/transforms/test_splits.py)"),
+    "DropDuplicates/KeepOnePerKey": ("DropDuplicates/KeyByDocument", "documents' content keys"),
+    "Pack/GroupByPackGroup": ("AssignGroups/GroupOfBucket",
+                              "(split, pack group): a group per --pack-group-tokens tokens (tests/transforms/"
+                              "test_group.py)"),
+    "BuildExamples/SpreadBlocks": ("BuildExamples/SpreadBlocks/", "random keys (Reshuffle) of chunk blocks"),
+    "WriteShards/GroupByShard": ("WriteShards/AllPieces", "(split, shard): a shard per --shard-size-mb of examples "
+                                 "(test_shard_size_mb_sizes_each_split_from_its_document_tokens)"),
+    "WriteRejected/GroupRejected": ("WriteRejected/KeyRejected", "a file per 262,144 rejected records "
+                                    "(tests/transforms/test_write_rejected.py)"),
+}
+SMALL_AGGREGATES = {
+    "ReadCorpus/FixLinePositions/LinesPerFile": "a line count per byte range, keyed by file",
+    "Pack/GroupRemainders": "one remainder, shorter than a chunk, per pack group, keyed by split",
+    "PlanGroups/SumBucketTokens": "a token count per (split, sub-bucket)",
+    "PlanGroups/CutIntoGroups": "the token counts of 2**20 sub-buckets per split",
+    "TokensPerSplit": "a token count per split",
+    "SumObjectiveStats": "counters per split",
+    "SumPackingStats": "counters per split",
+    "SumReadStats": "counters",
+    "WriteRejected/CountReasons": "a count per reason",
+    "WriteRejected/CountRejected": "a count",
+}
+
+
+def _fixed_key_spaces(args) -> tuple[set[str], list[str]]:
+    """(the data-carrying GroupByKeys of a dry run of ``args``, those not keyed as above)."""
+    from pipelines.materialize import run_job
+
+    manifest, result = run_job(args)
+    assert manifest is None
+    components = result.job.proto_pipeline.components
+    producer = {pcoll: t.unique_name for t in components.transforms.values() if not t.subtransforms
+                for pcoll in t.outputs.values()}
+    data, fixed = set(), []
+    for transform in components.transforms.values():
+        if transform.spec.urn != "beam:transform:group_by_key:v1":
+            continue
+        name = transform.unique_name
+        owners = [prefix for prefix in (*GROWS_WITH_THE_CORPUS, *SMALL_AGGREGATES)
+                  if name == prefix or name.startswith(prefix + "/")]
+        assert len(owners) == 1, f"GroupByKey {name} is not accounted for"
+        if owners[0] in GROWS_WITH_THE_CORPUS:
+            data.add(owners[0])
+            keyed_by = GROWS_WITH_THE_CORPUS[owners[0]][0]
+            sources = [producer[pcoll] for pcoll in transform.inputs.values()]
+            if not all(source == keyed_by or (keyed_by.endswith("/") and source.startswith(keyed_by))
+                       for source in sources):
+                fixed.append(f"{name} <- {sources}")
+    return data, fixed
+
+
+@pytest.mark.parametrize("objective", ["clm", "bart"])
+def test_no_shuffle_of_data_has_a_key_space_fixed_by_the_defaults(tmp_path, objective):
+    args = _job_args(tmp_path / "out")
+    args[args.index("clm")] = objective
+    data, fixed = _fixed_key_spaces(args)
+    # bart builds in a stage of its own on Dataflow; clm builds where it packs
+    assert data == set(GROWS_WITH_THE_CORPUS) - ({"BuildExamples/SpreadBlocks"} if objective == "clm" else set())
+    assert fixed == []
+
+
+def test_fixed_hash_buckets_are_seen_for_what_they_are(tmp_path):
+    """The check is not blind: with --num-buckets (an expert override) Pack's shuffle has 64 keys."""
+    _, fixed = _fixed_key_spaces(_job_args(tmp_path / "out", "--num-buckets", "64"))
+    assert fixed == ["Pack/GroupByPackGroup <- ['DropDuplicates/CountDuplicates/FlatMap(_unique)']"]

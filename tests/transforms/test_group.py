@@ -1,0 +1,94 @@
+"""Between Tokenize and Pack: exact duplicates dropped (combiner-lifted), pack groups planned."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transforms.group import (
+    SUB_BUCKETS,
+    DropDuplicates,
+    KeepOneCombineFn,
+    PlanGroups,
+    group_of,
+    plan_groups,
+    plan_summary,
+)
+
+
+def _document(split, bucket, key, tokens=(5, 6)):
+    data = bytes(bytearray(b"".join(t.to_bytes(4, "little") for t in tokens)))
+    return (split, bucket), (key, data, {})
+
+
+def test_keep_one_counts_every_copy_whatever_the_merges():
+    fn = KeepOneCombineFn()
+    first = fn.add_input(fn.add_input(fn.create_accumulator(), "a"), "a")
+    second = fn.add_input(fn.create_accumulator(), "a")
+    assert fn.extract_output(fn.merge_accumulators([fn.create_accumulator(), first, second])) == ("a", 3)
+    assert fn.extract_output(fn.merge_accumulators([fn.create_accumulator()])) == (None, 0)
+
+
+def test_drop_duplicates_keeps_one_document_per_key_and_counts_the_rest_per_split():
+    documents = ([_document("train", 3, b"k1")] * 5 + [_document("train", 7, b"k2")]
+                 + [_document("validation", 1, b"k3")] * 2)
+    with TestPipeline(runner="FnApiRunner") as pipeline:
+        unique = pipeline | beam.Create(documents) | DropDuplicates()
+        assert_that(unique.documents, equal_to([_document("train", 3, b"k1"), _document("train", 7, b"k2"),
+                                                _document("validation", 1, b"k3")]), label="unique")
+        assert_that(unique[DropDuplicates.STATS], equal_to([("train", {"duplicates": 4}),
+                                                            ("validation", {"duplicates": 1})]), label="stats")
+
+
+# --- the plan of pack groups -----------------------------------------------------------------
+
+
+def test_plan_cuts_sub_buckets_in_order_before_the_one_that_would_overflow():
+    plan = plan_groups([(9, 30), (2, 50), (4, 40), (7, 15), (100, 70)], 100)
+    assert plan == {"starts": [2, 7, 100], "tokens": [90, 45, 70]}
+    assert [group_of(plan, b) for b in (2, 4, 7, 9, 100, 5000)] == [0, 0, 1, 1, 2, 2]
+    assert plan_summary(plan) == {"groups": 3, "tokens": 205, "largest_group_tokens": 90}
+
+
+def test_a_sub_bucket_larger_than_a_group_is_a_group_of_its_own():
+    plan = plan_groups([(1, 10), (2, 500), (3, 10)], 100)
+    assert plan == {"starts": [1, 2, 3], "tokens": [10, 500, 10]}
+
+
+def test_fixed_buckets_are_their_own_groups():
+    plan = plan_groups([(5, 7), (1, 3)], None)
+    assert plan == {"starts": None, "tokens": [3, 7]}
+    assert group_of(plan, 5) == 5
+    assert plan_summary(None) == {"groups": 0, "tokens": 0, "largest_group_tokens": 0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=st.dictionaries(st.integers(0, SUB_BUCKETS - 1), st.integers(1, 1000), max_size=60),
+       limit=st.integers(1, 3000))
+def test_plan_bounds_every_group_and_covers_every_bucket_in_order(counts, limit):
+    pairs = list(counts.items())
+    plan = plan_groups(pairs, limit)
+    assert plan == plan_groups(list(reversed(pairs)), limit)  # order of arrival never matters
+    assert sum(plan["tokens"]) == sum(counts.values())
+    groups = [group_of(plan, bucket) for bucket in sorted(counts)]
+    assert groups == sorted(groups) and set(groups) == set(range(len(plan["tokens"])))
+    for index, tokens in enumerate(plan["tokens"]):
+        members = [counts[b] for b in counts if group_of(plan, b) == index]
+        assert sum(members) == tokens
+        assert tokens <= limit or len(members) == 1  # over the limit only a lone large sub-bucket
+    # a group closes only when the next sub-bucket would overflow it
+    for index in range(len(plan["tokens"]) - 1):
+        assert plan["tokens"][index] + counts[plan["starts"][index + 1]] > limit
+
+
+def test_plan_groups_transform_counts_every_document_with_its_eos():
+    documents = [_document("train", 3, b"k1", (1, 2, 3)), _document("train", 3, b"k1", (1, 2, 3)),
+                 _document("train", 9, b"k2", tuple(range(10))), _document("validation", 4, b"k3", (7,))]
+    with TestPipeline(runner="FnApiRunner") as pipeline:
+        plan = pipeline | beam.Create(documents) | PlanGroups(12)
+        # train: sub-bucket 3 holds 8 tokens (two copies, 4 each), sub-bucket 9 holds 11
+        assert_that(plan, equal_to([{"train": {"starts": [3, 9], "tokens": [8, 11]},
+                                     "validation": {"starts": [4], "tokens": [2]}}]))

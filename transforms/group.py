@@ -1,0 +1,210 @@
+"""Between Tokenize and Pack: exact duplicates dropped, documents assigned to pack groups.
+
+Pack groups (DESIGN.md section 2.3) are sized in tokens, so that what one worker holds while
+it packs a group is bounded by configuration, never by the corpus, and the number of groups
+(the parallelism of Pack and BuildExamples) grows with the corpus:
+
+- Tokenize puts each document in one of :data:`SUB_BUCKETS` hash sub-buckets per split (a
+  salted digest of its key, :func:`transforms.tokenize.bucket_of`);
+- PlanGroups sums the tokens (EOS included) of every sub-bucket with a combiner and cuts the
+  sub-buckets, in order, into consecutive ranges of at most ``--pack-group-tokens`` tokens
+  (:func:`plan_groups`; a range closes before the sub-bucket that would overflow it, so a
+  group is only larger when one sub-bucket alone is);
+- AssignGroups keys each document by ``(split, group of its sub-bucket)``.
+
+The plan is a pure function of the multiset of documents and the config: the token counts
+are those of every document read, duplicates included (they are counted before they are
+dropped, in the same pass that tokenizes them, so the plan waits for no other stage), and
+nothing of file splits, bundles, the runner or its memory enters it. Duplicates only make
+groups smaller than planned, never larger. ``--num-buckets N`` (an expert override, the
+grouping of format 1) puts each document in one of N hash buckets instead, whatever their
+sizes; the plan then only records them.
+
+DropDuplicates keys every tokenized document by its content key (a digest of its text,
+:func:`transforms.tokenize.document_key`) and keeps one per key with a combiner, so Beam
+lifts the combine in front of the shuffle: copies of a document met in one bundle
+collapse there, and a boilerplate document repeated a million times crosses the shuffle
+about once per bundle instead of a million times, and never reaches Pack's shuffle more
+than once. The copies are counted (``duplicates``, per split), as Pack counted them before.
+Which copy is kept does not matter: equal keys mean equal texts, so equal tokens.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import apache_beam as beam
+
+from transforms.handoff import unwrap
+
+__all__ = ["DEFAULT_PACK_GROUP_TOKENS", "SUB_BUCKETS", "AssignGroups", "DropDuplicates", "KeepOneCombineFn",
+           "PlanGroups", "group_of", "plan_groups", "plan_summary"]
+
+#: Hash sub-buckets per split that pack groups are made of: fine enough that a sub-bucket
+#: stays far below a group up to about 10**14 tokens (a sub-bucket of 2**20 holds 1/1,048,576
+#: of a split), few enough that their token counts are a small aggregate.
+SUB_BUCKETS = 1 << 20
+#: Default ``--pack-group-tokens``: 2**27 (134 M) tokens. Pack + Build hold about one copy of a
+#: group (measured per objective by benchmarks/bench_scale.py; README, "How large a corpus on
+#: Dataflow"): under 1 GB of a worker process, which fits the 3.75 GB of an n1-standard vCPU's
+#: SDK process, the worker's own share included, with room for a second bundle.
+DEFAULT_PACK_GROUP_TOKENS = 1 << 27
+
+
+def plan_groups(bucket_tokens: list[tuple[int, int]], group_tokens: int | None) -> dict[str, Any]:
+    """The pack groups of one split.
+
+    Args:
+        bucket_tokens: ``(bucket, tokens)`` of every non-empty (sub-)bucket, each bucket once.
+        group_tokens: the most tokens of a group; None keeps every bucket a group of its own
+            (``--num-buckets``).
+
+    Returns:
+        ``{"starts": first bucket of each group, ascending (None: groups are buckets),
+        "tokens": tokens of each group}``.
+    """
+    ordered = sorted(bucket_tokens)
+    if group_tokens is None:
+        return {"starts": None, "tokens": [tokens for _, tokens in ordered]}
+    starts: list[int] = []
+    totals: list[int] = []
+    for bucket, tokens in ordered:
+        if not starts or totals[-1] + tokens > group_tokens:
+            starts.append(bucket)
+            totals.append(0)
+        totals[-1] += tokens
+    return {"starts": starts, "tokens": totals}
+
+
+def group_of(split_plan: dict[str, Any], bucket: int) -> int:
+    """The group of a (sub-)bucket in a split's plan (:func:`plan_groups`)."""
+    starts = split_plan["starts"]
+    return bucket if starts is None else bisect.bisect_right(starts, bucket) - 1
+
+
+def plan_summary(split_plan: dict[str, Any] | None) -> dict[str, int]:
+    """What the manifest records of a split's plan: groups, their tokens, the largest one."""
+    tokens = (split_plan or {}).get("tokens") or []
+    return {"groups": len(tokens), "tokens": int(sum(tokens)), "largest_group_tokens": int(max(tokens, default=0))}
+
+
+class _PlanCombineFn(beam.CombineFn):
+    """``((split, bucket), tokens)`` (each key once) -> ``{split: plan_groups(...)}``."""
+
+    def __init__(self, group_tokens: int | None):
+        self._group_tokens = group_tokens
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, accumulator, element):
+        (split, bucket), tokens = element
+        accumulator.setdefault(split, []).append((bucket, tokens))
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        merged: dict[str, list] = {}
+        for accumulator in accumulators:
+            for split, pairs in accumulator.items():
+                merged.setdefault(split, []).extend(pairs)
+        return merged
+
+    def extract_output(self, accumulator):
+        return {split: plan_groups(pairs, self._group_tokens) for split, pairs in sorted(accumulator.items())}
+
+
+def _bucket_tokens(element):
+    bucket, document = element
+    ids = unwrap(document)[1]
+    return bucket, (len(ids) // 4 if isinstance(ids, bytes) else len(ids)) + 1
+
+
+class PlanGroups(beam.PTransform):
+    """Tokenized documents -> a one-element PCollection: the plan of every split's pack groups.
+
+    Args:
+        group_tokens: ``--pack-group-tokens``; None: the documents' buckets are the groups
+            (``--num-buckets``).
+    """
+
+    def __init__(self, group_tokens: int | None):
+        super().__init__()
+        self._group_tokens = group_tokens
+
+    def expand(self, documents):
+        return (
+            documents
+            | "BucketTokens" >> beam.Map(_bucket_tokens)
+            | "SumBucketTokens" >> beam.CombinePerKey(sum)
+            | "CutIntoGroups" >> beam.CombineGlobally(_PlanCombineFn(self._group_tokens))
+        )
+
+
+def _assign(element, plan):
+    (split, bucket), document = element
+    return (split, group_of(plan[split], bucket)), document
+
+
+class AssignGroups(beam.PTransform):
+    """``((split, sub-bucket), document)`` -> ``((split, group), document)`` by the plan
+    (a side input: :class:`PlanGroups`' output)."""
+
+    def __init__(self, plan):
+        super().__init__()
+        self._plan = plan
+
+    def expand(self, documents):
+        return documents | "GroupOfBucket" >> beam.Map(_assign, plan=beam.pvalue.AsSingleton(self._plan))
+
+
+class KeepOneCombineFn(beam.CombineFn):
+    """One of the values of a key, and how many there were: ``(value, count)``."""
+
+    def create_accumulator(self):
+        return None, 0
+
+    def add_input(self, accumulator, value):
+        kept, count = accumulator
+        return (value if kept is None else kept), count + 1
+
+    def merge_accumulators(self, accumulators):
+        kept, count = None, 0
+        for value, n in accumulators:
+            if kept is None:
+                kept = value
+            count += n
+        return kept, count
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+def _key_by_document(element):
+    return unwrap(element[1])[0], element
+
+
+def _unique(element):
+    _, (document, copies) = element
+    if copies > 1:
+        yield beam.pvalue.TaggedOutput(DropDuplicates.STATS, (document[0][0], {"duplicates": copies - 1}))
+    yield document
+
+
+class DropDuplicates(beam.PTransform):
+    """``((split, bucket), (key, ids, features))`` documents -> the same, one per key.
+
+    Returns a ``DoOutputsTuple``: the unique documents as main output, and under
+    :attr:`STATS` one ``(split, {"duplicates": n})`` element per key that had ``n`` more
+    copies.
+    """
+
+    STATS = "stats"
+
+    def expand(self, documents):
+        return (
+            documents
+            | "KeyByDocument" >> beam.Map(_key_by_document)
+            | "KeepOnePerKey" >> beam.CombinePerKey(KeepOneCombineFn())
+            | "CountDuplicates" >> beam.FlatMap(_unique).with_outputs(self.STATS, main="documents")
+        )
