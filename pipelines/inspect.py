@@ -2,9 +2,11 @@
 
 - ``inspect OUT [--json] [--limit N]``: the summary table (manifest numbers, and
   distributions measured on all examples or a uniform sample of N per split).
-- ``show OUT [-n N] [--key K ...] [--split S] [--ids]``: decoded examples with the
-  corruption made visible; colour on a terminal, plain when piped or when ``NO_COLOR`` is
-  set. Reads the first shard(s) only, or for ``--key`` the one shard the key hashes to.
+- ``show OUT [-n N] [--key K ...] [--split S] [--ids] [--width W]``: decoded examples with
+  the corruption made visible, after a legend of the markup; colour on a terminal, plain
+  when piped or when ``NO_COLOR`` is set; text wrapped to the terminal (100 columns when
+  piped) with the text's own line breaks kept. Reads the first shard(s) only, or for
+  ``--key`` the one shard the key hashes to.
 - ``validate OUT [--sample N] [--json]``: checksums, schemas, objective invariants; exits 1
   with a per-problem report when anything fails.
 - ``report OUT -o report.html``: a self-contained HTML page with plots and examples.
@@ -18,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 
-__all__ = ["inspect_main", "report_main", "show_main", "use_color", "validate_main"]
+__all__ = ["inspect_main", "report_main", "show_main", "show_width", "use_color", "validate_main"]
 
 
 def _dataset_argument(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +84,16 @@ def use_color(choice: str, stream=None) -> bool:
     return not os.environ.get("NO_COLOR") and hasattr(stream, "isatty") and stream.isatty()
 
 
+def show_width(requested: int | None, stream=None) -> int | None:
+    """Columns ``show`` wraps at: as requested (0: none), else the terminal's width, else 100."""
+    if requested is not None:
+        return requested or None
+    stream = stream or sys.stdout
+    if hasattr(stream, "isatty") and stream.isatty():
+        return shutil.get_terminal_size((100, 24)).columns
+    return 100
+
+
 def show_main(argv: list[str] | None = None) -> int:
     """``lmshards show``."""
     parser = argparse.ArgumentParser(prog="lmshards show", description="Decoded examples, corruption made visible.")
@@ -92,10 +105,15 @@ def show_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=["arrow", "webdataset"], help="shard format to read")
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                         help="colour: auto (a terminal without NO_COLOR), always, never")
+    parser.add_argument("--width", type=int, default=None,
+                        help="wrap lines at this many columns (default: the terminal's width, or 100 when "
+                             "piped; 0 = no wrapping)")
+    parser.add_argument("--no-legend", action="store_true", help="do not print the legend of the markup first")
 
     def body(args, dataset) -> int:
         from loaders.inspection.anatomy import take_apart
-        from loaders.inspection.render import render_example, to_text
+        from loaders.inspection.decode import RunDecoder
+        from loaders.inspection.render import legend_text, render_example, to_text
 
         fmt = args.format
         if fmt and fmt not in dataset.formats:
@@ -115,11 +133,15 @@ def show_main(argv: list[str] | None = None) -> int:
                 missing += [] if located else [key]
         else:
             found = dataset.head(split, args.n, fmt)
-        view = dataset.view
+        view, decoder = dataset.view, RunDecoder(dataset.tokenizer)
         color = use_color(args.color)
-        for located in found:
-            rendered = render_example(located, take_apart(located.example, view), view)
-            sys.stdout.write(to_text(rendered, dataset.tokenizer, color=color, ids=args.ids) + "\n")
+        width = show_width(args.width)
+        rendered = [render_example(located, take_apart(located.example, view), view, seed=dataset.seed,
+                                   decoder=decoder) for located in found]
+        if rendered and not args.no_legend:
+            sys.stdout.write(legend_text(rendered, color=color) + "\n")
+        for example in rendered:
+            sys.stdout.write(to_text(example, decoder, color=color, ids=args.ids, width=width) + "\n")
         sys.stdout.flush()
         for key in missing:
             print(f"lmshards show: key {key!r} not found (looked in shard(s) "
