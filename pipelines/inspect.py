@@ -9,9 +9,14 @@
   ``--key`` the one shard the key hashes to.
 - ``validate OUT [--sample N] [--json]``: checksums, schemas, objective invariants; exits 1
   with a per-problem report when anything fails.
-- ``report OUT -o report.html``: a self-contained HTML page with plots and examples.
+- ``report OUT -o report.html``: a self-contained HTML page that describes the corpus (run,
+  config, input files, document lengths, rejected records, shards) and the noise (plots and
+  rendered examples).
+- ``diff A B [-d] [--json] [--exit-code]``: two datasets' summaries (from the manifests)
+  side by side, the differences marked.
 
-Exit codes: 0 success, 1 validation failed or a key not found, 2 bad usage or no dataset.
+Exit codes: 0 success, 1 validation failed, a key not found or (``diff --exit-code``) the
+datasets differ, 2 bad usage or no dataset.
 The logic lives in :mod:`loaders.inspection` (no Beam, no torch).
 """
 
@@ -24,7 +29,7 @@ import shutil
 import sys
 from collections.abc import Callable
 
-__all__ = ["inspect_main", "report_main", "show_main", "show_width", "use_color", "validate_main"]
+__all__ = ["diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color", "validate_main"]
 
 
 def _dataset_argument(parser: argparse.ArgumentParser) -> None:
@@ -197,6 +202,43 @@ def report_main(argv: list[str] | None = None) -> int:
         return 0
 
     return _run("report", parser, argv, body)
+
+
+def diff_main(argv: list[str] | None = None) -> int:
+    """``lmshards diff``."""
+    parser = argparse.ArgumentParser(prog="lmshards diff", allow_abbrev=False,
+                                     description="Two datasets' summaries side by side, the differences marked.")
+    parser.add_argument("a", help="first dataset directory (local path or URL)")
+    parser.add_argument("b", help="second dataset directory")
+    parser.add_argument("--only-differences", "-d", action="store_true", help="leave out the rows that are equal")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--exit-code", action="store_true",
+                        help="exit 1 when the datasets differ outside the run's facts (like git diff --exit-code)")
+    parser.add_argument("--width", type=int, default=44, help="columns per value (default 44)")
+    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                        help="colour the differences: auto (a terminal without NO_COLOR), always, never")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    from loaders.inspection.diff import RUN_SECTION, diff_datasets, format_diff
+    from loaders.inspection.source import open_inspected
+
+    datasets = []
+    for label, path in (("A", args.a), ("B", args.b)):
+        try:
+            datasets.append(open_inspected(path))
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"lmshards diff: error: {label}: {exc}", file=sys.stderr)
+            return 2
+    rows = diff_datasets(*datasets)
+    if args.json:
+        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "rows": [r.to_json() for r in rows]}, indent=2) + "\n")
+    else:
+        sys.stdout.write(format_diff(rows, args.a, args.b, only_differences=args.only_differences,
+                                     width=max(args.width, 8), color=use_color(args.color)))
+    differs = any(r.status != "same" and r.section != RUN_SECTION for r in rows)
+    return 1 if args.exit_code and differs else 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ not framed gives None, and the example is shown without the recovery.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,8 @@ __all__ = ["BartNoise", "Edit", "chunk_sentence_starts", "recover_bart_noise"]
 #: Longest run of inputs tokens with a random one among them that one edit may explain
 #: (neighbouring spans); sentences left out of place by a wrong replay leave longer runs.
 _MAX_RANDOM_RUN = 3
+#: Largest inputs x targets table the exact alignment fills (about 2 x 2048 tokens).
+_MAX_CELLS = 4_500_000
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,10 @@ def chunk_sentence_starts(chunk: np.ndarray, eos: int, decoder: RunDecoder) -> l
     return candidates if not np.array_equal(*candidates) else candidates[:1]
 
 
-def _edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: BartConfig, special: SpecialIds) -> list[Edit] | None:
-    """The alignment, or None when some step is not an edit BART's noise makes."""
+def _difflib_edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: BartConfig,
+                   special: SpecialIds) -> list[Edit] | None:
+    """The alignment difflib finds (fast; its longest-block heuristic can miss on repetitive
+    text), or None when some step is not an edit BART's noise makes."""
     matcher = difflib.SequenceMatcher(None, inputs.tolist(), permuted_ids.tolist(), autojunk=False)
     specials = set(special.special_array().tolist())
     out = []
@@ -136,9 +141,10 @@ def _edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: BartConfig, spe
         shown = inputs[i0:i1]
         if tag == "equal":
             out.append(Edit("keep", (i0, i1), (p0, p1)))
+        elif any(int(t) in specials for t in permuted_ids[p0:p1]):
+            return None  # noise never covers <s>, </s> or a special token inside the chunk
         elif i0 == i1:
-            if not (config.replace_length == 0 or config.token_delete > 0) or special.bos in permuted_ids[p0:p1] \
-                    or special.eos in permuted_ids[p0:p1]:
+            if not _deletes(config):
                 return None
             out.append(Edit("delete", (i0, i1), (p0, p1)))
         elif (shown == special.mask).all():
@@ -148,6 +154,93 @@ def _edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: BartConfig, spe
             out.append(Edit("random", (i0, i1), (p0, p1)))
         else:
             return None
+    return out if _plausible(out, inputs, config, special) else None
+
+
+def _deletes(config: BartConfig) -> bool:
+    return config.replace_length == 0 or config.token_delete > 0
+
+
+def _plausible(edits: list[Edit], inputs: np.ndarray, config: BartConfig, special: SpecialIds) -> bool:
+    """Few enough random tokens for the configuration: text left out of place by a wrong
+    replay needs many (each input token that matches nothing is one)."""
+    randoms = sum(int((inputs[e.inputs[0]:e.inputs[1]] != special.mask).sum()) for e in edits if e.kind == "random")
+    noise = sum(e.inputs[1] - e.inputs[0] for e in edits if e.kind in ("mask", "random"))
+    inserted = math.ceil(inputs.size * config.insert)
+    return randoms <= 2 + 2 * math.ceil(config.mask_random * noise) + inserted
+
+
+def _exact_edits(inputs: np.ndarray, source: np.ndarray, config: BartConfig, special: SpecialIds) -> list[Edit] | None:
+    """The cheapest monotonic alignment by dynamic programming: every ``<mask>`` stands for a
+    run of zero or more non-special source tokens, a random token for one at a cost of 1,
+    any other input token must equal its source token; deletions (only where the
+    configuration deletes) cost 1 per token. None when none is plausible or it is too large."""
+    n, m = inputs.size, source.size
+    if n * m > _MAX_CELLS:
+        return None
+    specials = special.special_array()
+    barrier = np.isin(source, specials)
+    random_ok = ~np.isin(inputs, specials)
+    # q may start a wildcard run ending at p only if source[q:p] holds no special token
+    run_start = np.zeros(m + 1, dtype=np.int64)
+    last = 0
+    for p in range(1, m + 1):
+        if barrier[p - 1]:
+            last = p
+        run_start[p] = last
+    segments = np.flatnonzero(np.diff(run_start, prepend=-1))  # where a new run_start begins
+    big = np.int64(1 << 40)
+    cost = np.full((n + 1, m + 1), big, dtype=np.int64)
+    cost[0, 0] = 0
+    deletes = _deletes(config)
+    for i in range(1, n + 1):
+        prev, row, token = cost[i - 1], cost[i], int(inputs[i - 1])
+        match = np.flatnonzero(source == token) + 1
+        row[match] = prev[match - 1]
+        if token == special.mask or random_ok[i - 1]:
+            step = 0 if token == special.mask else 1
+            wild = np.empty(m + 1, dtype=np.int64)
+            for a, b in zip(segments, [*segments[1:], m + 1]):
+                wild[a:b] = np.minimum.accumulate(prev[a:b])
+            np.minimum(row, wild + step, out=row)
+        if deletes:
+            for p in range(1, m + 1):
+                if not barrier[p - 1] and row[p - 1] + 1 < row[p]:
+                    row[p] = row[p - 1] + 1
+    if cost[n, m] >= big:
+        return None
+    steps: list[Edit] = []  # backwards
+    i, p = n, m
+    while i or p:
+        token = int(inputs[i - 1]) if i else None
+        if i and p and source[p - 1] == token and cost[i - 1, p - 1] == cost[i, p]:
+            steps.append(Edit("keep", (i - 1, i), (p - 1, p)))
+            i, p = i - 1, p - 1
+            continue
+        if i and (token == special.mask or random_ok[i - 1]):
+            step = 0 if token == special.mask else 1
+            q = next((q for q in range(p, int(run_start[p]) - 1, -1) if cost[i - 1, q] + step == cost[i, p]), None)
+            if q is not None:
+                steps.append(Edit("mask" if token == special.mask else "random", (i - 1, i), (q, p)))
+                i, p = i - 1, q
+                continue
+        steps.append(Edit("delete", (i, i), (p - 1, p)))  # the only way left: deletions reached (i, p)
+        p -= 1
+    return _merged(steps[::-1])
+
+
+def _merged(edits: list[Edit]) -> list[Edit]:
+    """Neighbouring steps of one kind joined (noise steps of any kind into one: a <mask> and a
+    random token side by side), source ranges made contiguous."""
+    out: list[Edit] = []
+    for edit in edits:
+        noise = edit.kind != "keep"
+        if out and (out[-1].kind == edit.kind or (noise and out[-1].kind != "keep")):
+            last = out[-1]
+            kind = last.kind if last.kind == edit.kind else "random"
+            out[-1] = Edit(kind, (last.inputs[0], edit.inputs[1]), (last.source[0], edit.source[1]))
+        else:
+            out.append(edit)
     return out
 
 
@@ -168,7 +261,10 @@ def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: 
         index = sentence_permutation(chunk.size, flags, config.permute_sentences, example_rng(seed, key))
         interior = np.arange(chunk.size) if index is None else np.asarray(index)
         permuted = np.concatenate([[0], interior + 1, [targets.size - 1]])
-        edits = _edits(inputs, targets[permuted], config, special)
+        ids = targets[permuted]
+        edits = _difflib_edits(inputs, ids, config, special) or _exact_edits(inputs, ids, config, special)
+        if edits is not None and not _plausible(edits, inputs, config, special):
+            edits = None
         if edits is None:
             continue
         starts = flags.copy()

@@ -748,6 +748,54 @@ def test_charts_with_large_numbers_and_long_labels_do_not_overlap(tmp_path):
     assert found["chart_text"] == [] and len(found["charts"]) == 3
 
 
+def test_diff_puts_two_summaries_side_by_side_and_marks_the_differences(capsys, dataset, tmp_path):
+    clm, prefix = dataset("clm"), dataset("prefix_lm")
+    # the same dataset written again by another run: only the run's facts differ
+    again = copy_of(dataset, "clm", tmp_path)
+    manifest = manifest_of(again)
+    manifest["run"]["created_at"] = "2030-01-01T00:00:00+00:00"
+    with open(os.path.join(again, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    code, out, _ = run(capsys, "diff", clm, again, "--exit-code")
+    assert code == 0 and out.endswith("0 difference(s) in config, objective, tokenizer, counts and splits; "
+                                      "1 in the run's facts\n")
+    changed = [line for line in out.splitlines() if line.startswith("! ")]
+    assert len(changed) == 1 and changed[0].split()[1] == "created_at"
+    # another objective on the same corpus
+    code, out, _ = run(capsys, "diff", clm, prefix, "--exit-code")
+    assert code == 1 and f"A: {clm}" in out and f"B: {prefix}" in out
+    lines = out.splitlines()
+    assert lines[lines.index("objective") + 1].split() == ["!", "name", "clm", "prefix_lm"]
+    train = lines[lines.index("split train") + 1:]
+    marks = {line[2:].split()[0]: line[:1] for line in train if line[:1] in "!-+ " and len(line) > 2}
+    assert marks["documents"] == " " and marks["tokens"] == " "  # the same corpus, the same documents and tokens
+    assert marks["objective.prefix_share"] == "+"  # a statistic of B's objective only
+    code, out, _ = run(capsys, "diff", clm, prefix, "--only-differences")
+    body = out.splitlines()[4:-2]
+    assert code == 0 and all(line[:2] in ("! ", "- ", "+ ") or not line.startswith(" ") for line in body)
+    code, out, _ = run(capsys, "diff", clm, prefix, "--json")
+    rows = json.loads(out)["rows"]
+    seed = next(r for r in rows if r["section"] == "config" and r["key"] == "seed")
+    assert seed == {"section": "config", "key": "seed", "a": 0, "b": 0, "status": "same"}
+    a = manifest_of(clm)
+    shards = next(r for r in rows if r["section"] == "split train" and r["key"] == "bytes.arrow")
+    assert shards["a"] == sum(s["files"]["arrow"]["bytes"] for s in a["splits"]["train"]["shards"])
+    code, _, err = run(capsys, "diff", clm, str(tmp_path / "nowhere"))
+    assert code == 2 and err.startswith("lmshards diff: error: B: ") and err.count("\n") == 1
+
+
+def test_diff_keys_a_ul2_mixture_by_denoiser(capsys, dataset, tmp_path):
+    path = copy_of(dataset, "ul2", tmp_path)
+    manifest = manifest_of(path)
+    manifest["objective"]["params"]["mixture"][1]["weight"] = 0.9
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    code, out, _ = run(capsys, "diff", dataset("ul2"), path, "-d")
+    name = manifest["objective"]["params"]["mixture"][1]["name"]
+    changed = [line.split() for line in out.splitlines() if line.startswith("! ")]
+    assert code == 0 and [f"params.mixture[{name}].weight"] == [c[1] for c in changed if "mixture" in c[1]]
+
+
 def test_validate_reports_a_truncated_shard_and_goes_on(capsys, dataset, tmp_path):
     path = copy_of(dataset, "ul2", tmp_path)
     shards = manifest_of(path)["splits"]["train"]["shards"]
