@@ -10,9 +10,10 @@ The manifest is untrusted: a malformed block gives an empty answer, never an exc
 - Sources (``materialize --source-field NAME``): ``stats[split]["sources"]`` maps each
   source value to ``{"documents": int, "tokens": int, "log2_histogram": {...}}`` (the
   histogram as above; a ``document_lengths`` block with its own ``log2_histogram`` is read too).
-- Rejected records: the manifest's ``counts["rejected_files"]`` (``rejected/rejected.jsonl``)
-  hold one JSON record a line with ``source``, ``position``, ``reason`` and ``excerpt``. At
-  most :data:`MAX_REJECTED_LINES` lines are read, each cut at :data:`MAX_LINE_BYTES`.
+- Rejected records: the manifest's ``counts["rejected_files"]`` (``rejected/rejected.jsonl``;
+  a path that is not a file of ``rejected/`` is refused, not read) hold one JSON record a
+  line with ``source``, ``position``, ``reason`` and ``excerpt``. At most
+  :data:`MAX_REJECTED_LINES` lines are read, each cut at :data:`MAX_LINE_BYTES`.
 """
 
 from __future__ import annotations
@@ -90,10 +91,20 @@ def source_stats(ds: InspectedDataset, split: str) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items(), key=lambda item: (-item[1]["documents"], item[0])))
 
 
-def _rejected_paths(ds: InspectedDataset) -> list[str]:
-    files = ds.manifest.counts.get("rejected_files") if isinstance(ds.manifest.counts, dict) else None
-    paths = [str(f["path"]) for f in files or [] if isinstance(f, dict) and isinstance(f.get("path"), str)]
-    return paths or (["rejected/rejected.jsonl"] if ds.manifest.counts.get("rejected") else [])
+def _inside_rejected(path: str) -> bool:
+    """A manifest path that names a file of ``rejected/`` and nothing else (never ``..``, never absolute)."""
+    parts = path.split("/")
+    return len(parts) == 2 and parts[0] == "rejected" and parts[1] not in ("", ".", "..") and "\\" not in path
+
+
+def _rejected_paths(ds: InspectedDataset) -> tuple[list[str], list[str]]:
+    """The rejected files to read, and the manifest paths refused (outside ``rejected/``)."""
+    counts = ds.manifest.counts if isinstance(ds.manifest.counts, dict) else {}
+    files = counts.get("rejected_files") if isinstance(counts.get("rejected_files"), list) else []
+    paths = [str(f["path"]) for f in files if isinstance(f, dict) and isinstance(f.get("path"), str)]
+    refused = [p for p in paths if not _inside_rejected(p)]
+    kept = [p for p in paths if _inside_rejected(p)]
+    return kept or (["rejected/rejected.jsonl"] if counts.get("rejected") and not refused else []), refused
 
 
 def rejected_samples(ds: InspectedDataset, per_reason: int = 3) -> dict[str, Any]:
@@ -107,8 +118,10 @@ def rejected_samples(ds: InspectedDataset, per_reason: int = 3) -> dict[str, Any
     counts = ds.manifest.counts if isinstance(ds.manifest.counts, dict) else {}
     by_reason = counts.get("rejected_by_reason") if isinstance(counts.get("rejected_by_reason"), dict) else {}
     samples: dict[str, list[dict[str, Any]]] = {}
-    problems, lines, complete = [], 0, True
-    for relative in _rejected_paths(ds):
+    paths, refused = _rejected_paths(ds)
+    problems = [f"the manifest names {p!r} as a rejected file: not a file of rejected/, not read" for p in refused]
+    lines, complete = 0, True
+    for relative in paths:
         try:
             path = ds.files.local_path(relative)
         except (FileNotFoundError, ValueError) as exc:

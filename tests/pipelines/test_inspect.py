@@ -265,6 +265,35 @@ def test_show_reads_only_what_it_needs(capsys, dataset, tmp_path):
     assert code == 0 and "split=validation" in out
 
 
+def test_show_wraps_keeps_line_breaks_and_prints_a_legend_first(capsys, dataset):
+    """``show`` (piped: 100 columns) wraps each line under its name, breaks where the text has a
+    line break (after a ``↵``), and starts with a legend of the markup it uses."""
+    from tokenizers import Tokenizer
+
+    path = dataset("span_corruption")
+    code, out, _ = run(capsys, "show", path, "-n", "2")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "markup:" and all(len(line) <= 100 for line in lines)
+    legend = lines[1:lines.index("")]
+    assert [entry.split()[0] for entry in legend] == ["<extra_id_k>", "[<extra_id_k>:span]", "\u21b5", "\\xNN"]
+    assert "[MASK:orig]" not in out  # no MLM markup on a span corruption dataset
+    first = arrow_rows(path, "train", 0)[0]
+    tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    text = tokenizer.decode(strip_pad(first["inputs"]), skip_special_tokens=False)
+    block = lines[lines.index(next(line for line in lines if line.startswith("── "))):]
+    inputs = block[1:next(n for n, line in enumerate(block) if line.startswith(" targets: "))]
+    assert inputs[0].startswith("  inputs: ") and all(line.startswith(" " * 10) for line in inputs[1:])
+    assert sum(line.endswith("\u21b5") for line in inputs) == text.count("\n")  # a break per line break
+    joined = "".join(line[10:].removesuffix("\u21b5") for line in inputs)
+    assert joined.replace(" ", "") == text.replace("\n", "").replace(" ", "")
+    code, unwrapped, _ = run(capsys, "show", path, "-n", "2", "--width", "0", "--no-legend")
+    rows = unwrapped.splitlines()
+    first_inputs = next(n for n, line in enumerate(rows) if line.startswith("  inputs: "))
+    first_targets = next(n for n, line in enumerate(rows) if line.startswith(" targets: "))
+    assert code == 0 and unwrapped.startswith("── ")  # no legend
+    assert first_targets - first_inputs == text.count("\n") + 1  # --width 0: only the text's own line breaks
+
+
 def _show_through(path: str, env: dict, *extra: str, tty: bool) -> str:
     """Run ``lmshards show`` in a child process whose stdout is a pseudo-terminal or a pipe."""
     command = [sys.executable, "-m", "pipelines.cli", "show", path, "-n", "1", *extra]
@@ -605,6 +634,20 @@ def test_report_shows_rejected_samples_input_shares_and_the_run(capsys, dataset,
     assert f"Input files (2 files, {total:,} bytes)" in text
     assert manifest["run"]["encoder"]["backend"] in text and "seq_len" in text
     assert "Sources" not in text and "document lengths by source" not in page.charts  # no sources block
+
+
+def test_report_never_reads_a_rejected_file_outside_rejected(capsys, dataset, tmp_path):
+    path = copy_of(dataset, "clm_corpus", tmp_path)
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"reason": "leak", "source": "secret", "position": 1, "excerpt": "TOP SECRET"})
+                      + "\n", encoding="utf-8")
+    manifest = manifest_of(path)
+    manifest["counts"]["rejected_files"] = [{"path": "../secret.jsonl"}, {"path": str(secret)}]
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    report_page(capsys, path, tmp_path)
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "TOP SECRET" not in text and "not a file of rejected/, not read" in text
 
 
 def test_report_shows_per_source_statistics_when_the_manifest_has_them(capsys, dataset, tmp_path):
