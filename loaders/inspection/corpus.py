@@ -124,10 +124,11 @@ def rejected_samples(ds: InspectedDataset, per_reason: int = 3) -> dict[str, Any
     for relative in paths:
         try:
             path = ds.files.local_path(relative)
-        except (FileNotFoundError, ValueError) as exc:
-            problems.append(str(exc))
+            handle = open(path, "rb")  # closed by the with below
+        except (OSError, ValueError) as exc:  # missing, unreadable, or a download that failed
+            problems.append(f"{relative}: {exc}")
             continue
-        with open(path, "rb") as handle:
+        with handle:
             while True:
                 if lines >= MAX_REJECTED_LINES:
                     complete = not handle.read(1)
