@@ -14,6 +14,7 @@ COMMANDS = {
     "show": ("pipelines.inspect:show_main", "decoded examples with the corruption made visible"),
     "validate": ("pipelines.inspect:validate_main", "checksums, schemas and objective invariants"),
     "report": ("pipelines.inspect:report_main", "self-contained HTML report with plots"),
+    "diff": ("pipelines.inspect:diff_main", "two datasets' summaries side by side, differences marked"),
 }
 
 

@@ -2,16 +2,23 @@
 
 - ``inspect OUT [--json] [--limit N]``: the summary table (manifest numbers, and
   distributions measured on all examples or a uniform sample of N per split).
-- ``show OUT [-n N] [--key K ...] [--split S] [--ids]``: decoded examples with the
-  corruption made visible; colour on a terminal, plain when piped or when ``NO_COLOR`` is
-  set. Reads the first shard(s) only, or for ``--key`` the one shard the key hashes to.
+- ``show OUT [-n N] [--key K ...] [--split S] [--ids] [--width W]``: decoded examples with
+  the corruption made visible, after a legend of the markup; colour on a terminal, plain
+  when piped or when ``NO_COLOR`` is set; text wrapped to the terminal (100 columns when
+  piped) with the text's own line breaks kept. Reads the first shard(s) only, or for
+  ``--key`` the one shard the key hashes to.
 - ``validate OUT [--sample N] [--json]``: checksums, schemas, objective invariants; exits 1
   with a per-problem report when anything fails.
-- ``report OUT -o report.html``: a self-contained HTML page with plots and examples.
+- ``report OUT -o report.html``: a self-contained HTML page that describes the corpus (run,
+  config, input files, document lengths, rejected records, shards) and the noise (plots and
+  rendered examples).
+- ``diff A B [-d] [--json] [--exit-code]``: two datasets' summaries (from the manifests)
+  side by side, the differences marked.
 
-Exit codes: 0 success; 1 validation failed, a key not found, or a damaged or incomplete
-dataset (a manifest, shard or tokenizer that cannot be used: one line naming the file and
-the problem, never a traceback); 2 bad usage (flags, or a path where nothing exists).
+Exit codes: 0 success; 1 validation failed, a key not found, (``diff --exit-code``) the
+datasets differ, or a damaged or incomplete dataset (a manifest, shard or tokenizer that
+cannot be used: one line naming the file and the problem, never a traceback); 2 bad usage
+(flags, or a path where nothing exists).
 The logic lives in :mod:`loaders.inspection` (no Beam, no torch).
 """
 
@@ -20,10 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 
-__all__ = ["inspect_main", "report_main", "show_main", "use_color", "validate_main"]
+__all__ = ["diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color", "validate_main"]
 
 
 def _dataset_argument(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +47,17 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+def _open_failure_code(path: str, exc: BaseException) -> int:
+    """Exit status of a dataset that cannot be opened: 2 for a local path where nothing exists
+    (a usage error), 1 for a damaged or incomplete dataset."""
+    if isinstance(exc, FileNotFoundError):
+        local = "://" not in path or path.startswith("file://")
+        where = path[len("file://"):] if path.startswith("file://") else path
+        if local and not os.path.exists(where):
+            return 2
+    return 1
+
+
 def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable) -> int:
     """Parse, open the dataset, run ``body``; every failure ends in one line (see the module docstring)."""
     try:
@@ -49,14 +68,9 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, bod
 
     try:
         dataset = open_inspected(args.dataset)
-    except FileNotFoundError as exc:
-        local = "://" not in args.dataset or args.dataset.startswith("file://")
-        where = args.dataset[len("file://"):] if args.dataset.startswith("file://") else args.dataset
-        print(f"lmshards {prog}: error: {_error_line(exc)}", file=sys.stderr)
-        return 2 if local and not os.path.exists(where) else 1  # no such path: a usage error
     except Exception as exc:  # noqa: BLE001 - a damaged manifest: one line, never a traceback
         print(f"lmshards {prog}: error: {_error_line(exc)}", file=sys.stderr)
-        return 1
+        return _open_failure_code(args.dataset, exc)
     try:
         return body(args, dataset)
     except BrokenPipeError:  # `lmshards show ... | head`
@@ -101,6 +115,16 @@ def use_color(choice: str, stream=None) -> bool:
     return not os.environ.get("NO_COLOR") and hasattr(stream, "isatty") and stream.isatty()
 
 
+def show_width(requested: int | None, stream=None) -> int | None:
+    """Columns ``show`` wraps at: as requested (0: none), else the terminal's width, else 100."""
+    if requested is not None:
+        return requested or None
+    stream = stream or sys.stdout
+    if hasattr(stream, "isatty") and stream.isatty():
+        return shutil.get_terminal_size((100, 24)).columns
+    return 100
+
+
 def show_main(argv: list[str] | None = None) -> int:
     """``lmshards show``."""
     parser = argparse.ArgumentParser(prog="lmshards show", description="Decoded examples, corruption made visible.")
@@ -112,10 +136,15 @@ def show_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=["arrow", "webdataset"], help="shard format to read")
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                         help="colour: auto (a terminal without NO_COLOR), always, never")
+    parser.add_argument("--width", type=int, default=None,
+                        help="wrap lines at this many columns (default: the terminal's width, or 100 when "
+                             "piped; 0 = no wrapping)")
+    parser.add_argument("--no-legend", action="store_true", help="do not print the legend of the markup first")
 
     def body(args, dataset) -> int:
         from loaders.inspection.anatomy import take_apart
-        from loaders.inspection.render import render_example, to_text
+        from loaders.inspection.decode import RunDecoder
+        from loaders.inspection.render import legend_text, render_example, to_text
 
         fmt = args.format
         if fmt and fmt not in dataset.formats:
@@ -135,11 +164,15 @@ def show_main(argv: list[str] | None = None) -> int:
                 missing += [] if located else [key]
         else:
             found = dataset.head(split, args.n, fmt)
-        view = dataset.view
+        view, decoder = dataset.view, RunDecoder(dataset.tokenizer)
         color = use_color(args.color)
-        for located in found:
-            rendered = render_example(located, take_apart(located.example, view), view)
-            sys.stdout.write(to_text(rendered, dataset.tokenizer, color=color, ids=args.ids) + "\n")
+        width = show_width(args.width)
+        rendered = [render_example(located, take_apart(located.example, view), view, seed=dataset.seed,
+                                   decoder=decoder) for located in found]
+        if rendered and not args.no_legend:
+            sys.stdout.write(legend_text(rendered, color=color) + "\n")
+        for example in rendered:
+            sys.stdout.write(to_text(example, decoder, color=color, ids=args.ids, width=width) + "\n")
         sys.stdout.flush()
         for key in missing:
             print(f"lmshards show: key {key!r} not found (looked in shard(s) "
@@ -199,6 +232,43 @@ def report_main(argv: list[str] | None = None) -> int:
         return 0
 
     return _run("report", parser, argv, body)
+
+
+def diff_main(argv: list[str] | None = None) -> int:
+    """``lmshards diff``."""
+    parser = argparse.ArgumentParser(prog="lmshards diff", allow_abbrev=False,
+                                     description="Two datasets' summaries side by side, the differences marked.")
+    parser.add_argument("a", help="first dataset directory (local path or URL)")
+    parser.add_argument("b", help="second dataset directory")
+    parser.add_argument("--only-differences", "-d", action="store_true", help="leave out the rows that are equal")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--exit-code", action="store_true",
+                        help="exit 1 when the datasets differ outside the run's facts (like git diff --exit-code)")
+    parser.add_argument("--width", type=int, default=44, help="columns per value (default 44)")
+    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                        help="colour the differences: auto (a terminal without NO_COLOR), always, never")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    from loaders.inspection.diff import RUN_SECTION, diff_datasets, format_diff
+    from loaders.inspection.source import open_inspected
+
+    datasets = []
+    for label, path in (("A", args.a), ("B", args.b)):
+        try:
+            datasets.append(open_inspected(path))
+        except Exception as exc:  # noqa: BLE001 - one line, never a traceback (as the other commands)
+            print(f"lmshards diff: error: {label}: {_error_line(exc)}", file=sys.stderr)
+            return _open_failure_code(path, exc)
+    rows = diff_datasets(*datasets)
+    if args.json:
+        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "rows": [r.to_json() for r in rows]}, indent=2) + "\n")
+    else:
+        sys.stdout.write(format_diff(rows, args.a, args.b, only_differences=args.only_differences,
+                                     width=max(args.width, 8), color=use_color(args.color)))
+    differs = any(r.status != "same" and r.section != RUN_SECTION for r in rows)
+    return 1 if args.exit_code and differs else 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #
 # Needs Debian's chromium (`apt-get update && apt-get install -y chromium`: about 50 s and
 # 110 MB of packages); CHROMIUM=/path/to/binary picks another Chromium or Chrome.
-# tests/pipelines/test_inspect.py runs this script when a Chromium is installed.
+# tests/pipelines/test_inspect.py runs this script when a Chromium is installed, beside
+# scripts/check_report_layout.py (which lists any element that does not fit at 1400 px).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 REPORT.html OUT.png [WIDTH,HEIGHT]" >&2

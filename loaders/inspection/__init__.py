@@ -7,13 +7,18 @@ and ``report`` compute (numpy, pyarrow and tokenizers only; no Beam, no torch).
 - :mod:`loaders.inspection.anatomy`: one example taken apart (real lengths, padding,
   noise spans, MLM replacements, prefix, documents, denoiser) and the structural faults seen.
 - :mod:`loaders.inspection.stats`: per-split statistics and the ``inspect`` table / JSON.
-- :mod:`loaders.inspection.render`: examples decoded with the corrupted parts visible
-  (ANSI colour, plain text, HTML).
+- :mod:`loaders.inspection.segments`: an example as named lines of segments, its noise
+  made explicit (:mod:`loaders.inspection.bart_noise` recovers BART's masks and sentence
+  moves); :mod:`loaders.inspection.decode` decodes a line's token runs to whole characters.
+- :mod:`loaders.inspection.render`: those lines as plain text, ANSI colour or HTML (wrapped,
+  real line breaks, a legend).
 - :mod:`loaders.inspection.checks`: the per-example invariants and the replay of the objective.
 - :mod:`loaders.inspection.validate`: checksums, schemas, invariants, cross-format and
   manifest reconciliation, as a list of problems.
-- :mod:`loaders.inspection.report` and :mod:`loaders.inspection.svg`: the self-contained
-  HTML report with inline SVG plots.
+- :mod:`loaders.inspection.report` (with :mod:`~loaders.inspection.report_sections`,
+  :mod:`~loaders.inspection.figures`, :mod:`~loaders.inspection.corpus` and
+  :mod:`~loaders.inspection.svg`): the self-contained HTML report with inline SVG plots.
+- :mod:`loaders.inspection.diff`: two datasets' manifest summaries side by side.
 """
 
 from loaders.inspection.source import InspectedDataset, dataset_files, open_inspected

@@ -1,272 +1,243 @@
 """Examples decoded with their corruption made visible, for ``lmshards show`` and the report.
 
-An example becomes a few named lines (``input_ids``; or ``inputs``, ``targets`` and the
-``restored`` chunk with every noise span back in place) of :class:`Segment` runs. The
-same segments print as plain text (markers a pipe or ``grep`` can read), as ANSI colour on
-a terminal, or as HTML:
+:mod:`loaders.inspection.segments` turns an example into named lines of segments; this
+module prints them as plain text (markers a pipe or ``grep`` can read), as ANSI colour on a
+terminal, or as HTML:
 
-- ``[MASK:orig]``, ``[RAND:shown->orig]``, ``[KEEP:orig]``: MLM's selected tokens;
+- ``[MASK:orig]``, ``[RAND:shown->orig]``, ``[KEEP:orig]``: MLM's selected tokens, and what a
+  BART ``<mask>`` (or random token) hides; ``[+MASK]``/``[+RAND:x]``: inserted noise,
+  ``[DEL:text]``: deleted text; ``[#k]``: where sentence ``k`` of the original starts;
 - ``<extra_id_k>``: sentinels (each span in its sentinel's colour; ``[<extra_id_k>: span]``
   in the restored chunk);
 - ``[/prefix]``: the prefix/suffix boundary; ``[/doc]``: a document boundary;
 - ``[R]``, ``[S]``, ``[X]``: the UL2 mode token; ``<pad>*N``: padding;
-- control characters are escaped (``\\n``), so one sequence is one line.
+- a line break of the text is a real line break after ``↵``; other control characters are
+  escaped (``\\t``), and bytes of a character the sequence holds only part of are ``\\xNN``.
 
-With ``ids=True`` segments show token ids instead of text.
+The runs of one line are decoded together (:class:`~loaders.inspection.decode.RunDecoder`),
+so byte-level pieces of one character never show as U+FFFD. Text output wraps at
+``width`` columns, continuation lines indented under the line's name. With ``ids=True``
+an id line follows each text line.
 """
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+import unicodedata
 from typing import Any
 
-import numpy as np
+from loaders.inspection.decode import RunDecoder
+from loaders.inspection.segments import RenderedExample, Segment, render_example
 
-from loaders.inspection.anatomy import Anatomy, ObjectiveView
-from loaders.inspection.source import Located
+__all__ = ["RenderedExample", "Segment", "legend", "legend_html", "legend_text", "render_example",
+           "segment_strings", "to_html", "to_text"]
 
-__all__ = ["RenderedExample", "Segment", "render_example", "to_html", "to_text"]
-
+NEWLINE_MARK = "\u21b5"
 _PALETTE = ("33", "35", "36", "32", "34", "31")
 _HTML_PALETTE = ("#b58900", "#d33682", "#2aa198", "#859900", "#268bd2", "#dc322f")
 _ANSI = {"mask": "1;37;41", "random": "30;43", "kept": "4;32", "prefix": "36", "mode": "1;37;44",
-         "special": "2", "pad": "2", "boundary": "1;35"}
+         "special": "2", "pad": "2", "boundary": "1;35", "sentence": "1;35", "insert": "1;37;45",
+         "deleted": "9;31", "hidden": "4;31", "newline": "2"}
+_UNMARKED = frozenset({"text", "prefix"})
 
-
-@dataclass
-class Segment:
-    """A run of tokens shown one way.
-
-    Attributes:
-        kind: ``text``, ``prefix``, ``special``, ``pad``, ``mode``, ``mask``, ``random``,
-            ``kept``, ``sentinel``, ``span`` or ``boundary`` (no tokens).
-        ids: the token ids shown.
-        original: ids the model must predict, where they differ (MLM).
-        group: sentinel index of a sentinel or span.
-        label: boundary name or span sentinel.
-    """
-
-    kind: str
-    ids: list[int]
-    original: list[int] | None = None
-    group: int = 0
-    label: str = ""
-
-
-@dataclass
-class RenderedExample:
-    """A header and named lines of segments."""
-
-    header: str
-    lines: list[tuple[str, list[Segment]]]
+#: Legend entries: key, sample markup, segment kind (its colour), meaning.
+_LEGEND = (
+    ("mask", "[MASK:orig]", "mask", "a <mask> the model sees; orig is what it must predict there"),
+    ("mask_token", "<mask>", "mask", "a <mask> token of the inputs"),
+    ("random", "[RAND:shown->orig]", "random", "a random token shown in place of orig"),
+    ("kept", "[KEEP:orig]", "kept", "selected but shown unchanged; still predicted"),
+    ("insert", "[+MASK]", "insert", "noise inserted where nothing was removed ([+RAND:x]: a random token)"),
+    ("deleted", "[DEL:text]", "deleted", "text deleted from the inputs"),
+    ("sentence", "[#k]", "sentence", "sentence k of the original text starts here (shows how sentences moved)"),
+    ("hidden", "hidden text", "hidden", "in targets: the text the noise hid, which the model must restore"),
+    ("sentinel", "<extra_id_k>", "sentinel", "a sentinel; its span in targets has the same colour"),
+    ("restored_span", "[<extra_id_k>:span]", "span", "a noise span back in place (restored line)"),
+    ("doc", "[/doc]", "boundary", "a document boundary"),
+    ("prefix", "[/prefix]", "boundary", "end of the prefix (bidirectional before, causal after)"),
+    ("mode", "[R] [S] [X]", "mode", "the UL2 mode token"),
+    ("pad", "<pad>*N", "pad", "N padding tokens"),
+    ("newline", NEWLINE_MARK, "newline", "a line break of the text (longer lines are wrapped)"),
+    ("bytes", "\\xNN", "text", "a byte of a character that is only partly in this sequence"),
+)
 
 
 def _escape(text: str) -> str:
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    """Control characters escaped, line breaks kept."""
+    return "".join(c if c.isprintable() or c in " \n" else repr(c)[1:-1] for c in text)
 
 
-class _Builder:
-    def __init__(self, view: ObjectiveView):
-        self.view = view
-        self.special = set(int(i) for i in view.special.special_array())
-        self.sentinels = view.sentinel_index
-        self.modes = view.mode_names
-        self.pad = view.special.pad
-        self.mask = view.special.mask
-
-    def kinds(self, ids: np.ndarray, base: str, span_of: dict[int, int] | None = None) -> list[Segment]:
-        """Segments of a plain sequence: specials, sentinels and mode tokens broken out."""
-        out: list[Segment] = []
-        for position, token in enumerate(int(t) for t in ids):
-            if token in self.sentinels:
-                kind, group = "sentinel", self.sentinels[token]
-            elif token in self.modes:
-                kind, group = "mode", 0
-            elif token == self.mask:
-                kind, group = "mask", 0
-            elif token in self.special:
-                kind, group = ("pad" if token == self.pad else "special"), 0
-            else:
-                kind, group = (("span", span_of[position]) if span_of and position in span_of else (base, 0))
-            out.append(Segment(kind, [token], group=group))
-        return _merge(out)
-
-    def spans_in_targets(self, targets: np.ndarray) -> dict[int, int]:
-        span_of, current = {}, -1
-        for position, token in enumerate(int(t) for t in targets):
-            if token in self.sentinels:
-                current = self.sentinels[token]
-            elif current >= 0:
-                span_of[position] = current
-        return span_of
-
-    def restored(self, inputs: np.ndarray, targets: np.ndarray) -> list[Segment]:
-        pieces: dict[int, list[int]] = {}
-        current = -1
-        for token in (int(t) for t in targets[:-1]):
-            if token in self.sentinels:
-                current = self.sentinels[token]
-                pieces[current] = []
-            elif current >= 0:
-                pieces[current].append(token)
-        out: list[Segment] = []
-        for segment in self.kinds(inputs, "text"):
-            if segment.kind == "sentinel":
-                k = segment.group
-                out.append(Segment("span", pieces.get(k, []), group=k, label=f"<extra_id_{k}>"))
-            else:
-                out.append(segment)
-        return out
+def _decoder(tokenizer: Any) -> RunDecoder:
+    return tokenizer if isinstance(tokenizer, RunDecoder) else RunDecoder(tokenizer)
 
 
-def _with_boundaries(segments: list[Segment], cuts: dict[int, str]) -> list[Segment]:
-    """Insert boundary segments before the token positions in ``cuts``."""
-    out, position = [], 0
-    for segment in segments:
-        start = 0
-        for offset in range(len(segment.ids)):
-            if position + offset in cuts and position + offset > 0:
-                if offset > start:
-                    out.append(Segment(segment.kind, segment.ids[start:offset], group=segment.group))
-                out.append(Segment("boundary", [], label=cuts[position + offset]))
-                start = offset
-        out.append(Segment(segment.kind, segment.ids[start:], group=segment.group, label=segment.label))
-        position += len(segment.ids)
-    return out
-
-
-def _decoder_line(b: _Builder, a: Anatomy, ids: np.ndarray) -> list[Segment]:
-    length = int(a.doc_lengths.sum()) if a.doc_lengths is not None else ids.size
-    prefix = a.prefix_length if a.kind == "prefix_lm" else 0
-    segments = b.kinds(ids[:prefix], "prefix") + b.kinds(ids[prefix:length], "text")
-    cuts = {int(c): "doc" for c in np.cumsum(a.doc_lengths)[:-1]} if a.doc_lengths is not None else {}
-    if prefix:
-        cuts[prefix] = "prefix"
-    segments = _with_boundaries(segments, cuts)
-    return segments + ([Segment("pad", [b.pad] * (ids.size - length))] if ids.size > length else [])
-
-
-def _merge(segments: list[Segment]) -> list[Segment]:
-    """Join neighbouring segments of the same kind and group (single tokens stay apart where they mean one thing)."""
-    out: list[Segment] = []
-    for segment in segments:
-        last = out[-1] if out else None
-        if last and last.kind == segment.kind and last.group == segment.group and not segment.label \
-                and segment.kind not in ("sentinel", "special", "mode", "boundary"):
-            last.ids += segment.ids
-            if last.original is not None:
-                last.original += segment.original or []
-        else:
-            out.append(segment)
-    return out
-
-
-def _mlm_line(b: _Builder, a: Anatomy) -> list[Segment]:
-    m = a.mlm
-    out: list[Segment] = []
-    for position, token in enumerate(int(t) for t in m["input_ids"]):
-        kind = next((k for k in ("masked", "random", "kept") if m[k][position]), None)
-        if kind is None:
-            out += b.kinds(np.array([token]), "text")
-        else:
-            out.append(Segment("mask" if kind == "masked" else kind, [token], original=[int(m["labels"][position])]))
-    return _merge(out)
-
-
-def render_example(located: Located, a: Anatomy, view: ObjectiveView) -> RenderedExample:
-    """The lines that show one example (see the module docstring)."""
-    b, example = _Builder(view), located.example
-    facts = [f"split={located.split}", f"shard={located.shard}", f"row={located.row}"]
-    if a.denoiser:
-        facts.append(f"denoiser={a.denoiser}")
-    facts += [f"{column}={length}" for column, length in a.lengths.items()]
-    if a.span_lengths is not None and a.kind == "span":
-        facts.append(f"spans={a.span_lengths.size}")
-    if a.prefix_length is not None:
-        facts.append(f"prefix_length={a.prefix_length}")
-    if a.doc_lengths is not None and a.doc_lengths.size > 1:
-        facts.append(f"documents={a.doc_lengths.size}")
-    if a.padding:
-        facts.append(f"padding={a.padding}")
-    lines: list[tuple[str, list[Segment]]] = []
-    if a.kind in ("clm", "prefix_lm"):
-        lines.append(("input_ids", _decoder_line(b, a, np.asarray(example["input_ids"]))))
-    elif a.kind == "mlm":
-        lines.append(("input_ids", _mlm_line(b, a)))
-    elif a.inputs is not None:
-        inputs, targets = a.inputs, a.targets
-        if a.kind == "prefix":
-            body = b.kinds(inputs[: a.offset], "text") + b.kinds(inputs[a.offset :], "prefix")
-            lines += [("inputs", body), ("targets", b.kinds(targets, "text"))]
-            restored = b.kinds(inputs[a.offset : -1], "prefix") + [Segment("boundary", [], label="prefix")]
-            lines.append(("restored", restored + b.kinds(targets[:-1], "text")))
-        else:
-            lines += [("inputs", b.kinds(inputs, "text")),
-                      ("targets", b.kinds(targets, "text", b.spans_in_targets(targets)))]
-            if a.kind == "span" and not a.issues:
-                lines.append(("restored", b.restored(inputs[a.offset :], targets)))
-    if a.issues:
-        facts.append("ISSUES: " + "; ".join(a.issues))
-    return RenderedExample(f"{a.key}  " + "  ".join(facts), lines)
-
-
-def _segment_text(segment: Segment, tokenizer: Any, ids: bool) -> str:
-    def show(tokens: list[int]) -> str:
-        if ids:
-            return " ".join(str(t) for t in tokens)
-        return _escape(tokenizer.decode(tokens, skip_special_tokens=False))
-
+def _markup(segment: Segment, stream: str, shown: str) -> str:
     kind = segment.kind
     if kind == "boundary":
         return f"[/{segment.label}]"
+    if kind == "sentence":
+        return f"[{segment.label}]"
     if kind == "pad":
-        return f"{show(segment.ids[:1]).strip()}*{len(segment.ids)}"
-    if kind == "mask":
-        return f"[MASK:{show(segment.original)}]" if segment.original is not None else show(segment.ids)
+        return f"{shown.strip()}*{len(segment.ids)}"
+    if kind == "mask" and segment.original is not None:
+        return f"[MASK:{stream}]" if len(segment.ids) == 1 else f"[MASK*{len(segment.ids)}:{stream}]"
     if kind == "random":
-        return f"[RAND:{show(segment.ids)}->{show(segment.original)}]"
+        return f"[RAND:{shown}->{stream}]"
     if kind == "kept":
-        return f"[KEEP:{show(segment.original)}]"
+        return f"[KEEP:{stream}]"
+    if kind == "insert":
+        if segment.original is None and shown.replace("<mask>", ""):
+            return f"[+RAND:{shown}]"
+        return "[+MASK]" if len(segment.ids) == 1 else f"[+MASK*{len(segment.ids)}]"
+    if kind == "deleted":
+        return f"[DEL:{stream}]"
     if kind == "span" and segment.label:
-        return f"[{segment.label}:{show(segment.ids)}]"
-    return show(segment.ids)
+        return f"[{segment.label}:{stream}]"
+    return stream
 
 
-def _ansi(segment: Segment) -> str | None:
-    if segment.kind in ("sentinel", "span"):
-        return ("1;" if segment.kind == "sentinel" else "") + _PALETTE[segment.group % len(_PALETTE)]
-    return _ANSI.get(segment.kind)
+def segment_strings(segments: list[Segment], tokenizer: Any, ids: bool = False) -> list[str]:
+    """What each segment of one line prints (see the module docstring); ``tokenizer`` may be a
+    :class:`~loaders.inspection.decode.RunDecoder`."""
+    if ids:
+        streams = [" ".join(str(t) for t in s.stream_ids()) for s in segments]
+        shown = [" ".join(str(t) for t in (s.ids[:1] if s.kind == "pad" else s.ids)) for s in segments]
+    else:
+        decoder = _decoder(tokenizer)
+        streams = decoder.texts([s.stream_ids() for s in segments], [s.kind not in _UNMARKED for s in segments])
+        shown = [decoder.text(s.ids[:1] if s.kind == "pad" else s.ids) if s.kind in ("random", "insert", "pad")
+                 else "" for s in segments]
+    return [_escape(_markup(s, stream, show)) for s, stream, show in zip(segments, streams, shown)]
 
 
-def to_text(rendered: RenderedExample, tokenizer: Any, *, color: bool = False, ids: bool = False) -> str:
-    """Plain or ANSI-coloured text; with ``ids``, an id line follows each text line."""
-    bold = "\x1b[1m" if color else ""
-    reset = "\x1b[0m" if color else ""
-    out = [f"{bold}── {rendered.header}{reset}"]
-    width = max((len(name) for name, _ in rendered.lines), default=0)
+def _ansi(kind: str, group: int = 0) -> str | None:
+    if kind in ("sentinel", "span"):
+        return ("1;" if kind == "sentinel" else "") + _PALETTE[group % len(_PALETTE)]
+    return _ANSI.get(kind)
+
+
+def _columns(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _layout(prefix: str, styled: list[tuple[str, str | None]], width: int | None) -> list[str]:
+    """Lines of ``prefix`` + styled text: real line breaks after a ``↵``, wrapped at ``width``
+    columns (at a space where one is in reach), continuation lines indented."""
+    coloured = any(code is not None for _, code in styled)
+    cells: list[tuple[str, str | None]] = []
+    for text, code in styled:
+        for char in text:
+            if char == "\n":
+                cells.append((NEWLINE_MARK, _ANSI["newline"] if coloured else None))
+            cells.append((char, code))
+    rows: list[list[tuple[str, str | None]]] = [[]]
+    used = 0
+    room = max(width - len(prefix), 20) if width else None
+    for cell in cells:
+        if cell[0] == "\n":
+            rows.append([])
+            used = 0
+            continue
+        size = _columns(cell[0])
+        if room is not None and used + size > room and rows[-1]:
+            row = rows[-1]
+            cut = next((i for i in range(len(row) - 1, 0, -1) if row[i][0] == " "), None)
+            rows[-1], carried = (row[: cut + 1], row[cut + 1 :]) if cut is not None else (row, [])
+            rows.append(carried)
+            used = sum(_columns(c) for c, _ in carried)
+        rows[-1].append(cell)
+        used += size
+    out = []
+    for number, row in enumerate(rows):
+        text, run, code = [], [], None
+        for char, char_code in row + [("", "end")]:
+            if char_code != code and run:
+                text.append(f"\x1b[{code}m{''.join(run)}\x1b[0m" if code else "".join(run))
+                run = []
+            code = char_code
+            run.append(char)
+        out.append((prefix if number == 0 else " " * len(prefix)) + "".join(text))
+    return out
+
+
+def to_text(rendered: RenderedExample, tokenizer: Any, *, color: bool = False, ids: bool = False,
+            width: int | None = None) -> str:
+    """Plain or ANSI-coloured text, wrapped at ``width`` columns (None: not wrapped); with
+    ``ids``, an id line follows each text line."""
+    bold = "1" if color else None
+    out = _layout("── ", [(rendered.header, bold)], width)
+    label_width = max((len(name) for name, _ in rendered.lines), default=0)
+    decoder = _decoder(tokenizer)
     for name, segments in rendered.lines:
         for show_ids in (False, True) if ids else (False,):
-            parts = []
-            for segment in segments:
-                text = _segment_text(segment, tokenizer, show_ids)
-                code = _ansi(segment) if color else None
-                parts.append(f"\x1b[{code}m{text}\x1b[0m" if code else text)
+            strings = segment_strings(segments, decoder, show_ids)
+            styled: list[tuple[str, str | None]] = []
+            for number, (segment, text) in enumerate(zip(segments, strings)):
+                if show_ids and number:
+                    styled.append((" ", None))
+                styled.append((text, _ansi(segment.kind, segment.group) if color else None))
             label = name if not show_ids else "ids"
-            out.append(f"{label:>{width}}: " + (" " if show_ids else "").join(parts))
+            out += _layout(f"{label:>{label_width}}: ", styled, width)
     return "\n".join(out) + "\n"
+
+
+def _html_text(text: str) -> str:
+    return html.escape(text).replace("\n", f'<span class="nl">{NEWLINE_MARK}</span>\n')
 
 
 def to_html(rendered: RenderedExample, tokenizer: Any) -> str:
     """An HTML fragment (``<div class="example">``) with the segments as styled ``<span>``s."""
+    decoder = _decoder(tokenizer)
     rows = []
     for name, segments in rendered.lines:
         parts = []
-        for segment in segments:
-            text = html.escape(_segment_text(segment, tokenizer, False))
+        for segment, text in zip(segments, segment_strings(segments, decoder)):
             style = ""
             if segment.kind in ("sentinel", "span"):
                 style = f' style="color:{_HTML_PALETTE[segment.group % len(_HTML_PALETTE)]}"'
-            parts.append(f'<span class="seg {segment.kind}"{style}>{text}</span>')
-        rows.append(f'<div class="line"><span class="name">{html.escape(name)}</span>{"".join(parts)}</div>')
-    return f'<div class="example"><div class="header">{html.escape(rendered.header)}</div>{"".join(rows)}</div>'
+            parts.append(f'<span class="seg {segment.kind}"{style}>{_html_text(text)}</span>')
+        rows.append(f'<div class="line"><span class="name">{html.escape(name)}</span>'
+                    f'<span class="text">{"".join(parts)}</span></div>')
+    return (f'<div class="example"><div class="header">{html.escape(rendered.header)}</div>'
+            f'{"".join(rows)}</div>')
+
+
+def legend(examples: list[RenderedExample], *, colour: bool = True) -> list[tuple[str, str, str]]:
+    """``(sample, kind, meaning)`` of the markup these examples use (``hidden`` text is visible
+    only in colour)."""
+    keys = {"newline", "bytes"}
+    for example in examples:
+        for _, segments in example.lines:
+            for s in segments:
+                kind = s.kind
+                if kind == "mask":
+                    keys.add("mask" if s.original is not None else "mask_token")
+                elif kind == "span":
+                    keys.add("restored_span" if s.label else "sentinel")
+                elif kind == "boundary":
+                    keys.add(s.label)
+                elif kind in ("random", "kept", "insert", "deleted", "sentence", "sentinel", "mode", "pad"):
+                    keys.add(kind)
+                elif kind == "hidden" and colour:
+                    keys.add(kind)
+    return [(sample, kind, meaning) for key, sample, kind, meaning in _LEGEND if key in keys]
+
+
+def legend_text(examples: list[RenderedExample], *, color: bool = False) -> str:
+    """The legend as text lines for ``lmshards show``."""
+    entries = legend(examples, colour=color)
+    width = max(len(sample) for sample, _, _ in entries)
+    lines = ["markup:"]
+    for sample, kind, meaning in entries:
+        code = _ansi(kind) if color else None
+        shown = f"\x1b[{code}m{sample}\x1b[0m" if code else sample
+        lines.append(f"  {shown}{' ' * (width - len(sample))}  {meaning}")
+    return "\n".join(lines) + "\n"
+
+
+def legend_html(examples: list[RenderedExample]) -> str:
+    """The legend as an HTML list for the report."""
+    items = "".join(f'<li><span class="seg {kind}">{html.escape(sample)}</span> {html.escape(meaning)}</li>'
+                    for sample, kind, meaning in legend(examples))
+    return f'<ul class="legend">{items}</ul>'

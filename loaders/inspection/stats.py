@@ -2,8 +2,9 @@
 
 :class:`SplitStats` adds up :class:`~loaders.inspection.anatomy.Anatomy` records: examples,
 raw chunk tokens, padding, the length distribution of every token column, documents per
-example, the prefix share, noise tokens and the noise span lengths (overall and per UL2
-denoiser), the MLM replacement split and BART's masks. Every number is an exact integer
+example and the lengths of the document segments packed into them, the prefix share, noise
+tokens and the noise span lengths (overall and per UL2 denoiser), the MLM replacement split
+and BART's masks. Every number is an exact integer
 count until :meth:`SplitStats.summary` turns counts into shares.
 
 Span lengths are compared with what the configured objective would give on the same
@@ -115,6 +116,7 @@ class SplitStats:
         self.counts: Counter = Counter()
         self.lengths = {column: Counter() for column in view.schema.token_columns}
         self.documents: Counter = Counter()
+        self.segments: Counter = Counter()
         self.prefix_tenths: Counter = Counter()
         self.noise = _Noise()
         self.denoisers: dict[str, _Noise] = {}
@@ -133,6 +135,7 @@ class SplitStats:
             self.lengths.setdefault("targets", Counter())[int(a.targets.size)] += 1
         if a.doc_lengths is not None and a.kind in ("clm", "prefix_lm"):  # UL2's decoder rows hold one sequence
             self.documents[int(a.doc_lengths.size)] += 1
+            self.segments.update(int(n) for n in a.doc_lengths)
         if a.kind == "prefix_lm" and a.prefix_length is not None and a.raw_tokens:
             c["prefix_tokens"] += a.prefix_length
             self.prefix_tenths[min(9, 10 * a.prefix_length // a.raw_tokens)] += 1
@@ -199,5 +202,6 @@ class SplitStats:
         }
         if self.documents:
             out["documents_per_example"] = length_summary(self.documents)
+            out["document_segment_lengths"] = length_summary(self.segments)
         out.update(self._objective_summary())
         return out

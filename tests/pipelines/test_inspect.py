@@ -10,10 +10,13 @@ headless Chromium through ``scripts/render_report.sh``.
 
 from __future__ import annotations
 
+import html
 import html.parser
 import json
 import os
 import pty
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,19 +40,36 @@ SPECS = {
     "ul2_decoder": ["--objective", "ul2", "--inputs-length", "48", "--layout", "decoder"],
 }
 PAD, EOS, MASK = 0, 1, 4
+#: A second input for the ``*_corpus`` datasets: text beyond ASCII (byte-level pieces of one
+#: character), and records the reader must reject, one per reason.
+EXTRA_RECORDS = [
+    {"text": "Ünïcödé: naïve café, 東京タワー and emoji 😀🎉 — “quotes”. Second sentence here! Third one? "
+             "Yes. " * 6, "source": "unicode"},
+    "{\"text\": broken json",
+    {"body": "no text field"},
+    {"text": ""},
+    {"text": 5},
+    {"text": "Ελληνικά κείμενα. Русский текст тоже здесь. العربية أيضا. 한국어 문장도. " * 8, "source": "unicode"},
+]
+REJECTED = {"malformed_json": 2, "missing_text_field": 3, "empty_text": 4, "text_not_string": 5}  # reason: line
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    """``dataset(name)``: the path of a dataset built once per module."""
+    """``dataset(name)``: the path of a dataset built once per module; ``NAME_corpus`` is ``NAME``
+    made from faq.jsonl plus :data:`EXTRA_RECORDS`."""
     built: dict[str, str] = {}
+    extra = tmp_path_factory.mktemp("extra") / "extra.jsonl"
+    extra.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n"
+                             for r in EXTRA_RECORDS), encoding="utf-8")
 
     def get(name: str) -> str:
         if name not in built:
             out = tmp_path_factory.mktemp(name) / "data"
-            materialize(out, "--input", str(ROOT / "data" / "sample" / "faq.jsonl"), "--tokenizer", TOKENIZER,
-                        "--formats", "arrow,webdataset", "--validation-fraction", "0.1", "--num-shards", "3",
-                        *SPECS[name])
+            base, corpus = name.removesuffix("_corpus"), name.endswith("_corpus")
+            inputs = ["--input", str(ROOT / "data" / "sample" / "faq.jsonl")] + (["--input", str(extra)] * corpus)
+            materialize(out, *inputs, "--tokenizer", TOKENIZER, "--formats", "arrow,webdataset",
+                        "--validation-fraction", "0.1", "--num-shards", "3", *SPECS[base])
             built[name] = str(out)
         return built[name]
 
@@ -219,7 +239,7 @@ def test_show_decodes_the_first_examples_with_visible_corruption(capsys, dataset
 def test_show_ids(capsys, dataset, name, column):
     path = dataset(name)
     row = arrow_rows(path, "train", 0)[0]
-    code, out, _ = run(capsys, "show", path, "-n", "1", "--ids")
+    code, out, _ = run(capsys, "show", path, "-n", "1", "--ids", "--width", "0")
     id_lines = [line.split("ids: ", 1)[1] for line in out.splitlines() if line.strip().startswith("ids:")]
     assert code == 0 and " ".join(str(t) for t in strip_pad(row[column])) == id_lines[0]
 
@@ -243,6 +263,35 @@ def test_show_reads_only_what_it_needs(capsys, dataset, tmp_path):
     assert code == 1 and "not found" in err
     code, out, _ = run(capsys, "show", source, "--split", "validation", "-n", "1")
     assert code == 0 and "split=validation" in out
+
+
+def test_show_wraps_keeps_line_breaks_and_prints_a_legend_first(capsys, dataset):
+    """``show`` (piped: 100 columns) wraps each line under its name, breaks where the text has a
+    line break (after a ``↵``), and starts with a legend of the markup it uses."""
+    from tokenizers import Tokenizer
+
+    path = dataset("span_corruption")
+    code, out, _ = run(capsys, "show", path, "-n", "2")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "markup:" and all(len(line) <= 100 for line in lines)
+    legend = lines[1:lines.index("")]
+    assert [entry.split()[0] for entry in legend] == ["<extra_id_k>", "[<extra_id_k>:span]", "\u21b5", "\\xNN"]
+    assert "[MASK:orig]" not in out  # no MLM markup on a span corruption dataset
+    first = arrow_rows(path, "train", 0)[0]
+    tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    text = tokenizer.decode(strip_pad(first["inputs"]), skip_special_tokens=False)
+    block = lines[lines.index(next(line for line in lines if line.startswith("── "))):]
+    inputs = block[1:next(n for n, line in enumerate(block) if line.startswith(" targets: "))]
+    assert inputs[0].startswith("  inputs: ") and all(line.startswith(" " * 10) for line in inputs[1:])
+    assert sum(line.endswith("\u21b5") for line in inputs) == text.count("\n")  # a break per line break
+    joined = "".join(line[10:].removesuffix("\u21b5") for line in inputs)
+    assert joined.replace(" ", "") == text.replace("\n", "").replace(" ", "")
+    code, unwrapped, _ = run(capsys, "show", path, "-n", "2", "--width", "0", "--no-legend")
+    rows = unwrapped.splitlines()
+    first_inputs = next(n for n, line in enumerate(rows) if line.startswith("  inputs: "))
+    first_targets = next(n for n, line in enumerate(rows) if line.startswith(" targets: "))
+    assert code == 0 and unwrapped.startswith("── ")  # no legend
+    assert first_targets - first_inputs == text.count("\n") + 1  # --width 0: only the text's own line breaks
 
 
 def _show_through(path: str, env: dict, *extra: str, tty: bool) -> str:
@@ -486,7 +535,7 @@ def values(page: Page, chart: str, series: str) -> dict[str, float]:
 
 
 CHARTS = {
-    "clm": ["train: documents per example"],
+    "clm": ["train: documents per example", "train: document segment lengths"],
     "prefix_lm": ["train: prefix length / chunk length"],
     "mlm": ["train: MLM replacement split"],
     "span_corruption": ["train: noise span lengths"],
@@ -494,6 +543,19 @@ CHARTS = {
     "ul2": ["train: UL2 denoiser mix", "train: span lengths of X(mu=3,r=0.5)"],
     "ul2_decoder": ["train: UL2 denoiser mix", "train: span lengths of R(mu=3,r=0.15)"],
 }
+SECTIONS = ["summary", "run", "config", "corpus", "rejected", "plots", "shards", "examples"]
+
+
+def log2_shares(manifest: dict, split: str) -> dict[str, float]:
+    """The manifest's document length histogram as shares, keyed like the report's bins."""
+    histogram = manifest["stats"][split]["document_lengths"]["log2_histogram"]
+    total = sum(histogram.values())
+    out = {}
+    for key, count in histogram.items():
+        high = int(key[1:])
+        low = high // 2
+        out["0" if high == 1 else str(low) if low == high - 1 else f"{low:,}-{high - 1:,}"] = round(count / total, 6)
+    return out
 
 
 @pytest.mark.parametrize("name", list(SPECS))
@@ -501,19 +563,37 @@ def test_report_is_self_contained_and_plots_the_data(capsys, dataset, tmp_path, 
     path = dataset(name)
     manifest = manifest_of(path)
     page = report_page(capsys, path, tmp_path)
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert not page.external and not page.tags["script"] and not page.tags["link"] and not page.tags["img"]
     assert page.tags["svg"] == len(page.charts) >= 4
-    first_column = "input_ids" if name in ("clm", "prefix_lm", "mlm", "ul2_decoder") else "inputs"
-    for chart in ["tokens per shard", f"validation: {first_column} length", *CHARTS[name]]:
+    assert all(f'<section id="{section}">' in text for section in SECTIONS)
+    for chart in ["tokens per shard", "document lengths", *CHARTS[name]]:
         assert chart in page.charts and page.charts[chart], chart
-    shard_tokens = [s["tokens"] for split in manifest["splits"].values() for s in split["shards"]]
-    assert list(values(page, "tokens per shard", "tokens").values()) == shard_tokens
+    # tokens per shard: every shard of every split, in order, one series (colour) per split
+    plotted = page.charts["tokens per shard"]
+    assert [v for _, _, v in plotted] == [s["tokens"] for split in manifest["splits"].values() for s in split["shards"]]
+    assert [series for series, _, _ in plotted] == [split for split, info in manifest["splits"].items()
+                                                    for _ in info["shards"]]
+    for split in manifest["splits"]:  # document lengths: each split's log2 histogram as shares
+        assert {k: v for k, v in values(page, "document lengths", split).items() if v} == log2_shares(manifest, split)
+    for info in manifest["splits"].values():  # the shard table lists every file with its size and sha256
+        for shard in info["shards"]:
+            for file in shard["files"].values():
+                assert file["sha256"] in text and f"{file['bytes']:,}" in text
+    assert html.escape(shlex.join(manifest["run"]["argv"])) in text
+    assert all(html.escape(f["path"]) in text for f in manifest["run"]["input_files"])
+    assert "No record was rejected." in text  # faq.jsonl is clean (rejected samples: tests below)
     mine = independent_counts(path, name, "train")
     column = next(iter(mine["lengths"]))
-    plotted = values(page, f"train: {column} length", "examples")
-    assert sum(plotted.values()) == mine["examples"]
-    if all("-" not in label for label in plotted):
-        assert {k: int(v) for k, v in plotted.items() if v} == dict(mine["lengths"][column])
+    if len(mine["lengths"][column]) == 1:  # packed: one length only, a sentence instead of a one-bar plot
+        (length, count), = mine["lengths"][column].items()
+        assert f"train: {column} length" not in page.charts
+        assert f"train: {column} length: all {count:,} examples are {length}" in text
+    else:
+        plotted = values(page, f"train: {column} length", "examples")
+        assert sum(plotted.values()) == mine["examples"]
+        if all("-" not in label for label in plotted):
+            assert {k: int(v) for k, v in plotted.items() if v} == dict(mine["lengths"][column])
     if name == "span_corruption":
         measured = values(page, "train: noise span lengths", "measured")
         assert {k: int(v) for k, v in measured.items() if v} == dict(mine["spans"])
@@ -522,34 +602,251 @@ def test_report_is_self_contained_and_plots_the_data(capsys, dataset, tmp_path, 
     if name.startswith("ul2"):
         shares = values(page, "train: UL2 denoiser mix", "examples share")
         assert shares == {d: round(c["examples"] / mine["examples"], 6) for d, c in mine["denoisers"].items()}
+        # the first examples shown: one of every denoiser, in mixture order
+        shown = [h.split("denoiser=")[1].split()[0] for h in re.findall(r'<div class="header">([^<]*)</div>', text)]
+        mixture = [d["name"] for d in manifest["objective"]["params"]["mixture"]]
+        assert shown[: len(mixture)] == mixture
     if name == "mlm":
         split = values(page, "train: MLM replacement split", "measured")
         assert split["masked"] == round(mine["mlm"]["masked"] / mine["mlm"]["selected"], 6)
-    assert page.tags["div"] and "class=\"example\"" in (tmp_path / "report.html").read_text(encoding="utf-8")
+    if name == "bart":  # masks show what they hide; sentences are numbered as in the original
+        assert '<span class="seg mask">[MASK:' in text and '<span class="seg sentence">[#1]</span>' in text
+        assert "order=#" in text
+    assert page.tags["div"] and "class=\"example\"" in text and "\ufffd" not in text
+    assert '<span class="nl">\u21b5</span>\n' in text  # the text's line breaks are real ones
 
 
+def test_report_shows_rejected_samples_input_shares_and_the_run(capsys, dataset, tmp_path):
+    path = dataset("clm_corpus")
+    manifest = manifest_of(path)
+    page = report_page(capsys, path, tmp_path)
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    rejected = text[text.index('<section id="rejected">'):text.index('<section id="plots">')]
+    for reason, line in REJECTED.items():  # each reason with its count and a sample naming file and line
+        row = rejected[rejected.index(f"<td>{reason}</td>"):]
+        row = row[: row.index("</tr>")]
+        assert "<td>1</td>" in row and f"extra.jsonl:{line}</span>" in row, row
+    assert "{&quot;body&quot;: &quot;no text field&quot;}" in rejected and "(empty)" in rejected
+    files = manifest["run"]["input_files"]
+    total = sum(f["bytes"] for f in files)
+    for f in files:
+        assert f"{100 * f['bytes'] / total:.1f}%" in text and f"{f['bytes']:,}" in text
+    assert f"Input files (2 files, {total:,} bytes)" in text
+    assert manifest["run"]["encoder"]["backend"] in text and "seq_len" in text
+    assert "Sources" not in text and "document lengths by source" not in page.charts  # no sources block
+
+
+def test_report_never_reads_a_rejected_file_outside_rejected(capsys, dataset, tmp_path):
+    path = copy_of(dataset, "clm_corpus", tmp_path)
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"reason": "leak", "source": "secret", "position": 1, "excerpt": "TOP SECRET"})
+                      + "\n", encoding="utf-8")
+    manifest = manifest_of(path)
+    for unsafe in ("../secret.jsonl", str(secret)):
+        manifest["counts"]["rejected_files"] = [{"path": unsafe}]
+        with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle)
+        # A path that leaves the dataset makes the manifest untrusted: refused in one line, nothing read.
+        code, out, err = run(capsys, "report", path, "-o", str(tmp_path / "report.html"), "--limit", "0")
+        assert code == 1 and len(err.strip().splitlines()) == 1 and "manifest.json" in err
+        assert not (tmp_path / "report.html").exists() and "TOP SECRET" not in out + err
+    # A relative path inside the dataset but outside rejected/ is not read either.
+    shutil.copy(secret, os.path.join(path, "train", "secret.jsonl"))
+    manifest["counts"]["rejected_files"] = [{"path": "train/secret.jsonl"}]
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    report_page(capsys, path, tmp_path)
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "TOP SECRET" not in text and "not a file of rejected/, not read" in text
+
+
+def test_report_shows_per_source_statistics_when_the_manifest_has_them(capsys, dataset, tmp_path):
+    """``stats[split]["sources"]`` (what ``materialize --source-field`` is to record) is shown as a
+    table and a chart of each source's document lengths."""
+    path = copy_of(dataset, "clm", tmp_path)
+    manifest = manifest_of(path)
+    manifest["stats"]["train"]["sources"] = {
+        "faq": {"documents": 30, "tokens": 9000, "log2_histogram": {"<128": 10, "<512": 20}},
+        "wiki": {"documents": 10, "tokens": 6000, "document_lengths": {"log2_histogram": {"<1024": 10}}},
+    }
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    page = report_page(capsys, path, tmp_path)
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert '<h3 id="sources">Sources</h3>' in text
+    assert "<td>faq</td><td>30</td>" in text and "<td>wiki</td><td>10</td>" in text and "75.0%" in text
+    chart = "train: document lengths by source"
+    assert values(page, chart, "faq") == {"64-127": 0.333333, "128-255": 0.0, "256-511": 0.666667, "512-1,023": 0.0}
+    assert values(page, chart, "wiki")["512-1,023"] == 1.0
+
+
+def test_examples_decode_whole_characters(dataset):
+    """Byte-level pieces of one character never show as U+FFFD: on every example of clm, bart and
+    ul2 made from non-ASCII text, the runs of a line are decoded together; a character the sequence
+    holds only part of (cut by a sentinel or a mask) shows its bytes as \\xNN."""
+    from tokenizers import Tokenizer
+
+    from loaders.inspection.anatomy import take_apart
+    from loaders.inspection.decode import RunDecoder
+    from loaders.inspection.render import render_example, to_text
+    from loaders.inspection.source import open_inspected
+
+    seen_whole = False
+    for name in ("clm_corpus", "bart_corpus", "ul2_corpus"):
+        ds = open_inspected(dataset(name))
+        tokenizer = Tokenizer.from_file(os.path.join(ds.path, "tokenizer.json"))
+        decoder, view = RunDecoder(ds.tokenizer), ds.view
+        for split in ds.splits:
+            for located in ds.iter_split(split):
+                shown = to_text(render_example(located, take_apart(located.example, view), view, seed=ds.seed,
+                                               decoder=decoder), decoder)
+                assert "\ufffd" not in shown, shown
+                if name == "clm_corpus":
+                    ids = [int(t) for t in located.example["input_ids"]]
+                    whole = tokenizer.decode(ids, skip_special_tokens=True)
+                    if "東京タワー" in whole and "\ufffd" not in whole:
+                        assert "東京タワー" in shown
+                        seen_whole = True
+    assert seen_whole
+
+
+def _layout_probe():
+    """scripts/check_report_layout.py as a module (the scripts folder is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_report_layout", ROOT / "scripts" / "check_report_layout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pixels(image: np.ndarray, rgb: tuple[int, int, int]) -> int:
+    return int((np.abs(image - np.array(rgb)).sum(axis=2) < 30).sum())
+
+
+BROWSER_CHARTS = {
+    "clm_corpus": ["document lengths", "train: documents per example", "train: document segment lengths",
+                   "tokens per shard"],
+    "bart_corpus": ["document lengths", "train: inputs length", "train: BART span lengths (words), manifest vs "
+                    "Poisson(3.5)", "tokens per shard"],
+    "ul2_corpus": ["document lengths", "train: UL2 denoiser mix", "train: span lengths of R(mu=3,r=0.15)",
+                   "tokens per shard"],
+}
+
+
+@pytest.mark.e2e
 def test_report_renders_in_headless_chromium(capsys, dataset, tmp_path):
-    """The documented script renders the page in a real browser; the plot colours must show in the pixels."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if browser is None:
-        pytest.skip("no Chromium installed (apt-get install -y chromium); the structural report test still runs")
+    """clm, bart and ul2 reports laid out by Chromium 1400 px wide: every section and chart is
+    there, nothing overflows its box, no chart text overlaps another, and the screenshots show
+    the plot colours (measured bars, expected curves, the validation split). With
+    ``LMSHARDS_REPORT_SCREENSHOTS=DIR`` the screenshots are kept in DIR."""
+    probe = _layout_probe()
+    if probe.find_browser() is None:
+        pytest.skip("no Chromium installed (apt-get install -y chromium); the structural report tests still run")
     from PIL import Image
 
-    output = tmp_path / "report.html"
-    assert run(capsys, "report", dataset("ul2"), "-o", str(output))[0] == 0
-    png = tmp_path / "report.png"
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "render_report.sh"), str(output), str(png), "1400,2400"],
-                            capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr
-    image = np.asarray(Image.open(png).convert("RGB")).astype(int)
-    assert image.shape[:2] == (2400, 1400)
+    keep = os.environ.get("LMSHARDS_REPORT_SCREENSHOTS")
+    for name, charts in BROWSER_CHARTS.items():
+        path = dataset(name)
+        output = tmp_path / f"{name}.html"
+        assert run(capsys, "report", path, "-o", str(output))[0] == 0
+        found = probe.measure(str(output), 1400)
+        assert probe.problems(found) == [], name
+        assert found["sections"] == SECTIONS and set(charts) <= set(found["charts"]), found["charts"]
+        headers = found["examples"]
+        if name == "ul2_corpus":
+            mixture = [d["name"] for d in manifest_of(path)["objective"]["params"]["mixture"]]
+            assert [h.split("denoiser=")[1].split()[0] for h in headers[: len(mixture)]] == mixture
+        if name == "bart_corpus":
+            assert all("sentences=" in h or "noise=not recovered" in h for h in headers)
+        height = min(found["page"]["scrollHeight"], 16_000)
+        png = tmp_path / f"{name}.png"
+        result = subprocess.run(["bash", str(ROOT / "scripts" / "render_report.sh"), str(output), str(png),
+                                 f"1400,{height}"], capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stderr
+        image = np.asarray(Image.open(png).convert("RGB")).astype(int)
+        assert image.shape[:2] == (height, 1400)
 
-    def pixels(rgb: tuple[int, int, int]) -> int:
-        return int((np.abs(image - np.array(rgb)).sum(axis=2) < 30).sum())
+        assert _pixels(image, (0x44, 0x72, 0xC4)) > 20_000, name  # measured bars
+        assert _pixels(image, (0x76, 0xB0, 0x41)) > 1_000, name  # the validation split's bars (documents, shards)
+        if name != "clm_corpus":
+            assert _pixels(image, (0xE4, 0x57, 0x2E)) > 500, name  # expected curves and configured weights
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            shutil.copy(png, os.path.join(keep, png.name))
 
-    measured, expected = pixels((0x44, 0x72, 0xC4)), pixels((0xE4, 0x57, 0x2E))
-    assert measured > 20_000, measured  # the bars of the length, mix and span charts
-    assert expected > 500, expected  # the configured weights and expected span lengths drawn over them
+
+@pytest.mark.e2e
+def test_charts_with_large_numbers_and_long_labels_do_not_overlap(tmp_path):
+    """The geometry of :func:`bar_chart` at its extremes, laid out by Chromium: ticks in the
+    billions beside the y label, long category labels, a legend of many series."""
+    probe = _layout_probe()
+    if probe.find_browser() is None:
+        pytest.skip("no Chromium installed (apt-get install -y chromium)")
+    from loaders.inspection.svg import Series, bar_chart
+
+    labels = [f"validation/{i:05d}" for i in range(40)]
+    charts = [
+        bar_chart("tokens per shard", labels, [Series("train", [9.87e9 - i for i in range(40)], "#4472c4")],
+                  x_label="split/shard", y_label="tokens"),
+        bar_chart("many series", ["a", "b"], [Series(f"series number {k} with a long name", [k + 1.0, None], "#000")
+                                              for k in range(9)], x_label="x", y_label="y", width=460),
+        bar_chart("shares", [f"{2 ** k:,}-{2 ** (k + 1) - 1:,}" for k in range(20)],
+                  [Series("train", [0.05] * 20, "#4472c4"), Series("validation", [0.049] * 20, "#76b041")],
+                  x_label="document length (tokens)", y_label="share of documents", width=1000),
+    ]
+    page = tmp_path / "charts.html"
+    page.write_text("<!DOCTYPE html><html><body>" + "".join(charts) + "</body></html>", encoding="utf-8")
+    found = probe.measure(str(page), 1400)
+    assert found["chart_text"] == [] and len(found["charts"]) == 3
+
+
+def test_diff_puts_two_summaries_side_by_side_and_marks_the_differences(capsys, dataset, tmp_path):
+    clm, prefix = dataset("clm"), dataset("prefix_lm")
+    # the same dataset written again by another run: only the run's facts differ
+    again = copy_of(dataset, "clm", tmp_path)
+    manifest = manifest_of(again)
+    manifest["run"]["created_at"] = "2030-01-01T00:00:00+00:00"
+    with open(os.path.join(again, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    code, out, _ = run(capsys, "diff", clm, again, "--exit-code")
+    assert code == 0 and out.endswith("0 difference(s) in config, objective, tokenizer, counts and splits; "
+                                      "1 in the run's facts\n")
+    changed = [line for line in out.splitlines() if line.startswith("! ")]
+    assert len(changed) == 1 and changed[0].split()[1] == "created_at"
+    # another objective on the same corpus
+    code, out, _ = run(capsys, "diff", clm, prefix, "--exit-code")
+    assert code == 1 and f"A: {clm}" in out and f"B: {prefix}" in out
+    lines = out.splitlines()
+    assert lines[lines.index("objective") + 1].split() == ["!", "name", "clm", "prefix_lm"]
+    train = lines[lines.index("split train") + 1:]
+    marks = {line[2:].split()[0]: line[:1] for line in train if line[:1] in "!-+ " and len(line) > 2}
+    assert marks["documents"] == " " and marks["tokens"] == " "  # the same corpus, the same documents and tokens
+    assert marks["objective.prefix_share"] == "+"  # a statistic of B's objective only
+    code, out, _ = run(capsys, "diff", clm, prefix, "--only-differences")
+    body = out.splitlines()[4:-2]
+    assert code == 0 and all(line[:2] in ("! ", "- ", "+ ") or not line.startswith(" ") for line in body)
+    code, out, _ = run(capsys, "diff", clm, prefix, "--json")
+    rows = json.loads(out)["rows"]
+    seed = next(r for r in rows if r["section"] == "config" and r["key"] == "seed")
+    assert seed == {"section": "config", "key": "seed", "a": 0, "b": 0, "status": "same"}
+    a = manifest_of(clm)
+    shards = next(r for r in rows if r["section"] == "split train" and r["key"] == "bytes.arrow")
+    assert shards["a"] == sum(s["files"]["arrow"]["bytes"] for s in a["splits"]["train"]["shards"])
+    code, _, err = run(capsys, "diff", clm, str(tmp_path / "nowhere"))
+    assert code == 2 and err.startswith("lmshards diff: error: B: ") and err.count("\n") == 1
+
+
+def test_diff_keys_a_ul2_mixture_by_denoiser(capsys, dataset, tmp_path):
+    path = copy_of(dataset, "ul2", tmp_path)
+    manifest = manifest_of(path)
+    manifest["objective"]["params"]["mixture"][1]["weight"] = 0.9
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    code, out, _ = run(capsys, "diff", dataset("ul2"), path, "-d")
+    name = manifest["objective"]["params"]["mixture"][1]["name"]
+    changed = [line.split() for line in out.splitlines() if line.startswith("! ")]
+    assert code == 0 and [f"params.mixture[{name}].weight"] == [c[1] for c in changed if "mixture" in c[1]]
 
 
 def test_validate_reports_a_truncated_shard_and_goes_on(capsys, dataset, tmp_path):

@@ -76,6 +76,7 @@ __all__ = [
     "bart_with_stats",
     "many_supported",
     "poisson_span_cdf",
+    "sentence_permutation",
 ]
 
 MASK_LENGTHS = ("span-poisson", "word", "subword")
@@ -200,6 +201,18 @@ def _sentence_order(
     ordering[chosen] = chosen[rng.permutation(k)]
     counters["permuted_sentences"] = int(np.count_nonzero(ordering != identity))
     return _gather_index(starts, ordering, size)
+
+
+def sentence_permutation(
+    size: int, sentence_starts: np.ndarray | None, permute_sentences: float, rng: np.random.Generator
+) -> np.ndarray | None:
+    """The gather index sentence permutation applies to a chunk of ``size`` tokens (None: it
+    stays as it is), drawn from ``rng`` exactly as the first step of :func:`bart_with_stats`
+    and :func:`bart_many` draw it. Inspection replays it to show how sentences moved."""
+    if permute_sentences <= 0:
+        return None
+    flags = None if sentence_starts is None else np.asarray(sentence_starts, dtype=bool)
+    return _sentence_order(size, flags, permute_sentences, generator_of(rng), {})
 
 
 def _gather_index(starts: np.ndarray, ordering: np.ndarray, total: int) -> np.ndarray:

@@ -1,0 +1,277 @@
+"""BART's noise recovered from a stored example: where each sentence moved, what each
+``<mask>`` hides.
+
+The shards keep ``inputs`` and ``targets`` only (:mod:`transforms.objectives.bart`):
+``targets`` is ``<s> chunk </s>``; ``inputs`` is the chunk with its sentences permuted, then
+noised. Both steps are recovered without the word starts the pipeline had:
+
+1. Sentence permutation is the first draw of the example's generator
+   (:func:`transforms.objectives.bart.sentence_permutation`, seeded by ``(seed, example
+   key)``). The chunk's sentence starts are recomputed from the text the targets spell, with
+   the pipeline's own rule (:mod:`transforms.text_rules`), per document of the chunk (EOS
+   ends one); the draw is then replayed.
+2. ``inputs`` is a monotonic edit of the permuted chunk: a masked span becomes one
+   ``<mask>`` (or a random token), a zero-length span inserts a ``<mask>``; the optional
+   passes mask every token of a word, delete words or insert random tokens. Aligning the two
+   (:class:`difflib.SequenceMatcher`) recovers every edit.
+
+A recovery is accepted only when every edit is one these steps can make: a wrong replay
+(a chunk that starts inside a blank line, say) leaves text out of place, which no such
+edit explains. Document rotation, a tokenizer that is not byte-level, or an example that is
+not framed gives None, and the example is shown without the recovery.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from loaders.inspection.decode import RunDecoder
+from transforms.objectives.bart import BartConfig, sentence_permutation
+from transforms.objectives.common import SpecialIds, example_rng
+from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
+
+__all__ = ["BartNoise", "Edit", "chunk_sentence_starts", "recover_bart_noise"]
+
+#: Longest run of inputs tokens with a random one among them that one edit may explain
+#: (neighbouring spans); sentences left out of place by a wrong replay leave longer runs.
+_MAX_RANDOM_RUN = 3
+#: Largest inputs x targets table the exact alignment fills (about 2 x 2048 tokens).
+_MAX_CELLS = 4_500_000
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One step of the alignment of ``inputs`` with the permuted targets.
+
+    Attributes:
+        kind: ``keep`` (copied), ``mask`` (masks hiding the source run; an empty run: inserted
+            masks), ``random`` (random tokens, maybe beside a ``<mask>``, in place of the
+            source run of neighbouring spans, or inserted) or ``delete`` (the source run removed).
+        inputs: ``(start, stop)`` in ``inputs``.
+        source: ``(start, stop)`` in the permuted targets (:attr:`BartNoise.permuted`).
+    """
+
+    kind: str
+    inputs: tuple[int, int]
+    source: tuple[int, int]
+
+
+@dataclass
+class BartNoise:
+    """What the noise did to one example.
+
+    Attributes:
+        permuted: per position of the permuted framed sequence, the targets position it holds.
+        sentence_of: per targets position, the index of its sentence (0 for ``<s>``, the last
+            for ``</s>``).
+        sentences: sentences in the chunk.
+        order: the sentences in the order the inputs hold them.
+        edits: the alignment, in order, covering ``inputs`` and ``permuted``.
+    """
+
+    permuted: np.ndarray
+    sentence_of: np.ndarray
+    sentences: int
+    order: list[int]
+    edits: list[Edit]
+
+
+def _utf8_window(data: bytes) -> tuple[int, int]:
+    """The largest ``[start, stop)`` of ``data`` that holds whole characters: a chunk may cut a
+    character at either end."""
+    start = 0
+    while start < min(len(data), 3) and 0x80 <= data[start] < 0xC0:
+        start += 1
+    stop = len(data)
+    for back in range(1, min(4, stop - start) + 1):
+        byte = data[stop - back]
+        if byte < 0x80:
+            break
+        if byte >= 0xC0:  # a lead byte: is its character complete?
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            stop = stop if back >= need else stop - back
+            break
+    return start, stop
+
+
+def chunk_sentence_starts(chunk: np.ndarray, eos: int, decoder: RunDecoder) -> list[np.ndarray] | None:
+    """Candidate sentence-start flags of a chunk, recomputed from its text (None when its tokens
+    do not spell bytes). Two candidates differ only in the chunk's first document: whether
+    its first non-space character starts a sentence (it does when the chunk starts the
+    document; the shards do not say)."""
+    spelled = [None if int(t) == eos else decoder.token_bytes(int(t)) for t in chunk]
+    if any(s is None for t, s in zip(chunk, spelled) if int(t) != eos):
+        return None
+    candidates = []
+    for first_rule in (True, False):
+        flags = np.zeros(chunk.size, dtype=bool)
+        start = 0
+        for stop in [*np.flatnonzero(chunk == eos).tolist(), chunk.size]:
+            pieces = spelled[start:stop]
+            if pieces:
+                data = b"".join(pieces)
+                low, high = _utf8_window(data)
+                try:
+                    text = data[low:high].decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+                chars = sentence_start_chars(text)
+                if start == 0 and not first_rule:
+                    chars = chars[chars != len(text) - len(text.lstrip())]
+                positions = byte_positions(text, text.encode("utf-8"), chars) + low
+                ends = np.cumsum([len(p) for p in pieces])
+                flags[start:stop] = token_flags(ends, positions)
+            start = stop + 1
+        candidates.append(flags)
+    return candidates if not np.array_equal(*candidates) else candidates[:1]
+
+
+def _difflib_edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: BartConfig,
+                   special: SpecialIds) -> list[Edit] | None:
+    """The alignment difflib finds (fast; its longest-block heuristic can miss on repetitive
+    text), or None when some step is not an edit BART's noise makes."""
+    matcher = difflib.SequenceMatcher(None, inputs.tolist(), permuted_ids.tolist(), autojunk=False)
+    specials = set(special.special_array().tolist())
+    out = []
+    for tag, i0, i1, p0, p1 in matcher.get_opcodes():
+        shown = inputs[i0:i1]
+        if tag == "equal":
+            out.append(Edit("keep", (i0, i1), (p0, p1)))
+        elif any(int(t) in specials for t in permuted_ids[p0:p1]):
+            return None  # noise never covers <s>, </s> or a special token inside the chunk
+        elif i0 == i1:
+            if not _deletes(config):
+                return None
+            out.append(Edit("delete", (i0, i1), (p0, p1)))
+        elif (shown == special.mask).all():
+            out.append(Edit("mask", (i0, i1), (p0, p1)))
+        elif i1 - i0 <= _MAX_RANDOM_RUN and all(int(t) == special.mask or int(t) not in specials for t in shown):
+            # neighbouring spans: one replaced by a random token, the next by a <mask> or another
+            out.append(Edit("random", (i0, i1), (p0, p1)))
+        else:
+            return None
+    return out if _plausible(out, inputs, config, special) else None
+
+
+def _deletes(config: BartConfig) -> bool:
+    return config.replace_length == 0 or config.token_delete > 0
+
+
+def _plausible(edits: list[Edit], inputs: np.ndarray, config: BartConfig, special: SpecialIds) -> bool:
+    """Few enough random tokens for the configuration: text left out of place by a wrong
+    replay needs many (each input token that matches nothing is one)."""
+    randoms = sum(int((inputs[e.inputs[0]:e.inputs[1]] != special.mask).sum()) for e in edits if e.kind == "random")
+    noise = sum(e.inputs[1] - e.inputs[0] for e in edits if e.kind in ("mask", "random"))
+    inserted = math.ceil(inputs.size * config.insert)
+    return randoms <= 2 + 2 * math.ceil(config.mask_random * noise) + inserted
+
+
+def _exact_edits(inputs: np.ndarray, source: np.ndarray, config: BartConfig, special: SpecialIds) -> list[Edit] | None:
+    """The cheapest monotonic alignment by dynamic programming: every ``<mask>`` stands for a
+    run of zero or more non-special source tokens, a random token for one at a cost of 1,
+    any other input token must equal its source token; deletions (only where the
+    configuration deletes) cost 1 per token. None when none is plausible or it is too large."""
+    n, m = inputs.size, source.size
+    if n * m > _MAX_CELLS:
+        return None
+    specials = special.special_array()
+    barrier = np.isin(source, specials)
+    random_ok = ~np.isin(inputs, specials)
+    # q may start a wildcard run ending at p only if source[q:p] holds no special token
+    run_start = np.zeros(m + 1, dtype=np.int64)
+    last = 0
+    for p in range(1, m + 1):
+        if barrier[p - 1]:
+            last = p
+        run_start[p] = last
+    segments = np.flatnonzero(np.diff(run_start, prepend=-1))  # where a new run_start begins
+    big = np.int64(1 << 40)
+    cost = np.full((n + 1, m + 1), big, dtype=np.int64)
+    cost[0, 0] = 0
+    deletes = _deletes(config)
+    for i in range(1, n + 1):
+        prev, row, token = cost[i - 1], cost[i], int(inputs[i - 1])
+        match = np.flatnonzero(source == token) + 1
+        row[match] = prev[match - 1]
+        if token == special.mask or random_ok[i - 1]:
+            step = 0 if token == special.mask else 1
+            wild = np.empty(m + 1, dtype=np.int64)
+            for a, b in zip(segments, [*segments[1:], m + 1]):
+                wild[a:b] = np.minimum.accumulate(prev[a:b])
+            np.minimum(row, wild + step, out=row)
+        if deletes:
+            for p in range(1, m + 1):
+                if not barrier[p - 1] and row[p - 1] + 1 < row[p]:
+                    row[p] = row[p - 1] + 1
+    if cost[n, m] >= big:
+        return None
+    steps: list[Edit] = []  # backwards
+    i, p = n, m
+    while i or p:
+        token = int(inputs[i - 1]) if i else None
+        if i and p and source[p - 1] == token and cost[i - 1, p - 1] == cost[i, p]:
+            steps.append(Edit("keep", (i - 1, i), (p - 1, p)))
+            i, p = i - 1, p - 1
+            continue
+        if i and (token == special.mask or random_ok[i - 1]):
+            step = 0 if token == special.mask else 1
+            q = next((q for q in range(p, int(run_start[p]) - 1, -1) if cost[i - 1, q] + step == cost[i, p]), None)
+            if q is not None:
+                steps.append(Edit("mask" if token == special.mask else "random", (i - 1, i), (q, p)))
+                i, p = i - 1, q
+                continue
+        steps.append(Edit("delete", (i, i), (p - 1, p)))  # the only way left: deletions reached (i, p)
+        p -= 1
+    return _merged(steps[::-1])
+
+
+def _merged(edits: list[Edit]) -> list[Edit]:
+    """Neighbouring steps of one kind joined (noise steps of any kind into one: a <mask> and a
+    random token side by side), source ranges made contiguous."""
+    out: list[Edit] = []
+    for edit in edits:
+        noise = edit.kind != "keep"
+        if out and (out[-1].kind == edit.kind or (noise and out[-1].kind != "keep")):
+            last = out[-1]
+            kind = last.kind if last.kind == edit.kind else "random"
+            out[-1] = Edit(kind, (last.inputs[0], edit.inputs[1]), (last.source[0], edit.source[1]))
+        else:
+            out.append(edit)
+    return out
+
+
+def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: int, config: BartConfig,
+                       special: SpecialIds, decoder: RunDecoder) -> BartNoise | None:
+    """Recover the sentence moves and masks of one BART example (see the module docstring)."""
+    inputs, targets = np.asarray(inputs), np.asarray(targets)
+    if config.rotate > 0 or targets.size < 2 or inputs.size < 2 or targets[0] != special.bos \
+            or targets[-1] != special.eos or inputs[0] != special.bos or inputs[-1] != special.eos:
+        return None
+    chunk = targets[1:-1]
+    candidates = [np.zeros(chunk.size, dtype=bool)]
+    if config.permute_sentences > 0:
+        candidates = chunk_sentence_starts(chunk, special.eos, decoder)
+        if candidates is None:
+            return None
+    for flags in candidates:
+        index = sentence_permutation(chunk.size, flags, config.permute_sentences, example_rng(seed, key))
+        interior = np.arange(chunk.size) if index is None else np.asarray(index)
+        permuted = np.concatenate([[0], interior + 1, [targets.size - 1]])
+        ids = targets[permuted]
+        edits = _difflib_edits(inputs, ids, config, special) or _exact_edits(inputs, ids, config, special)
+        if edits is not None and not _plausible(edits, inputs, config, special):
+            edits = None
+        if edits is None:
+            continue
+        starts = flags.copy()
+        if starts.size:
+            starts[0] = True
+        sentence_of = np.concatenate([[0], np.cumsum(starts) - 1, [max(int(starts.sum()) - 1, 0)]])
+        order = list(dict.fromkeys(int(s) for s in sentence_of[permuted[1:-1]]))
+        return BartNoise(permuted=permuted, sentence_of=sentence_of, sentences=int(starts.sum()), order=order,
+                         edits=edits)
+    return None

@@ -1,0 +1,222 @@
+"""The report's plots: ``(caption, svg)`` pairs, and facts in place of constant plots.
+
+Per split: length histograms per token column; for packed decoder objectives documents per
+example and the lengths of the document segments packed into them; noise span lengths
+measured against the configured law (T5's uniform compositions for span corruption and
+UL2's span denoisers, see :func:`loaders.inspection.stats.expected_span_lengths`; BART's
+truncated Poisson against the manifest's drawn spans); the MLM replacement split and the
+prefix-LM split point against their configuration; UL2's denoiser mix by examples and tokens
+against the weights. The corpus: document lengths per split and per source (manifest). The
+shards: raw tokens per shard, a series per split.
+
+A histogram with one value only (every example of a packed objective has ``seq_len``
+tokens; one span length for a denoiser whose count and length are fixed) would be one bar:
+it becomes a sentence instead (:class:`Figures`' ``facts``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from loaders.inspection.corpus import source_stats
+from loaders.inspection.source import InspectedDataset
+from loaders.inspection.svg import Series, bar_chart
+
+__all__ = ["Figures", "corpus_figures", "report_figures", "shard_figure"]
+
+MEASURED, EXPECTED, OTHER = "#4472c4", "#e4572e", "#76b041"
+SPLIT_COLOURS = ("#4472c4", "#76b041", "#9c27b0", "#ff9800")
+SOURCE_COLOURS = ("#4472c4", "#76b041", "#e4572e", "#9c27b0", "#ff9800", "#00838f", "#795548", "#607d8b")
+_MAX_BINS = 40
+_MAX_SOURCES = 8
+
+
+@dataclass
+class Figures:
+    """Plots of one section and the facts that replace constant ones."""
+
+    title: str
+    plots: list[tuple[str, str]] = field(default_factory=list)
+    facts: list[str] = field(default_factory=list)
+
+
+def _binned(histogram: dict[str, int]) -> tuple[list[str], list[float]]:
+    """Exact lengths as categories, or about 30 equal bins when they are too many."""
+    lengths = sorted(int(k) for k in histogram)
+    if not lengths:
+        return [], []
+    low, high = lengths[0], lengths[-1]
+    if high - low + 1 <= _MAX_BINS:
+        return [str(k) for k in range(low, high + 1)], [float(histogram.get(str(k), 0)) for k in range(low, high + 1)]
+    width = math.ceil((high - low + 1) / 30)
+    labels, counts = [], []
+    for start in range(low, high + 1, width):
+        labels.append(f"{start}-{start + width - 1}")
+        counts.append(float(sum(histogram.get(str(k), 0) for k in range(start, start + width))))
+    return labels, counts
+
+
+def _single(histogram: dict[str, Any]) -> tuple[str, int] | None:
+    """``(value, count)`` when the histogram holds one value only."""
+    present = [(k, int(v)) for k, v in histogram.items() if v]
+    return present[0] if len(present) == 1 else None
+
+
+def _histogram(out: Figures, title: str, caption: str, histogram: dict[str, int], x_label: str, what: str,
+               width: int = 640) -> None:
+    single = _single(histogram)
+    if single is not None:
+        out.facts.append(f"{title}: all {single[1]:,} {what} are {single[0]}")
+        return
+    labels, counts = _binned(histogram)
+    out.plots.append((caption, bar_chart(title, labels, [Series(what, counts, MEASURED)], x_label=x_label,
+                                         y_label=what, width=width)))
+
+
+def _span_chart(out: Figures, title: str, measured: dict[str, int], expected: dict[str, float]) -> None:
+    single = _single(measured)
+    if single is not None:
+        expect = _single({k: v for k, v in expected.items() if v >= 0.5})
+        out.facts.append(f"{title}: all {single[1]:,} spans have {single[0]} tokens"
+                         + (f" (the configured law gives {expect[0]} only)" if expect else ""))
+        return
+    keys = {int(k) for k, v in measured.items() if v} | {int(k) for k, v in expected.items() if v >= 0.5}
+    lengths = list(range(min(keys, default=1), max(keys, default=1) + 1))
+    out.plots.append(("measured span lengths; line: expected under T5's random_spans_noise_mask", bar_chart(
+        title, [str(k) for k in lengths], [
+            Series("measured", [float(measured.get(str(k), 0)) for k in lengths], MEASURED),
+            Series("expected (configured)", [float(expected.get(str(k), 0.0)) for k in lengths], EXPECTED, "line"),
+        ], x_label="span length (tokens)", y_label="spans")))
+
+
+def _bart_chart(out: Figures, ds: InspectedDataset, split: str) -> None:
+    from transforms.objectives.bart import poisson_span_cdf
+
+    counters = ds.manifest.stats.get(split, {}).get("objective", {})
+    drawn = {int(k[len("span_len_hist_"):]): v for k, v in counters.items() if k.startswith("span_len_hist_")}
+    if not drawn:
+        return
+    config = ds.objective.config
+    cdf = poisson_span_cdf(config.poisson_lambda)
+    pmf = [cdf[0]] + [cdf[k] - cdf[k - 1] for k in range(1, len(cdf))]
+    total = sum(drawn.values())
+    lengths = list(range(0, max(max(drawn), min(len(pmf) - 1, 3 * int(config.poisson_lambda) + 6)) + 1))
+    out.plots.append(("span lengths drawn by text infilling (manifest counters); line: Poisson(lambda) truncated "
+                      "as fairseq does", bar_chart(
+                          f"{split}: BART span lengths (words), manifest vs Poisson({config.poisson_lambda})",
+                          [str(k) for k in lengths], [
+                              Series("drawn (manifest)", [float(drawn.get(k, 0)) for k in lengths], MEASURED),
+                              Series("expected (configured)",
+                                     [total * (pmf[k] if k < len(pmf) else 0.0) for k in lengths], EXPECTED, "line")],
+                          x_label="span length (words)", y_label="spans")))
+
+
+def _objective_charts(out: Figures, ds: InspectedDataset, split: str, m: dict[str, Any]) -> None:
+    if "denoisers" in m:
+        names = list(m["denoisers"])
+        out.plots.append(("share of examples and of raw tokens per denoiser; dots: the configured weights",
+                          bar_chart(f"{split}: UL2 denoiser mix", names, [
+                              Series("examples share", [m["denoisers"][n]["examples_share"] for n in names], MEASURED),
+                              Series("tokens share", [m["denoisers"][n]["tokens_share"] for n in names], OTHER),
+                              Series("configured weight", [m["denoisers"][n]["weight"] for n in names], EXPECTED,
+                                     "points"),
+                          ], x_label="denoiser", y_label="share", width=1000)))
+        for name, d in m["denoisers"].items():
+            if d["kind"] == "span" and d["spans"]:
+                _span_chart(out, f"{split}: span lengths of {name}", d["span_lengths"], d["expected_span_lengths"])
+    elif "noise" in m:
+        noise = m["noise"]
+        _span_chart(out, f"{split}: noise span lengths", noise["span_lengths"], noise["expected_span_lengths"])
+    if "mlm" in m:
+        parts = ["masked", "random", "kept"]
+        out.plots.append(("share of selected tokens; dots: configured ratios", bar_chart(
+            f"{split}: MLM replacement split", parts, [
+                Series("measured", [m["mlm"]["split"][p] for p in parts], MEASURED),
+                Series("configured", [m["mlm"]["configured_split"][p] for p in parts], EXPECTED, "points"),
+            ], x_label="selected tokens", y_label="share", width=460)))
+    if "prefix_tenths" in m:
+        tenths = [f"{k / 10:.1f}" for k in range(10)]
+        total = sum(m["prefix_tenths"].values())
+        seq_len = ds.objective.config.seq_len
+        uniform = [sum(1 for p in range(1, seq_len) if min(9, 10 * p // seq_len) == k) / (seq_len - 1) * total
+                   for k in range(10)]
+        out.plots.append(("prefix length over chunk length; line: the split point ~ U[1, L-1]", bar_chart(
+            f"{split}: prefix length / chunk length", tenths, [
+                Series("measured", [float(m["prefix_tenths"].get(t, 0)) for t in tenths], MEASURED),
+                Series("expected U[1, L-1]", uniform, EXPECTED, "line")], x_label="prefix share",
+            y_label="examples")))
+    if ds.objective.name == "bart":
+        _bart_chart(out, ds, split)
+
+
+def report_figures(ds: InspectedDataset, summary: dict[str, Any]) -> list[Figures]:
+    """One :class:`Figures` per split, from the ``inspect`` summary."""
+    sections = []
+    for split, s in summary["splits"].items():
+        m = s["measured"]
+        scope = "a sample of " if m["sampled"] else ""
+        out = Figures(f"{split} ({scope}{m['examples']:,} examples)")
+        for column, h in m["lengths"].items():
+            _histogram(out, f"{split}: {column} length",
+                       f"{column} lengths without padding (row capacity {h.get('capacity') or 'variable'})",
+                       h.get("histogram", {}), "tokens (without padding)", "examples")
+        if "documents_per_example" in m:
+            _histogram(out, f"{split}: documents per example", "document segments packed into one example",
+                       m["documents_per_example"]["histogram"], "documents", "examples", width=460)
+            _histogram(out, f"{split}: document segment lengths", "tokens of each document segment in an example "
+                       "(a document cut at a chunk boundary counts once per chunk)",
+                       m["document_segment_lengths"].get("histogram", {}), "tokens", "segments")
+        _objective_charts(out, ds, split, m)
+        sections.append(out)
+    return sections
+
+
+def corpus_figures(ds: InspectedDataset, document_bins: dict[str, list[tuple[str, int]]]) -> list[tuple[str, str]]:
+    """Document lengths per split (shares, from the manifest's log2 histograms) and, where the
+    manifest has a ``sources`` block, per source."""
+    plots = []
+    labels = list(dict.fromkeys(label for bins in document_bins.values() for label, _ in bins))
+    order = sorted(labels, key=lambda label: int(label.split("-")[0].replace(",", "")))
+    if order:
+        series = []
+        for n, (split, bins) in enumerate(document_bins.items()):
+            counts, total = dict(bins), sum(c for _, c in bins)
+            series.append(Series(split, [round(counts.get(label, 0) / total, 6) if total else 0.0 for label in order],
+                                 SPLIT_COLOURS[n % len(SPLIT_COLOURS)]))
+        plots.append(("share of each split's documents by length in tokens (log2 bins; manifest)", bar_chart(
+            "document lengths", order, series, x_label="document length (tokens)", y_label="share of documents",
+            width=1000)))
+    for split in ds.splits:
+        sources = source_stats(ds, split)
+        if not sources:
+            continue
+        names = list(sources)[:_MAX_SOURCES]
+        bins = {name: dict(sources[name]["bins"]) for name in names}
+        order = sorted({label for b in bins.values() for label in b},
+                       key=lambda label: int(label.split("-")[0].replace(",", "")))
+        series = [Series(name, [round(bins[name].get(label, 0) / max(sum(bins[name].values()), 1), 6)
+                                for label in order], SOURCE_COLOURS[n % len(SOURCE_COLOURS)])
+                  for n, name in enumerate(names)]
+        plots.append((f"share of each source's documents by length ({split}; manifest"
+                      + (f"; the {len(names)} largest of {len(sources)} sources" if len(sources) > len(names) else "")
+                      + ")", bar_chart(f"{split}: document lengths by source", order, series,
+                                        x_label="document length (tokens)", y_label="share of documents", width=1000)))
+    return plots
+
+
+def shard_figure(summary: dict[str, Any]) -> tuple[str, str]:
+    """Raw tokens per shard file, one series (colour) per split."""
+    splits = list(summary["splits"])
+    labels, series_values = [], {split: [] for split in splits}
+    for split, s in summary["splits"].items():
+        for i, tokens in enumerate(s["shard_tokens"]):
+            labels.append(f"{split[:5]}/{i}")
+            for other in splits:
+                series_values[other].append(float(tokens) if other == split else None)
+    series = [Series(split, series_values[split], SPLIT_COLOURS[n % len(SPLIT_COLOURS)]) for n, split in
+              enumerate(splits)]
+    width = min(1300, max(640, 120 + 28 * len(labels)))
+    return ("raw tokens per shard file (manifest), a colour per split", bar_chart(
+        "tokens per shard", labels, series, x_label="split/shard", y_label="tokens", width=width))
