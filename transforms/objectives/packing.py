@@ -30,7 +30,7 @@ __all__ = ["PACKING_MODES", "Piece", "concat_documents", "concat_pieces", "pack_
 
 PACKING_MODES = ("concat", "best_fit", "none")
 #: Feature value the EOS separator gets, per feature (absent: False).
-EOS_FEATURE = {"word_starts": True}
+EOS_FEATURE = {"word_starts": True, "space_starts": True}
 
 
 @dataclass
