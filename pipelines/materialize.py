@@ -30,7 +30,6 @@ import time
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
@@ -162,7 +161,7 @@ def plan_run(options: MaterializeOptions) -> Plan:
             required=required,
             overrides=options.special_tokens,
             num_sentinels=objective.max_sentinels(),
-            mode_tokens=tuple(getattr(objective, "mode_tokens", ())),
+            mode_tokens=objective.mode_tokens,
             add_missing=options.add_special_tokens,
         )
     except ValueError as exc:
@@ -271,7 +270,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
 
 def shard_sizing(plan: Plan) -> dict[str, int | None]:
     """Arguments of :func:`transforms.objectives.layout.shard_count` (after split and tokens)."""
-    length, _ = plan.objective.plan_chunk(np.random.default_rng(0))
+    length = round(plan.objective.mean_raw_length)
     o = plan.options
     return {
         "num_shards": o.num_shards,

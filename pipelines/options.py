@@ -40,6 +40,8 @@ OBJECTIVE_FLAGS: list[tuple[str, str, type, tuple[str, ...], str]] = [
     ("--keep-ratio", "keep_ratio", float, ("mlm",), "selected tokens left unchanged (0.1)"),
     ("--whole-word-mask", "whole_word_mask", bool, ("mlm",), "select whole words (pre-tokenizer words)"),
     ("--frame", "frame", bool, ("mlm",), "frame each example with CLS ... SEP"),
+    ("--max-predictions", "max_predictions", int, ("mlm",), "cap on selected tokens per example (BERT's "
+     "max_predictions_per_seq; default: no cap)"),
     ("--bart-mask", "mask", float, ("bart",), "share of words masked by text infilling (0.3)"),
     ("--bart-mask-random", "mask_random", float, ("bart",), "share of masks that are random tokens (0.1)"),
     ("--bart-insert", "insert", float, ("bart",), "random insertion rate (0)"),
