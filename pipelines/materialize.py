@@ -227,6 +227,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "seed": o.seed,
             "packing": o.packing,
             "last_chunk": o.last_chunk,
+            "document_separator": o.document_separator,
             "num_buckets": o.num_buckets,
             "validation_fraction": o.validation_fraction,
             "formats": list(o.formats),
@@ -306,7 +307,8 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         encoder=plan.encoder.backend,
     )
     chunks, pack_stats = tokenized.documents | "Pack" >> Pack(
-        plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk
+        plan.objective, mode=o.packing, seed=o.seed, last_chunk=o.last_chunk,
+        eos=plan.resolved.special.eos if o.document_separator == "eos" else None
     )
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (

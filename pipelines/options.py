@@ -25,6 +25,8 @@ __all__ = ["FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "pars
            "resolve_encoder_threads"]
 
 FORMATS = ("arrow", "webdataset")
+#: What ends each document in the packed stream (--document-separator).
+DOCUMENT_SEPARATORS = ("eos", "none")
 #: Objective parameter flags: (flag, config field, type, objectives that take it, help).
 #: Only flags the user sets are passed on; a flag the chosen objective does not take is an error.
 _LM = ("clm", "prefix_lm", "mlm", "bart")
@@ -100,6 +102,8 @@ class MaterializeOptions:
     encoder: str = "auto"
     #: run Beam's construction-time type check (``--pipeline-type-check``)
     pipeline_type_check: bool = False
+    #: what ends each document in the packed stream: "eos" or "none" (T5's join)
+    document_separator: str = "eos"
     #: the runner runs every stage in this process (large values cross its shuffles by reference)
     in_one_process: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
@@ -318,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--packing", choices=PACKING_MODES, default="concat")
     pack.add_argument("--last-chunk", choices=LAST_CHUNK_MODES, default="drop",
                       help="the split's final partial chunk in concat packing")
+    pack.add_argument("--document-separator", choices=DOCUMENT_SEPARATORS, default="eos",
+                      help="what ends each document in the packed stream: eos (default) or none, T5's join "
+                           "(reduce_concat_tokens: span corruption then never sees an EOS inside a chunk)")
     pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=64,
                       help="packing buckets per split (part of the config: changes the bytes)")
     pack.add_argument("--seed", type=int, default=0)
@@ -423,6 +430,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         validation_fraction=args.validation_fraction,
         packing=args.packing,
         last_chunk=args.last_chunk,
+        document_separator=args.document_separator,
         num_buckets=args.num_buckets,
         text_mode=args.text_mode,
         text_field=args.text_field,

@@ -164,7 +164,8 @@ class Pack(beam.PTransform):
         objective: the objective (plans chunk lengths).
         mode: ``concat``, ``best_fit`` or ``none``.
         seed: global seed.
-        eos: EOS id appended to every document.
+        eos: EOS id appended to every document; None joins documents without a separator
+            (``--document-separator none``).
         last_chunk: ``drop`` or ``pad`` the split's final partial chunk (concat).
 
     Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of ``(split, chunk_key,
@@ -175,7 +176,7 @@ class Pack(beam.PTransform):
     STATS = "stats"
     REST = "rest"
 
-    def __init__(self, objective, *, mode: str, seed: int, eos: int, last_chunk: str = "drop"):
+    def __init__(self, objective, *, mode: str, seed: int, eos: int | None, last_chunk: str = "drop"):
         super().__init__()
         self._objective, self._mode, self._seed, self._eos, self._last_chunk = objective, mode, seed, eos, last_chunk
 

@@ -15,7 +15,10 @@ Modes (DESIGN.md section 2.3):
 - ``none``: one document per chunk, long documents split into chunk-sized pieces.
 
 A :class:`Piece` is a run of tokens with its document segment lengths and aligned
-per-token features. The EOS appended to each document belongs to that document.
+per-token features. The EOS appended to each document belongs to that document. With no
+separator (``eos=None``, ``--document-separator none``) documents are joined as they are, as
+T5's ``reduce_concat_tokens`` and HF's ``group_texts`` join them; the segment lengths still
+mark where each one ends.
 """
 
 from __future__ import annotations
@@ -86,14 +89,17 @@ class Piece:
         )
 
 
-def document_piece(ids: np.ndarray, eos: int, features: dict[str, np.ndarray] | None = None) -> Piece:
-    """A document's tokens followed by EOS, as one single-segment piece."""
-    tokens = np.empty(len(ids) + 1, dtype=np.int32)
-    tokens[:-1] = ids
-    tokens[-1] = eos
+def document_piece(ids: np.ndarray, eos: int | None, features: dict[str, np.ndarray] | None = None) -> Piece:
+    """A document's tokens followed by EOS (none for ``eos=None``), as one single-segment piece."""
+    separator = 0 if eos is None else 1
+    tokens = np.empty(len(ids) + separator, dtype=np.int32)
+    tokens[: len(ids)] = ids
+    if separator:
+        tokens[-1] = eos
     feats = {}
     for name, values in (features or {}).items():
-        feats[name] = np.append(np.asarray(values, dtype=bool), EOS_FEATURE.get(name, False))
+        flags = np.asarray(values, dtype=bool)
+        feats[name] = np.append(flags, EOS_FEATURE.get(name, False)) if separator else flags.copy()
     return Piece(tokens, np.array([len(tokens)], dtype=np.int32), feats)
 
 
@@ -109,9 +115,9 @@ def concat_pieces(pieces: list[Piece]) -> Piece:
     )
 
 
-def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndarray]]], eos: int) -> Piece:
+def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndarray]]], eos: int | None) -> Piece:
     """``concat_pieces([document_piece(ids, eos, features) for ids, features in documents])``,
-    copying every document once.
+    copying every document once (``eos=None``: no separator).
 
     Args:
         documents: ``(ids, features)`` per document; ids as an integer array or the bytes of an
@@ -119,16 +125,17 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
     """
     if not documents:
         return concat_pieces([])
-    eos_bytes = np.array([eos], dtype=np.int32).tobytes()
+    eos_bytes = b"" if eos is None else np.array([eos], dtype=np.int32).tobytes()
+    separator = len(eos_bytes) // 4
     parts, lengths = [], np.empty(len(documents), dtype=np.int32)
     for index, (ids, _) in enumerate(documents):
         data = ids if isinstance(ids, bytes) else np.asarray(ids).astype(np.int32, copy=False).tobytes()
         parts.append(data)
         parts.append(eos_bytes)
-        lengths[index] = len(data) // 4 + 1
+        lengths[index] = len(data) // 4 + separator
     features = {}
     for name in documents[0][1]:
-        end_flag = np.array([EOS_FEATURE.get(name, False)])
+        end_flag = np.array([EOS_FEATURE.get(name, False)])[:separator]
         flags = []
         for _, document_features in documents:
             flags.append(np.asarray(document_features[name], dtype=bool))
