@@ -59,7 +59,7 @@ from transforms.objectives.registry import make_objective
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 1234
 #: Rows per block, as the pipeline's builder (transforms/parallel.py BLOCK_ROWS) makes them.
-BLOCK = 256
+BLOCK = 512
 MODES = ("[R]", "[S]", "[X]", "[NLU]", "[NLG]", "[S2S]")
 FEATURES = ("word_starts", "space_starts", "sentence_starts")
 
@@ -180,16 +180,21 @@ def build_blocks(objective, special: SpecialIds, workload: Workload, sink=None) 
 
 
 def _build_blocks_legacy(objective, special: SpecialIds, workload: Workload) -> None:
+    """The old builder's fast paths, in its block sizes: ``build_block`` for clm (BLOCK_CHUNKS
+    chunks), ``build_many`` for the others (MANY_ROWS rows, its generators seeded together)."""
     from transforms.objectives.common import example_rngs
+    from transforms.parallel import BLOCK_CHUNKS, MANY_ROWS
 
-    for items in workload.blocks:
-        keys = [key for key, _, _ in items]
+    items = [item for block in workload.blocks for item in block]
+    size = BLOCK_CHUNKS if hasattr(objective, "build_block") else MANY_ROWS
+    for start in range(0, len(items), size):
+        part = items[start: start + size]
         if hasattr(objective, "build_block"):
-            tokens = np.stack([piece.tokens for _, _, piece in items])
-            objective.build_block(tokens, [piece.doc_lengths for _, _, piece in items])
+            tokens = np.stack([piece.tokens for _, _, piece in part])
+            objective.build_block(tokens, [piece.doc_lengths for _, _, piece in part])
             continue
-        objective.build_many([piece for _, _, piece in items], [plan for _, plan, _ in items],
-                             example_rngs(SEED, keys), special)
+        objective.build_many([piece for _, _, piece in part], [plan for _, plan, _ in part],
+                             example_rngs(SEED, [key for key, _, _ in part]), special)
 
 
 BENCH_OBJECTIVES: dict[str, tuple[str, dict[str, Any]]] = {

@@ -65,7 +65,7 @@ __all__ = [
 TASK_TOKENS = 1 << 18
 #: Rows (chunks times draws) a builder gathers before the objective builds them in one call:
 #: enough that numpy's cost per call is spread thin, few enough that a block's arrays stay small.
-BLOCK_ROWS = 256
+BLOCK_ROWS = 512
 #: Tasks in flight per worker process: one running, one waiting, so a worker never idles
 #: while the stage feeds it, and a bundle holds only a few tasks' chunks and results.
 TASKS_PER_WORKER = 2

@@ -64,7 +64,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -176,20 +176,38 @@ def poisson_span_cdf(poisson_lambda: float) -> np.ndarray:
     return cdf
 
 
-def _span_ends(word_start: np.ndarray, barrier: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """End (exclusive) of each span of ``lengths`` words from ``starts``, stopped at the next barrier.
+class _Words(NamedTuple):
+    """Where spans may start and where they must stop, for one masking pass.
 
-    fairseq walks token by token, counting word starts, with a huge count on ``</s>``; here
-    the end is the ``length``-th word boundary after the start, or the first barrier if
-    that comes sooner. The last position (``</s>``) must be a barrier.
+    Attributes:
+        pool: positions of the maskable word starts (a word start that is no barrier), ascending.
+        per_row: how many each row has.
+        barriers: positions of the barriers, ascending (every row ends with one: ``</s>``).
+        before: for each barrier, how many pool positions come before it.
     """
-    boundaries = np.flatnonzero(word_start | barrier)
-    barriers = np.flatnonzero(barrier)
-    word_end = boundaries.searchsorted(starts)  # each start's index among the boundaries (a start is one)
-    following = barriers.searchsorted(starts, side="right")  # the first barrier after it
-    word_end += lengths
-    np.minimum(word_end, boundaries.size - 1, out=word_end)
-    return np.minimum(boundaries[word_end], barriers[following])
+
+    pool: np.ndarray
+    per_row: np.ndarray
+    barriers: np.ndarray
+    before: np.ndarray
+
+
+def _span_ends(words: _Words, index: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """End (exclusive) of each span of ``lengths`` words from the pool's ``index``-th word start,
+    stopped at the next barrier, and how many pool positions come before that end.
+
+    fairseq walks token by token, counting word starts, with a huge count on ``</s>``. Here: the
+    span ends at the ``length``-th maskable word start after its own, unless a barrier comes
+    first; as no barrier lies between the two in that case, that word start is
+    ``pool[index + length]``.
+    """
+    following = words.barriers.searchsorted(words.pool[index], side="right")  # the next barrier
+    limit = words.before[following]  # the pool positions before it
+    reach = index + lengths
+    inside = reach < limit
+    ends = words.barriers[following]
+    ends[inside] = words.pool[reach[inside]]
+    return ends, np.minimum(reach, limit)
 
 
 def _gather_index(starts: np.ndarray, ordering: np.ndarray, total: int) -> np.ndarray:
@@ -285,10 +303,11 @@ class _Source:
         """The row of each position (int64)."""
         return self.offsets.searchsorted(positions, side="right") - 1
 
-    def pool(self) -> tuple[np.ndarray, np.ndarray]:
-        """Maskable word starts (positions) and how many each row has."""
+    def words(self) -> _Words:
+        """The maskable word starts and the barriers, as they are now."""
         pool = np.flatnonzero(self.word_start > self.barrier)  # word_start & ~barrier
-        return pool, np.diff(pool.searchsorted(self.offsets))
+        barriers = np.flatnonzero(self.barrier)
+        return _Words(pool, np.diff(pool.searchsorted(self.offsets)), barriers, pool.searchsorted(barriers))
 
     def delete(self, starts: np.ndarray, ends: np.ndarray) -> None:
         """Delete the tokens of the ranges ``[starts[i], ends[i])`` (ascending, disjoint, each
@@ -297,15 +316,12 @@ class _Source:
         starts, ends = starts[wanted], ends[wanted]
         if not starts.shape[0]:
             return
-        size = self.ids.shape[0]
-        # +1 where a range starts, -1 where one ends (a range may start where another ends):
-        # the running sum is 1 inside the ranges
-        edges = np.zeros(size + 1, dtype=np.int8)
-        edges[starts] = 1
-        edges[ends] -= 1
-        inside = np.cumsum(edges[:-1], dtype=np.int8)
-        keep = inside == 0
-        removed = np.bincount(self.rows_of(starts), weights=ends - starts, minlength=self.count)
+        lengths = ends - starts
+        deleted = np.repeat(starts - _exclusive(lengths), lengths)
+        deleted += index_range(deleted.shape[0])
+        keep = np.ones(self.ids.shape[0], dtype=bool)
+        keep[deleted] = False
+        removed = np.bincount(self.rows_of(starts), weights=lengths, minlength=self.count)
         self.ids = self.ids[keep]
         if self.flags:
             self.word_start, self.barrier = self.word_start[keep], self.barrier[keep]
@@ -331,20 +347,18 @@ class _Source:
         self.offsets = offsets
 
 
-def _starts_in_pool(randoms: Randoms, stream: int, pool: np.ndarray, per_row: np.ndarray,
-                    wanted: np.ndarray) -> np.ndarray:
+def _starts_in_pool(randoms: Randoms, stream: int, words: _Words, wanted: np.ndarray) -> np.ndarray:
     """``wanted[r]`` distinct maskable word starts of each row in a uniformly random order
-    (fairseq's ``randperm`` of the word starts), rows end to end."""
-    chosen, _ = first_distinct(randoms, stream, per_row, wanted)
-    return pool[chosen + np.repeat(_exclusive(per_row), wanted)]
+    (fairseq's ``randperm`` of the word starts), rows end to end, as indices into the pool."""
+    chosen, _ = first_distinct(randoms, stream, words.per_row, wanted)
+    return chosen + np.repeat(_exclusive(words.per_row), wanted)
 
 
-def _noise_spans(source: _Source, pool: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+def _noise_spans(source: _Source, words: _Words, index: np.ndarray, lengths: np.ndarray,
                  is_random: np.ndarray, replace_length: int, random_values: tuple[np.ndarray, np.ndarray],
                  mask: int) -> dict[str, int]:
-    """Mask, replace or delete word spans of ``lengths`` (all > 0) from ``starts`` (rows in
-    order; ``pool``: the maskable word starts they were drawn from), as fairseq's
-    ``add_whole_word_mask`` does after its draws.
+    """Mask, replace or delete word spans of ``lengths`` (all > 0) from the word starts
+    ``words.pool[index]`` (rows in order), as fairseq's ``add_whole_word_mask`` does after its draws.
 
     ``random_values`` = ``(values, offsets)``: each row's random ids, used in order by the
     row's random positions (replace 1: the random spans' starts in drawing order; -1: the
@@ -352,18 +366,22 @@ def _noise_spans(source: _Source, pool: np.ndarray, starts: np.ndarray, lengths:
 
     Returns the counters ``masked_words``, ``masked_tokens`` and ``random_tokens``.
     """
-    ends = _span_ends(source.word_start, source.barrier, starts, lengths)
     # Overlapping spans merge: in start order, a span that starts before the furthest end so far
     # joins the current run. Runs never cross rows (a row's spans end at its </s> at the latest).
-    order = starts.argsort(kind="stable")
-    sorted_starts = starts[order]
-    furthest = np.maximum.accumulate(ends[order])
+    starts = words.pool[index]
+    order = index.argsort(kind="stable")
+    sorted_index = index[order]
+    sorted_starts = words.pool[sorted_index]
+    furthest, furthest_index = _span_ends(words, sorted_index, lengths[order])
+    np.maximum.accumulate(furthest, out=furthest)
+    np.maximum.accumulate(furthest_index, out=furthest_index)
     opens = np.ones(order.shape[0], dtype=bool)
     np.greater_equal(sorted_starts[1:], furthest[:-1], out=opens[1:])
     run_starts = sorted_starts[opens]
-    run_ends = furthest[np.r_[np.flatnonzero(opens)[1:] - 1, order.shape[0] - 1]] if order.size else furthest
-    # Covered positions are never barriers, so the covered word starts are the pool's.
-    counters = {"masked_words": int((pool.searchsorted(run_ends) - pool.searchsorted(run_starts)).sum()),
+    last = np.r_[np.flatnonzero(opens)[1:] - 1, order.shape[0] - 1] if order.size else order
+    run_ends = furthest[last]
+    # Covered positions are never barriers: the covered word starts are the pool's, counted by index.
+    counters = {"masked_words": int((furthest_index[last] - sorted_index[opens]).sum()),
                 "masked_tokens": int((run_ends - run_starts).sum()), "random_tokens": 0}
     if replace_length == 0:
         source.delete(run_starts, run_ends)
@@ -513,22 +531,22 @@ class Bart(Objective):
         word_start[offsets[:-1] + 1] = space_starts[block.offsets[:-1]]  # but not after <s>
         flags = config.token_mask > 0 or config.token_delete > 0
         source = _Source(ids, word_start, barrier, offsets, flags)
-        pool, words = source.pool()
-        counters["words"] = int(pool.shape[0])
+        words = source.words()
+        counters["words"] = int(words.pool.shape[0])
 
-        if config.mask > 0 and pool.size:
-            self._mask_pass(source, randoms, pool, words, special, counters)
+        if config.mask > 0 and words.pool.size:
+            self._mask_pass(source, randoms, words, special, counters)
         for share, replace_length, streams in ((config.token_mask, -1, TOKEN_MASK_STREAMS),
                                                (config.token_delete, 0, TOKEN_DELETE_STREAMS)):
             if share > 0 and counters["words"]:
-                pool, available = source.pool()
-                wanted = np.minimum(available, _ceil_all(words * share))
+                now = source.words()
+                wanted = np.minimum(now.per_row, _ceil_all(words.per_row * share))
                 ones = np.ones(int(wanted.sum()), dtype=np.int64)
-                starts = _starts_in_pool(randoms, streams[0], pool, available, wanted)
+                index = _starts_in_pool(randoms, streams[0], now, wanted)
                 is_random = self._span_flags(randoms, streams[1], wanted)
-                random_values = self._random_values(source, randoms, streams[2], starts, ones, is_random,
+                random_values = self._random_values(source, now, randoms, streams[2], index, ones, is_random,
                                                     replace_length, special)
-                found = _noise_spans(source, pool, starts, ones, is_random, replace_length, random_values,
+                found = _noise_spans(source, now, index, ones, is_random, replace_length, random_values,
                                      special.mask)
                 for name, value in found.items():
                     counters[name] += value
@@ -572,7 +590,7 @@ class Bart(Objective):
         flags = randoms.uniforms(stream, most) < self.config.mask_random
         return flags[np.arange(most) < counts[:, None]]
 
-    def _random_values(self, source: _Source, randoms: Randoms, stream: int, starts: np.ndarray,
+    def _random_values(self, source: _Source, words: _Words, randoms: Randoms, stream: int, index: np.ndarray,
                        lengths: np.ndarray, is_random: np.ndarray, replace_length: int,
                        special: SpecialIds) -> tuple[np.ndarray, np.ndarray]:
         """Each row's random ids for :func:`_noise_spans`, rows end to end, and their offsets:
@@ -580,21 +598,22 @@ class Bart(Objective):
         positions they win are fewer where spans overlap; the first ones are used)."""
         need = np.zeros(source.count, dtype=np.int64)
         if replace_length != 0 and is_random.any():
-            span_row = source.rows_of(starts[is_random])
+            starts = words.pool[index[is_random]]
+            span_row = source.rows_of(starts)
             if replace_length == 1:
                 need = np.bincount(span_row, minlength=source.count)
             else:
-                ends = _span_ends(source.word_start, source.barrier, starts[is_random], lengths[is_random])
-                need = np.bincount(span_row, weights=ends - starts[is_random], minlength=source.count).astype(np.int64)
+                ends, _ = _span_ends(words, index[is_random], lengths[is_random])
+                need = np.bincount(span_row, weights=ends - starts, minlength=source.count).astype(np.int64)
         offsets = np.zeros(source.count + 1, dtype=np.int64)
         np.cumsum(need, out=offsets[1:])
         return random_ids(randoms, stream, need, special), offsets
 
-    def _mask_pass(self, source: _Source, randoms: Randoms, pool: np.ndarray, words: np.ndarray,
-                   special: SpecialIds, counters: dict[str, int]) -> None:
+    def _mask_pass(self, source: _Source, randoms: Randoms, words: _Words, special: SpecialIds,
+                   counters: dict[str, int]) -> None:
         """Span masking (step 2 of the module docstring), then the zero-length-span insertions."""
         config = self.config
-        budgets = _ceil_all(words * config.mask)
+        budgets = _ceil_all(words.per_row * config.mask)
         lengths, length_offsets = span_lengths(randoms, budgets, config)
         histogram = np.bincount(lengths)
         for k, number in enumerate(histogram.tolist()):
@@ -607,12 +626,12 @@ class Bart(Objective):
         counters["zero_length_spans"] = int(zero.sum())
         wanted = np.bincount(span_row[nonzero], minlength=source.count)
         counters["masked_spans"] = int(wanted.sum())
-        starts = _starts_in_pool(randoms, START_STREAM, pool, words, wanted)
+        index = _starts_in_pool(randoms, START_STREAM, words, wanted)
         span_lengths_ = lengths[nonzero]
         is_random = self._span_flags(randoms, SPAN_RANDOM_STREAM, wanted)
-        random_values = self._random_values(source, randoms, SPAN_IDS_STREAM, starts, span_lengths_, is_random,
+        random_values = self._random_values(source, words, randoms, SPAN_IDS_STREAM, index, span_lengths_, is_random,
                                             config.replace_length, special)
-        found = _noise_spans(source, pool, starts, span_lengths_, is_random, config.replace_length, random_values,
+        found = _noise_spans(source, words, index, span_lengths_, is_random, config.replace_length, random_values,
                              special.mask)
         for name, value in found.items():
             counters[name] += value

@@ -188,16 +188,19 @@ def _word_order_selection(candidate_row: np.ndarray, starts: np.ndarray, budget:
     passed = np.bincount(row_of[taken], minlength=count)  # words of the order scanned so far
     room = budget - np.bincount(row_of[taken], weights=lengths[taken], minlength=count).astype(np.int64)
     # Then, round after round, each row's next word that fits what is left (a few rounds: the
-    # room is below the length of the word that overflowed).
-    while True:
-        fits = (room[row_of] > 0) & (lengths <= room[row_of]) & (position >= passed[row_of])
-        index = np.flatnonzero(fits)
-        if not index.size:
+    # room is below the length of the word that overflowed). Only words that fit the room left
+    # now can ever be taken, as it only shrinks: the rounds look at those alone.
+    later = np.flatnonzero((lengths <= room[row_of]) & (position >= passed[row_of]))
+    while later.size:
+        rows = row_of[later]
+        fits = later[(lengths[later] <= room[rows]) & (position[later] >= passed[rows])]
+        if not fits.size:
             break
-        first = index[np.r_[True, row_of[index[1:]] != row_of[index[:-1]]]]  # the first per row
+        first = fits[np.r_[True, row_of[fits[1:]] != row_of[fits[:-1]]]]  # the first per row
         taken[first] = True
         room[row_of[first]] -= lengths[first]
         passed[row_of[first]] = position[first] + 1
+        later = later[position[later] >= passed[row_of[later]]]
     chosen = np.zeros(word_row.shape[0], dtype=bool)
     chosen[visit[taken]] = True
     return chosen[word_of]

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, Objective, in_block_order, padded_rows
+from transforms.objectives.base import Block, Built, Objective, in_block_order
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.span_corruption import (
     SPAN_LENGTH_HISTOGRAM_CAP,
@@ -284,13 +284,11 @@ def _mode_id(denoiser: Denoiser, special: SpecialIds) -> int:
     return special.mode_tokens[denoiser.mode_token]
 
 
-def _prefix_rows(tokens: np.ndarray, suffix: np.ndarray, mode: int, eos: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """S-denoiser rows of one length: ``[mode] prefix </s>`` and ``suffix </s>`` end to end,
-    with their lengths."""
+def _prefix_rows(tokens: np.ndarray, suffix: np.ndarray, mode: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """S-denoiser rows of one length: ``[mode] prefix </s> suffix </s>``, ``(rows, L + 3)``, and
+    the inputs' lengths (``[mode] prefix </s>``)."""
     rows, length = tokens.shape
     split = length - suffix
-    inputs_lengths, targets_lengths = split + 2, suffix + 1
     positions = np.arange(length + 3)
     # each row becomes [mode] tokens[:split] </s> tokens[split:] </s>: length + 3 slots
     source = np.where(positions <= split[:, None], positions - 1, positions - 2)
@@ -299,7 +297,7 @@ def _prefix_rows(tokens: np.ndarray, suffix: np.ndarray, mode: int, eos: int
     row[:, 0] = mode
     row[np.arange(rows), split + 1] = eos
     row[:, -1] = eos
-    return row.reshape(-1), inputs_lengths, targets_lengths, split
+    return row, split + 2
 
 
 class UL2(Objective):
@@ -375,73 +373,72 @@ class UL2(Objective):
             raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {bad}")
         check_chunks(block, special, int(self._raw_lengths.max()), "ul2", least=1)
         counters: dict[str, int] = {}
-        inputs_parts, targets_parts, eos = [], [], special.eos
+        parts = []  # (rows, inputs and targets of each row joined: 2-D, inputs lengths, (inputs, targets) or None)
         for plan in np.unique(plans).tolist():
             denoiser, lengths = self.denoisers[plan], self.lengths[plan]
             mode = _mode_id(denoiser, special)
-            rows_of_plan = np.flatnonzero(plans == plan)
             names = self._counter_names[plan]
             own = dict.fromkeys(names.values(), 0)
-            for length, rows in block.by_length(rows_of_plan):
-                chunk = block.matrix(rows, length)
-                if chunk.shape[1] > lengths.raw_length or chunk.shape[1] < 1:
+            for length, rows in block.by_length(np.flatnonzero(plans == plan)):
+                if length > lengths.raw_length:
                     raise ValueError(f"denoiser {denoiser.name!r} takes chunks of 1 to {lengths.raw_length} tokens, "
-                                     f"got one of {chunk.shape[1]}")
-                count = rows.shape[0]
+                                     f"got one of {length}")
+                chunk, count = block.matrix(rows, length), rows.shape[0]
                 if denoiser.kind == "span":
                     inputs, targets, noise = corrupt_rows(chunk, block.randoms.rows(rows), denoiser.noise_density,
                                                           denoiser.mean_noise_span_length, special, lead=1)
                     inputs[:, 0] = mode
+                    split = (inputs, targets)
+                    joined = np.concatenate(split, axis=1) if self.config.layout == DECODER_LAYOUT else None
                     inputs_lengths = np.full(count, inputs.shape[1])
-                    targets_lengths = np.full(count, targets.shape[1])
-                    inputs_parts.append((rows, inputs.reshape(-1), inputs_lengths))
-                    targets_parts.append((rows, targets.reshape(-1), targets_lengths))
                     noise_tokens, spans = int(noise.sum()), int(noise.size)
                     for name, number in span_histogram(noise, self._histogram_names[plan]).items():
                         counters[name] = counters.get(name, 0) + number
-                else:
-                    longest = min(length - 1, lengths.max_suffix)
+                else:  # [mode] prefix </s> | suffix </s>
+                    suffix = np.zeros(count, dtype=np.int64)
                     if length >= 2:
+                        longest = min(length - 1, lengths.max_suffix)
                         suffix = block.randoms.rows(rows).integers(SUFFIX_STREAM, 1, longest).reshape(-1) + 1
-                    else:
-                        suffix = np.zeros(count, dtype=np.int64)
-                    joined, inputs_lengths, targets_lengths, _ = _prefix_rows(chunk, suffix, mode, eos)
-                    # [mode] prefix </s> | suffix </s>: split each joined row after its inputs
-                    is_input = np.arange(length + 3) < inputs_lengths[:, None]
-                    flat_input = is_input.reshape(-1)
-                    inputs_parts.append((rows, joined[flat_input], inputs_lengths))
-                    targets_parts.append((rows, joined[~flat_input], targets_lengths))
+                    joined, inputs_lengths = _prefix_rows(chunk, suffix, mode, special.eos)
+                    split = None
                     noise_tokens, spans = int(suffix.sum()), int(np.count_nonzero(suffix))
+                parts.append((rows, joined, inputs_lengths, split))
                 own[names["examples"]] += count
                 own[names["raw_tokens"]] += count * length
                 own[names["noise_tokens"]] += noise_tokens
                 own[names["noise_spans"]] += spans
-                own[names["inputs_tokens"]] += int(np.sum(inputs_lengths))
-                own[names["targets_tokens"]] += int(np.sum(targets_lengths))
+                inputs_tokens = int(inputs_lengths.sum())
+                own[names["inputs_tokens"]] += inputs_tokens
+                own[names["targets_tokens"]] += split[1].size if split is not None else joined.size - inputs_tokens
             for key, name in names.items():
                 counters[key] = counters.get(key, 0) + own[name]
             counters.update(own)
         strings = {"denoiser": [self.denoisers[plan].name for plan in plans.tolist()]}
-        inputs = in_block_order(block.count, inputs_parts)
-        targets = in_block_order(block.count, targets_parts)
         if self.config.layout == ENCODER_DECODER_LAYOUT:
-            return Built({"inputs": inputs, "targets": targets}, {}, strings, counters)
-        inputs_lengths, targets_lengths = np.diff(inputs[1]), np.diff(targets[1])
-        totals = inputs_lengths + targets_lengths
-        joined = np.empty(int(totals.sum()), dtype=np.int32)
-        row_starts = np.zeros(block.count + 1, dtype=np.int64)
-        np.cumsum(totals, out=row_starts[1:])
-        is_input = np.ones(joined.shape[0], dtype=bool)
-        target_slots = np.repeat(row_starts[:-1] + inputs_lengths - targets[1][:-1], targets_lengths)
-        target_slots += np.arange(target_slots.shape[0])
-        is_input[target_slots] = False
-        joined[is_input] = inputs[0]
-        joined[~is_input] = targets[0]
-        values, offsets, padding = padded_rows(joined, row_starts, self.seq_len, special.pad)
-        counters["padding_tokens"] = padding
-        arrays = {"input_ids": (values, offsets),
-                  "doc_lengths": (totals.astype(np.int32), np.arange(block.count + 1, dtype=np.int64))}
-        return Built(arrays, {"prefix_length": inputs_lengths.astype(np.int32)}, strings, counters)
+            inputs, targets = [], []
+            for rows, joined, inputs_lengths, split in parts:
+                if split is not None:  # span denoisers: the two 2-D parts as they are
+                    inputs.append((rows, split[0].reshape(-1), inputs_lengths))
+                    targets.append((rows, split[1].reshape(-1), np.full(rows.shape[0], split[1].shape[1])))
+                    continue
+                is_input = (np.arange(joined.shape[1]) < inputs_lengths[:, None]).reshape(-1)
+                flat = joined.reshape(-1)
+                inputs.append((rows, flat[is_input], inputs_lengths))
+                targets.append((rows, flat[~is_input], joined.shape[1] - inputs_lengths))
+            arrays = {"inputs": in_block_order(block.count, inputs), "targets": in_block_order(block.count, targets)}
+            return Built(arrays, {}, strings, counters)
+        # decoder layout: each part's joined rows go straight into the padded rows
+        rows_out = np.full((block.count, self.seq_len), special.pad, dtype=np.int32)
+        prefix = np.zeros(block.count, dtype=np.int32)
+        totals = np.zeros(block.count, dtype=np.int32)
+        for rows, joined, inputs_lengths, _ in parts:
+            rows_out[rows, : joined.shape[1]] = joined
+            prefix[rows] = inputs_lengths
+            totals[rows] = joined.shape[1]
+        counters["padding_tokens"] = block.count * self.seq_len - int(totals.sum())
+        arrays = {"input_ids": (rows_out.reshape(-1), np.arange(block.count + 1, dtype=np.int64) * self.seq_len),
+                  "doc_lengths": (totals, np.arange(block.count + 1, dtype=np.int64))}
+        return Built(arrays, {"prefix_length": prefix}, strings, counters)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""

@@ -254,11 +254,12 @@ def test_span_ends_match_fairseqs_walk():
         word_start = rng.random(size) < 0.6
         barrier = rng.random(size) < 0.1
         barrier[[0, -1]] = True
-        pool = np.flatnonzero(word_start & ~barrier)
+        pool, barriers = np.flatnonzero(word_start & ~barrier), np.flatnonzero(barrier)
+        words = bart_module._Words(pool, np.array([pool.size]), barriers, pool.searchsorted(barriers))
         lengths = rng.integers(1, 12, size=pool.size)
-        ends = bart_module._span_ends(word_start, barrier, pool, lengths)
+        ends, before = bart_module._span_ends(words, np.arange(pool.size), lengths)
         walked = [_walk_end(word_start.tolist(), barrier.tolist(), s, n) for s, n in zip(pool.tolist(), lengths)]
-        assert ends.tolist() == walked
+        assert ends.tolist() == walked and before.tolist() == pool.searchsorted(ends).tolist()
 
 
 def test_span_lengths_are_fairseqs_draws_until_the_budget():
