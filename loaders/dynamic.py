@@ -2,13 +2,15 @@
 
 A tokens dataset (the ``decoder`` family: ``clm`` chunks with ``input_ids`` and
 ``doc_lengths``) is turned into examples of any objective on the fly, like RoBERTa's
-dynamic masking: each example's noise comes from
-``example_rng(seed, example key, epoch)``, so every epoch sees new noise, and a sample
-gets the same noise whichever rank, worker or resume produced it. The objective is used
-only through its protocol (:class:`transforms.objectives.base.Objective`): ``plan_chunk``
-draws the raw length (UL2 draws its denoiser first), the first ``raw_length`` real tokens
-of the stored chunk are cut (fewer when the chunk is shorter: the objective pads a short
-chunk as it does for a split's last chunk), and ``build`` makes the example.
+dynamic masking: each example's noise is counter-based, keyed by ``(seed, example key,
+epoch)`` (:func:`transforms.objectives.layout.example_randoms`), so every epoch sees new
+noise, and a sample gets the same noise whichever rank, worker or resume produced it. The
+objective is used only through its protocol (:class:`transforms.objectives.base.Objective`),
+as the pipeline uses it: ``plan`` gives the raw length (UL2 draws its denoiser first, from
+the number :func:`~transforms.objectives.layout.plan_uniforms` gives the key and epoch), the
+first ``raw_length`` real tokens of the stored chunk are cut (fewer when the chunk is shorter:
+the objective pads a short chunk as it does for a split's last chunk), and ``build`` makes the
+example as a block of one (:func:`~transforms.objectives.base.build_example`).
 
 Objectives that need per-token features (BART's sentence and word starts, MLM with whole
 word masking) cannot run on stored tokens, which keep no such features; they fail at
@@ -24,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from loaders.errors import UnsupportedSchemaError
-from transforms.objectives.common import SpecialIds, example_rng
+from transforms.objectives.base import build_example
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.layout import example_randoms, plan_uniforms
 
 __all__ = ["LENGTH_PARAMETERS", "DynamicObjective", "fit_length", "max_raw_length", "resolve_objective",
            "special_ids_from_tokenizer"]
@@ -37,11 +41,7 @@ LENGTH_PARAMETERS = {"clm": "seq_len", "prefix_lm": "seq_len", "mlm": "seq_len",
 
 def max_raw_length(objective: Any) -> int:
     """The longest raw chunk an objective cuts (UL2: over its denoisers)."""
-    lengths = getattr(objective, "lengths", None)  # UL2: one DenoiserLengths per denoiser
-    if lengths:
-        return max(int(item.raw_length) for item in lengths)
-    raw, _ = objective.plan_chunk(np.random.default_rng(0))
-    return int(raw)
+    return max(int(length) for length in objective.raw_lengths)
 
 
 def fit_length(name: str, params: dict[str, Any], chunk_length: int) -> int:
@@ -116,7 +116,7 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
         raise FileNotFoundError(f"{tokenizer_path}: the dataset's tokenizer is missing; pass special= explicitly")
     tokenizer = Tokenizer.from_file(tokenizer_path)
     roles = dict(manifest_tokenizer.get("special_ids", {}))
-    needed = set(getattr(objective, "required_specials", ())) - {"sentinels", "mode_tokens"}
+    needed = set(objective.required_specials) - {"sentinels", "mode_tokens"}
     missing = sorted(needed - set(roles))
     if missing:
         raise ValueError(f"objective {objective.name} needs special tokens {missing}; the tokenizer has {roles}")
@@ -128,7 +128,7 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
             f"objective {objective.name} needs {num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}>, "
             f"the dataset's tokenizer has {have}; materialize with --add-special-tokens or pass special="
         )
-    modes = {token: tokenizer.token_to_id(token) for token in getattr(objective, "mode_tokens", ())}
+    modes = {token: tokenizer.token_to_id(token) for token in objective.mode_tokens}
     missing_modes = sorted(t for t, i in modes.items() if i is None)
     if missing_modes:
         raise ValueError(f"objective {objective.name} needs mode tokens {missing_modes}; the tokenizer lacks them")
@@ -168,14 +168,14 @@ class DynamicObjective:
             raise UnsupportedSchemaError(
                 f"dynamic objective {objective.name}: needs a tokens dataset (decoder family, e.g. clm), got {family!r}"
             )
-        needs = set(getattr(objective, "features", ())) - {"doc_lengths"}
+        needs = set(objective.features) - {"doc_lengths"}
         if needs:
             raise UnsupportedSchemaError(
                 f"dynamic objective {objective.name} needs per-token features {sorted(needs)}, which a tokens dataset "
                 "does not store; materialize it with this objective instead (or disable those options)"
             )
         self.objective, self.special, self.seed = objective, special, seed
-        raw, _ = objective.plan_chunk(np.random.default_rng(0))
+        raw = max(objective.raw_lengths)
         if seq_len is not None and raw > seq_len:
             warnings.warn(
                 f"dynamic objective {objective.name} asks for {raw}-token chunks, the dataset stores {seq_len}; "
@@ -185,17 +185,18 @@ class DynamicObjective:
 
     def __call__(self, example: dict[str, Any], epoch: int) -> dict[str, Any]:
         key = example["key"]
-        rng = example_rng(self.seed, key, epoch)
-        raw_length, plan = self.objective.plan_chunk(rng)
+        raw_lengths, plans = self.objective.plan(plan_uniforms(self.seed, [f"{key}-e{epoch}"]))
+        raw_length, plan = int(raw_lengths[0]), int(plans[0])
         tokens = np.asarray(example["input_ids"])
         doc_lengths = example.get("doc_lengths")
         real = int(np.sum(doc_lengths)) if doc_lengths is not None else len(tokens)
         length = min(raw_length, real)
-        features: dict[str, np.ndarray] = {}
+        cut = None
         if doc_lengths is not None:
             ends = np.minimum(np.cumsum(doc_lengths), length)
             cut = np.diff(ends, prepend=0)
-            features["doc_lengths"] = cut[cut > 0].astype(np.int32)
-        out = self.objective.build(tokens[:length], rng, plan, self.special, features)
+            cut = cut[cut > 0].astype(np.int32)
+        out, _ = build_example(self.objective, tokens[:length], self.special, example_randoms(self.seed, [key], epoch),
+                               plan=plan, doc_lengths=cut)
         out["key"] = key
         return out

@@ -41,7 +41,6 @@ import time
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
@@ -295,7 +294,7 @@ def plan_run(options: MaterializeOptions) -> Plan:
             required=required,
             overrides=options.special_tokens,
             num_sentinels=objective.max_sentinels(),
-            mode_tokens=tuple(getattr(objective, "mode_tokens", ())),
+            mode_tokens=objective.mode_tokens,
             add_missing=options.add_special_tokens,
         )
     except ValueError as exc:
@@ -388,6 +387,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "seed": o.seed,
             "packing": o.packing,
             "last_chunk": o.last_chunk,
+            "document_separator": o.document_separator,
             "num_buckets": o.num_buckets,
             "pack_group_tokens": o.pack_group_tokens,
             "sub_buckets": None if o.num_buckets else SUB_BUCKETS,
@@ -436,7 +436,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
 
 def shard_sizing(plan: Plan) -> dict[str, int | None]:
     """Arguments of :func:`transforms.objectives.layout.shard_count` (after split and tokens)."""
-    length, _ = plan.objective.plan_chunk(np.random.default_rng(0))
+    length = round(plan.objective.mean_raw_length)
     o = plan.options
     return {
         "num_shards": o.num_shards,
@@ -481,7 +481,8 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     if o.num_buckets is None:
         documents = documents | "AssignGroups" >> AssignGroups(groups)
     chunks, packing_stats = documents | "Pack" >> Pack(
-        plan.objective, mode=o.packing, seed=o.seed, eos=plan.resolved.special.eos, last_chunk=o.last_chunk,
+        plan.objective, mode=o.packing, seed=o.seed, last_chunk=o.last_chunk,
+        eos=plan.resolved.special.eos if o.document_separator == "eos" else None,
         group_name="b" if o.num_buckets else "g",
     )
     pack_stats = (

@@ -35,6 +35,8 @@ __all__ = ["BUILD_STAGES", "FORMATS", "MaterializeOptions", "RunnerSetup", "buil
            "worker_flags"]
 
 FORMATS = ("arrow", "webdataset")
+#: What ends each document in the packed stream (--document-separator).
+DOCUMENT_SEPARATORS = ("eos", "none")
 #: Objective parameter flags: (flag, config field, type, objectives that take it, help).
 #: Only flags the user sets are passed on; a flag the chosen objective does not take is an error.
 _LM = ("clm", "prefix_lm", "mlm", "bart")
@@ -50,6 +52,8 @@ OBJECTIVE_FLAGS: list[tuple[str, str, type, tuple[str, ...], str]] = [
     ("--keep-ratio", "keep_ratio", float, ("mlm",), "selected tokens left unchanged (0.1)"),
     ("--whole-word-mask", "whole_word_mask", bool, ("mlm",), "select whole words (pre-tokenizer words)"),
     ("--frame", "frame", bool, ("mlm",), "frame each example with CLS ... SEP"),
+    ("--max-predictions", "max_predictions", int, ("mlm",), "cap on selected tokens per example (BERT's "
+     "max_predictions_per_seq; default: no cap)"),
     ("--bart-mask", "mask", float, ("bart",), "share of words masked by text infilling (0.3)"),
     ("--bart-mask-random", "mask_random", float, ("bart",), "share of masks that are random tokens (0.1)"),
     ("--bart-insert", "insert", float, ("bart",), "random insertion rate (0)"),
@@ -120,6 +124,8 @@ class MaterializeOptions:
     verbose: bool = False
     #: run Beam's construction-time type check (``--pipeline-type-check``)
     pipeline_type_check: bool = False
+    #: what ends each document in the packed stream: "eos" or "none" (T5's join)
+    document_separator: str = "eos"
     #: the runner runs every stage in this process (large values cross its shuffles by reference)
     in_one_process: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
@@ -426,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=None, metavar="N",
                       help="expert override of --pack-group-tokens: N hash buckets per split, whatever their "
                       "sizes (the grouping of dataset format 1; part of the config: changes the bytes)")
+    pack.add_argument("--document-separator", choices=DOCUMENT_SEPARATORS, default="eos",
+                      help="what ends each document in the packed stream: eos (default) or none, T5's join "
+                           "(reduce_concat_tokens: span corruption then never sees an EOS inside a chunk)")
     pack.add_argument("--seed", type=int, default=0)
     pack.add_argument("--validation-fraction", type=_fraction, default=0.0,
                       help="share of documents (by content hash) in the validation split")
@@ -543,6 +552,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         validation_fraction=args.validation_fraction,
         packing=args.packing,
         last_chunk=args.last_chunk,
+        document_separator=args.document_separator,
         num_buckets=args.num_buckets,
         input_split_mb=args.input_split_mb,
         pack_group_tokens=None if args.num_buckets else (args.pack_group_tokens or DEFAULT_PACK_GROUP_TOKENS),

@@ -17,7 +17,10 @@ __all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "Manifest", "ShardFile", "ShardI
 
 MANIFEST_NAME = "manifest.json"
 #: Version 2: pack groups sized in tokens (``--pack-group-tokens``, ``splits.*.pack_groups``),
-#: chunk keys ``SPLIT-gNNNNN-cNNNNNN``; version 1 packed in ``--num-buckets`` hash buckets.
+#: chunk keys ``SPLIT-gNNNNN-cNNNNNN`` (version 1 packed in ``--num-buckets`` hash buckets);
+#: counter-based noise and one digest per example for shard, row order and noise; fairseq's
+#: BART words, BERT's MLM selection size. Shards of version 1 still read, but their layout and
+#: noise follow the rules of the lmshards that wrote them.
 MANIFEST_VERSION = 2
 FORMAT_DIRS = {"arrow": "arrow", "webdataset": "wds"}
 FORMAT_SUFFIXES = {"arrow": ".arrow", "webdataset": ".tar"}

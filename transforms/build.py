@@ -1,22 +1,21 @@
 """BuildExamples: apply the objective to each chunk, ``draws`` times, into columnar batches.
 
-Draw ``d`` of chunk ``C`` has the example key ``C-dD`` and draws its noise from
-``example_rng(seed, key)`` only, like BERT's ``dupe_factor`` static masking: K draws give K
-differently noised copies of the same chunk.
+Draw ``d`` of chunk ``C`` has the example key ``C-dD``, and its noise is a pure function of
+``(seed, key)`` (counter-based, :mod:`transforms.objectives.randoms`), like BERT's
+``dupe_factor`` static masking: K draws give K differently noised copies of the same chunk.
 
-Per-example counters are taken here, where the special ids are known: the objective's own
-counters plus ``chunk_tokens`` (the source tokens the example was made from) and
-``padding_tokens``. Short rows of fixed-length columns (a padded final chunk) are
-right-padded with the pad id.
+The objective builds chunks in blocks of :data:`transforms.parallel.BLOCK_ROWS` rows, one call
+each, and returns their columns (fixed-length ones padded with the pad id) and summed counters;
+the builder adds ``chunk_tokens`` (the source tokens the examples were made from).
 
-Each example's shard is decided here (:func:`transforms.objectives.layout.shard_of`, with
-the split's shard count from :func:`transforms.objectives.layout.shard_count`), and examples leave
-this stage as :class:`ExampleBatch` elements of up to :data:`BATCH_ROWS` rows of one
-shard (columnar numpy buffers, one shuffle element instead of hundreds of dicts), each row
-with its row-order key already computed; the counters leave summed, per split, on the
-:attr:`BuildExamples.STATS` output. Batching depends on bundles, but nothing written does:
-the writer sorts every shard's rows by their order key, and counters are integers that add
-up in any order.
+Each example's shard is decided here (:func:`transforms.objectives.layout.example_digests`,
+with the split's shard count from :func:`transforms.objectives.layout.shard_count`), and
+examples leave this stage as :class:`ExampleBatch` elements of one block's rows of one shard
+(columnar numpy buffers, one shuffle element instead of hundreds of dicts), each row with its
+row-order key already computed; the counters leave summed, per split, on the
+:attr:`BuildExamples.STATS` output. Blocks depend on bundles, but nothing written does: the
+writer sorts every shard's rows by their order key, and counters are integers that add up in
+any order.
 
 The per-chunk work itself is :class:`transforms.parallel.ChunkBuilder` (no Beam). With
 ``processes`` > 0 (``--build-processes``) a pool of worker processes runs it beside the
@@ -31,7 +30,6 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.handoff import wrap
 from transforms.objectives.layout import shard_count
 from transforms.parallel import (
-    STATS_KEY,
     TASK_TOKENS,
     BuildConfig,
     ChunkBuilder,
@@ -42,19 +40,13 @@ from transforms.parallel import (
     example_key,
 )
 
-__all__ = ["BATCH_ROWS", "STATS_KEY", "BuildExamples", "ExampleBatch", "example_key"]
-
-#: Rows per ExampleBatch a Build bundle emits (per shard; the last ones of a bundle are shorter).
-BATCH_ROWS = 512
-#: Rows a Build bundle holds at most, over all shards, before it emits them.
-MAX_BUFFERED_ROWS = 4 * BATCH_ROWS
+__all__ = ["BuildExamples", "ExampleBatch", "example_key"]
 
 
 class _Build(beam.DoFn):
     def __init__(self, objective, special, schema, seed, draws, sizing, processes, handoff_scope=None):
         self._handoff_scope = handoff_scope
-        self._config = BuildConfig(objective, special, schema, seed, draws, batch_rows=BATCH_ROWS,
-                                   max_buffered_rows=MAX_BUFFERED_ROWS)
+        self._config = BuildConfig(objective, special, schema, seed, draws)
         self._sizing, self._processes = sizing, processes
 
     def setup(self):

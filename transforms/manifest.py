@@ -95,7 +95,8 @@ class _WriteManifest(beam.DoFn):
                 "tokens": sum(r["tokens"] for r in rows),
                 "padding_tokens": split_stats.get("padding_tokens", 0),
                 "dropped_tokens": packing.get("dropped_tokens", 0),
-                "document_tokens": packing.get("doc_tokens_sum", 0) + packing.get("documents", 0),
+                "document_tokens": packing.get("doc_tokens_sum", 0) + (  # an EOS after each document
+                    packing.get("documents", 0) if static["config"].get("document_separator", "eos") == "eos" else 0),
                 "num_shards": len(rows),
                 "pack_groups": plan_summary(groups.get(split)),
                 "shards": rows,

@@ -10,8 +10,9 @@ sorted by group, and re-packed, so at most one partial chunk per split is droppe
 
 Chunk keys name where a chunk came from: ``train-g00012-c000034`` (group 12, chunk 34;
 ``b`` for a ``--num-buckets`` bucket) or ``train-r-c000002`` (re-packed remainders). The
-chunk length an objective needs is planned from a generator seeded by the chunk key, so
-UL2 can pick its denoiser (and with it the raw length) before the cut.
+chunk length an objective needs is planned from a number derived from the chunk key
+(:func:`transforms.objectives.layout.plan_uniforms`), so UL2 can pick its denoiser (and with
+it the raw length) before the cut.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import apache_beam as beam
 import numpy as np
 
 from transforms.handoff import unwrap
-from transforms.objectives.common import first_uniforms
 from transforms.objectives.counters import length_counters, merge_counters
-from transforms.objectives.layout import PLAN_SALT, plan_rng
+from transforms.objectives.layout import plan_uniforms
 from transforms.objectives.packing import (
     ConcatPacker,
     Piece,
@@ -43,12 +43,12 @@ LAST_CHUNK_MODES = ("drop", "pad")
 class _Planner:
     """next_length callback for pack_concat that remembers each chunk's plan.
 
-    An objective whose plan is one draw (``plan_uniforms``, UL2) is planned in blocks of
-    chunks, with each chunk's draw worked out by :func:`first_uniforms` (the same number
-    ``plan_rng(seed, key).random()`` gives, without seeding a generator per chunk). With the
-    ``total`` tokens to cut known, a small first block measures the mean planned length and
-    the next is sized to what is left (about 10% more chunks planned than cut, instead of up
-    to twice as many); a chunk's plan depends on its key alone, never on the blocks.
+    An objective with a fixed raw length plans nothing. Others (UL2) are planned in blocks of
+    chunks by :meth:`~transforms.objectives.base.Objective.plan`, from each chunk key's number
+    (:func:`plan_uniforms`). With the ``total`` tokens to cut known, a small first block
+    measures the mean planned length and the next is sized to what is left (about 10% more
+    chunks planned than cut, instead of up to twice as many); a chunk's plan depends on its
+    key alone, never on the blocks.
     """
 
     FIRST_BLOCK = 128
@@ -59,7 +59,7 @@ class _Planner:
         self._seed = seed
         self._prefix = prefix
         self._total = total  # tokens to cut, if known: later blocks are sized to what is left
-        self._by_uniforms = getattr(objective, "plan_uniforms", None)
+        self._fixed = objective.fixed_raw_length
         self._planned: list[tuple[int, int]] = []
         self._planned_tokens = 0
         self.plans: list[int] = []
@@ -68,8 +68,8 @@ class _Planner:
         return f"{self._prefix}-c{index:06d}"
 
     def __call__(self, index: int) -> int:
-        if self._by_uniforms is None:
-            length, plan = self._objective.plan_chunk(plan_rng(self._seed, self.key(index)))
+        if self._fixed is not None:
+            length, plan = self._fixed, 0
         else:
             while index >= len(self._planned):  # plan the next block
                 start = len(self._planned)
@@ -81,7 +81,7 @@ class _Planner:
                     left = max(0, self._total - self._planned_tokens)
                     size = max(self.PROBE_BLOCK, int(1.1 * left * start / self._planned_tokens) + 16)
                 keys = [self.key(i) for i in range(start, start + size)]
-                lengths, plans = self._by_uniforms(first_uniforms(self._seed, keys, PLAN_SALT))
+                lengths, plans = self._objective.plan(plan_uniforms(self._seed, keys))
                 self._planned.extend(zip(lengths.tolist(), plans.tolist()))
                 self._planned_tokens += int(lengths.sum())
             length, plan = self._planned[index]
@@ -90,11 +90,9 @@ class _Planner:
 
 
 def _fixed_length(objective) -> int:
-    length, _ = objective.plan_chunk(np.random.default_rng(0))
-    second, _ = objective.plan_chunk(np.random.default_rng(1))
-    if length != second:
+    if objective.fixed_raw_length is None:
         raise ValueError(f"packing modes best_fit and none need a fixed chunk length; {objective.name} varies it")
-    return length
+    return objective.fixed_raw_length
 
 
 def _ids_array(ids) -> np.ndarray:
@@ -126,7 +124,7 @@ class _PackBucket(beam.DoFn):
         del docs
         lengths = [len(ids) // 4 if isinstance(ids, bytes) else len(ids) for ids, _ in kept]
         stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
-        total = sum(lengths) + len(lengths)  # EOS included
+        total = sum(lengths) + (len(lengths) if self._eos is not None else 0)  # separators included
         prefix = f"{split}-{self._group_name}{bucket:05d}"
         if self._mode == "concat":
             planner = _Planner(self._objective, self._seed, prefix, total=total)
@@ -196,7 +194,8 @@ class Pack(beam.PTransform):
         objective: the objective (plans chunk lengths).
         mode: ``concat``, ``best_fit`` or ``none``.
         seed: global seed.
-        eos: EOS id appended to every document.
+        eos: EOS id appended to every document; None joins documents without a separator
+            (``--document-separator none``).
         last_chunk: ``drop`` or ``pad`` the split's final partial chunk (concat).
         group_name: the letter of a group in chunk keys (``g``; ``b`` for ``--num-buckets``).
 
@@ -211,7 +210,8 @@ class Pack(beam.PTransform):
     STATS = "stats"
     REST = "rest"
 
-    def __init__(self, objective, *, mode: str, seed: int, eos: int, last_chunk: str = "drop", group_name: str = "g"):
+    def __init__(self, objective, *, mode: str, seed: int, eos: int | None, last_chunk: str = "drop",
+                 group_name: str = "g"):
         super().__init__()
         self._objective, self._mode, self._seed, self._eos, self._last_chunk = objective, mode, seed, eos, last_chunk
         self._group_name = group_name

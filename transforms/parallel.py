@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import collections
 import hashlib
-import inspect
 import multiprocessing.connection
 import multiprocessing.context
 import multiprocessing.spawn
@@ -37,16 +36,15 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
 from schemas.examples import ExampleSchema
-from transforms.objectives.common import LazyGenerator, example_rngs
+from transforms.objectives.base import Block
 from transforms.objectives.counters import add_counters
-from transforms.objectives.layout import row_order_key, shard_hash
+from transforms.objectives.layout import example_digests
 from transforms.objectives.packing import Piece
 from transforms.shard_format import ExampleColumns, MergedColumns
 
 __all__ = [
+    "BLOCK_ROWS",
     "FORKSERVER",
-    "MANY_ROWS",
-    "STATS_KEY",
     "TASK_TOKENS",
     "BuildConfig",
     "BuildWorkerError",
@@ -62,16 +60,12 @@ __all__ = [
     "worker_pool",
 ]
 
-STATS_KEY = "_stats"
 #: Chunk tokens times draws per task of a worker: a few hundred chunks, tens of milliseconds
 #: of work, so that sending a task and its results costs little beside building it.
 TASK_TOKENS = 1 << 18
-#: Full chunks a builder gathers before the objective's ``build_block`` builds them at once.
-BLOCK_CHUNKS = 256
-#: Rows (chunks times draws) per call of an objective's ``build_many``: few enough that the
-#: block's arrays stay in the CPU cache (64 rows of 1,024 tokens: 512 KiB as int64). BART
-#: took about 125 us per row in blocks of 32 to 96 rows, 205 us in blocks of 256.
-MANY_ROWS = 64
+#: Rows (chunks times draws) a builder gathers before the objective builds them in one call:
+#: enough that numpy's cost per call is spread thin, few enough that a block's arrays stay small.
+BLOCK_ROWS = 512
 #: Tasks in flight per worker process: one running, one waiting, so a worker never idles
 #: while the stage feeds it, and a bundle holds only a few tasks' chunks and results.
 TASKS_PER_WORKER = 2
@@ -151,32 +145,19 @@ class BuildConfig:
     """What building a chunk's examples takes besides the chunk and its split's shard count.
 
     Args:
-        objective: object implementing :class:`transforms.objectives.base.Objective`.
+        objective: an :class:`transforms.objectives.base.Objective`.
         special: resolved :class:`transforms.objectives.common.SpecialIds`.
         schema: the :class:`schemas.examples.ExampleSchema` the examples are written with.
         seed: global seed.
         draws: independent noisings per chunk.
-        batch_rows: rows per ExampleBatch a builder emits (per shard; the last ones of a bundle
-            or task are shorter).
-        max_buffered_rows: rows a builder holds at most, over all shards, before it emits them.
+        block_rows: rows (chunks times draws) per block the objective builds at once (default
+            :data:`BLOCK_ROWS`); each block leaves as one ExampleBatch per shard it touches.
     """
 
-    def __init__(self, objective, special, schema: ExampleSchema, seed: int, draws: int, *, batch_rows: int,
-                 max_buffered_rows: int):
+    def __init__(self, objective, special, schema: ExampleSchema, seed: int, draws: int, *,
+                 block_rows: int | None = None):
         self.objective, self.special, self.schema, self.seed, self.draws = objective, special, schema, seed, draws
-        self.batch_rows, self.max_buffered_rows = batch_rows, max_buffered_rows
-        self.stats_takes_special = len(inspect.signature(objective.stats).parameters) >= 2
-        fixed = {c: schema.fixed_length(c) for c in schema.token_columns}
-        self.fixed = {c: n for c, n in fixed.items() if n is not None}
-        #: chunks of this many tokens (and no features) are built in blocks by the objective's
-        #: ``build_block`` (one draw; columns: token arrays and the key); None: one at a time
-        self.block_length: int | None = None
-        if (hasattr(objective, "build_block") and draws == 1 and not schema.scalar_columns
-                and tuple(schema.string_columns) == ("key",) and len(self.fixed) == 1):
-            self.block_length = next(iter(self.fixed.values()))
-        #: whether chunks are built in blocks by the objective's ``build_many`` (every draw; each
-        #: example from its own generator): all of them, or those its ``builds_many`` accepts
-        self.many = hasattr(objective, "build_many") and schema.string_columns[:1] == ("key",)
+        self.block_rows = BLOCK_ROWS if block_rows is None else block_rows
         self._payload: tuple[str, bytes] | None = None
 
     def __getstate__(self):
@@ -191,7 +172,12 @@ class BuildConfig:
 
 
 class ChunkBuilder:
-    """Builds the examples of chunks into per-shard batches, summing their counters.
+    """Builds the examples of chunks in blocks, into per-shard batches, summing their counters.
+
+    Chunks wait until their rows (chunks times draws) fill a block of ``block_rows``; the
+    objective builds a block in one call (:meth:`~transforms.objectives.base.Objective.build`),
+    each row's noise from the digest of its example key, so nothing depends on how chunks
+    fall into blocks.
 
     Attributes:
         stats: split -> summed counters of the examples built so far.
@@ -200,151 +186,57 @@ class ChunkBuilder:
 
     def __init__(self, config: BuildConfig):
         self._config = config
-        self._rows: dict[tuple, list] = {}  # (split, shard, count) -> [(example, chunk tokens, shard hash)]
-        self._buffered = 0
-        self._block: list[tuple] = []  # (chunk, shard count) waiting for the objective's build_block
-        self._many: list[tuple] = []  # (chunk, shard count) waiting for the objective's build_many
-        self._accepts = getattr(config.objective, "builds_many", None)  # None: every chunk
+        self._waiting: list[tuple] = []  # (chunk, shard count)
         self.stats: dict[str, dict[str, int]] = {}
         self.built = 0
 
     def add(self, chunk: tuple, shard_count: int) -> list[tuple]:
-        """Build ``chunk`` = ``(split, chunk_key, plan, Piece)`` ``draws`` times; return the
-        ``((split, shard, shard count), encoded ExampleBatch)`` pieces that are complete."""
-        config = self._config
-        split, chunk_key, plan, piece = chunk
-        if config.block_length is not None and len(piece.tokens) == config.block_length and not piece.features:
-            self._block.append((chunk, shard_count))
-            return self._build_block() if len(self._block) >= BLOCK_CHUNKS else []
-        if config.many and (self._accepts is None or self._accepts(piece, plan)):
-            self._many.append((chunk, shard_count))
-            return self._build_many() if len(self._many) * config.draws >= MANY_ROWS else []
-        features = dict(piece.features)
-        features["doc_lengths"] = piece.doc_lengths
-        stats = self.stats.setdefault(split, {})
-        full = []
-        for draw in range(config.draws):
-            key = example_key(chunk_key, draw)
-            example = config.objective.build(piece.tokens, LazyGenerator(config.seed, key), plan, config.special,
-                                             features)
-            example["key"] = key
-            add_counters(stats, self._finish(example, len(piece.tokens)))
-            hashed = shard_hash(config.seed, key)
-            shard = (split, hashed % shard_count, shard_count)
-            rows = self._rows.setdefault(shard, [])
-            rows.append((example, len(piece.tokens), hashed))
-            if len(rows) == config.batch_rows:
-                full.append(shard)
-        self.built += config.draws
-        self._buffered += config.draws
-        if self._buffered >= config.max_buffered_rows:  # many shards: bound memory, flush them all
-            full = sorted(self._rows)
-        out = []
-        for shard in full:
-            self._buffered -= len(self._rows[shard])
-            out.append(self._batch(shard))
-        return out
+        """Take ``chunk`` = ``(split, chunk_key, plan, Piece)``; return the
+        ``((split, shard, shard count), encoded ExampleBatch)`` pieces of a block it completes."""
+        self._waiting.append((chunk, shard_count))
+        if len(self._waiting) * self._config.draws >= self._config.block_rows:
+            return self._build()
+        return []
 
     def finish(self) -> list[tuple]:
-        """The pieces of every row still held (those of a waiting block first), in shard order."""
-        out = self._build_block() if self._block else []
-        if self._many:
-            out.extend(self._build_many())
-        out.extend(self._batch(shard) for shard in sorted(self._rows))
-        self._buffered = 0
-        return out
+        """The pieces of every chunk still waiting."""
+        return self._build() if self._waiting else []
 
-    def _build_block(self) -> list[tuple]:
-        """The waiting full chunks through the objective's ``build_block``: the same rows and
-        counters as :meth:`add` makes one by one (keys, shards and row order from each
-        example's key), as one piece per split and shard."""
+    def _build(self) -> list[tuple]:
         config = self._config
-        block, self._block = self._block, []
-        out = []
-        for split, count, chunks in _by_split(block):
-            keys = [example_key(chunk[1], 0) for chunk in chunks]
-            tokens = np.stack([chunk[3].tokens for chunk in chunks])
-            arrays, counters = config.objective.build_block(tokens, [chunk[3].doc_lengths for chunk in chunks])
-            columns = ExampleColumns(config.schema, len(keys), arrays, {}, {"key": keys})
-            chunk_tokens = np.full(len(keys), tokens.shape[1], dtype=np.int64)
-            out.extend(self._block_pieces(split, count, keys, columns, chunk_tokens, counters))
-        self.built += len(block)
-        return out
-
-    def _build_many(self) -> list[tuple]:
-        """The waiting chunks, every draw, through the objective's ``build_many``: the same rows
-        and counters as :meth:`add` makes one by one (each example from the generator of its
-        key), as one piece per split and shard."""
-        config = self._config
-        block, self._many = self._many, []
+        block, self._waiting = self._waiting, []
         out = []
         for split, count, chunks in _by_split(block):
             rows = [(chunk, draw) for chunk in chunks for draw in range(config.draws)]
             keys = [example_key(chunk[1], draw) for chunk, draw in rows]
+            digests = example_digests(config.seed, keys)
             pieces = [chunk[3] for chunk, _ in rows]
-            generators = example_rngs(config.seed, keys)  # these objectives draw for every example: seed together
-            arrays, scalars, strings, counters = config.objective.build_many(
-                pieces, [chunk[2] for chunk, _ in rows], generators, config.special)
-            columns = ExampleColumns(config.schema, len(keys), arrays, scalars, {"key": keys, **strings})
-            chunk_tokens = np.fromiter((len(piece.tokens) for piece in pieces), dtype=np.int64, count=len(pieces))
-            out.extend(self._block_pieces(split, count, keys, columns, chunk_tokens, counters))
+            examples = Block.of_rows(pieces, [chunk[2] for chunk, _ in rows], digests.randoms)
+            built = config.objective.build(examples, config.special)
+            strings = {"key": keys, **built.strings}
+            columns = ExampleColumns(config.schema, len(keys), built.arrays, built.scalars, strings)
+            counters = dict(built.counters)
+            counters["chunk_tokens"] = int(examples.offsets[-1])
+            add_counters(self.stats.setdefault(split, {}), counters)
+            out.extend(_shard_pieces(split, count, digests, columns, examples.lengths))
         self.built += len(block) * config.draws
         return out
 
-    def _block_pieces(self, split: str, count: int, keys: list[str], columns: ExampleColumns,
-                      chunk_tokens: np.ndarray, counters: dict[str, int]) -> list[tuple]:
-        """The rows of a block (``keys``, ``columns``, source tokens per row, summed
-        ``counters``) as one piece per shard of the split's ``count``; the counters go to the
-        split's stats."""
-        config = self._config
-        counters["chunk_tokens"] = counters.get("chunk_tokens", 0) + int(chunk_tokens.sum())
-        add_counters(self.stats.setdefault(split, {}), counters)
-        seed = config.seed
-        hashes = np.fromiter((shard_hash(seed, key) for key in keys), dtype=np.uint64, count=len(keys))
-        orders = np.frombuffer(b"".join(row_order_key(seed, key) for key in keys), dtype=np.uint8)
-        orders = orders.reshape(-1, 16)
-        shards = hashes % np.uint64(count)
-        present = np.unique(shards).tolist()
-        out = []
-        for shard in present:
-            if len(present) == 1:  # every row: no copy
-                batch = ExampleBatch(orders, hashes, chunk_tokens, columns)
-            else:
-                rows = np.flatnonzero(shards == shard)
-                batch = ExampleBatch(orders[rows], hashes[rows], chunk_tokens[rows], columns.take(rows))
-            out.append(((split, shard, count), batch.encode()))
-        return out
 
-    def _finish(self, example: dict, chunk_tokens: int) -> dict[str, int]:
-        """The example's counters; pads short rows of fixed-length columns in place."""
-        config = self._config
-        if config.stats_takes_special:
-            counters = config.objective.stats(example, config.special)
+def _shard_pieces(split: str, count: int, digests, columns: ExampleColumns, chunk_tokens: np.ndarray) -> list[tuple]:
+    """The rows of a block as one ``((split, shard, count), encoded ExampleBatch)`` piece per shard."""
+    hashes, orders = digests.shard_hashes, np.ascontiguousarray(digests.orders)
+    shards = hashes % np.uint64(count)
+    present = np.unique(shards).tolist()
+    out = []
+    for shard in present:
+        if len(present) == 1:  # every row: no copy
+            batch = ExampleBatch(orders, hashes, chunk_tokens, columns)
         else:
-            counters = config.objective.stats(example)
-        example.pop(STATS_KEY, None)
-        padding = 0
-        for column, length in config.fixed.items():
-            values = example[column]
-            if len(values) < length:
-                padded = np.full(length, config.special.pad, dtype=np.int32)
-                padded[: len(values)] = values
-                example[column] = padded
-                padding += length - len(values)
-        counters = dict(counters)
-        counters["chunk_tokens"] = counters.get("chunk_tokens", 0) + chunk_tokens
-        if padding:
-            counters["padding_tokens"] = counters.get("padding_tokens", 0) + padding
-        return counters
-
-    def _batch(self, shard: tuple) -> tuple:
-        rows = self._rows.pop(shard)
-        seed = self._config.seed
-        orders = np.frombuffer(b"".join(row_order_key(seed, ex["key"]) for ex, _, _ in rows), dtype=np.uint8)
-        hashes = np.fromiter((h for _, _, h in rows), dtype=np.uint64, count=len(rows))
-        tokens = np.fromiter((t for _, t, _ in rows), dtype=np.int64, count=len(rows))
-        columns = ExampleColumns.from_examples([example for example, _, _ in rows], self._config.schema)
-        return shard, ExampleBatch(orders.reshape(-1, 16), hashes, tokens, columns).encode()
+            rows = np.flatnonzero(shards == shard)
+            batch = ExampleBatch(orders[rows], hashes[rows], chunk_tokens[rows], columns.take(rows))
+        out.append(((split, shard, count), batch.encode()))
+    return out
 
 
 def _by_split(block: list[tuple]) -> list[tuple[str, int, list[tuple]]]:

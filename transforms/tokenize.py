@@ -10,13 +10,14 @@ batches of texts are encoded on a background thread. Each document gets:
   below ``validation_fraction``, else ``train``;
 - its bucket: another salted digest of the key modulo ``num_buckets``;
 - optional per-token features: ``word_starts`` (a token whose pre-tokenizer word differs
-  from the previous token's) and ``sentence_starts`` (see :mod:`transforms.text_rules`).
-  For a lossless byte-level BPE both come from the tokens' byte lengths and the text
-  (word starts by the GPT-2 pre-tokenizer's rules, :mod:`transforms.word_starts`), so the
-  ids are all the encoder must give; otherwise they come from the word ids and offsets of
-  ``tokenizers``' full encodings (:func:`needs_full_encodings`: such a job encodes with
-  ``tokenizers``). A document the byte-level path cannot map (its tokens do not spell its
-  bytes) is encoded again, alone, by ``tokenizers``.
+  from the previous token's), ``space_starts`` (a token whose text begins with a space:
+  fairseq's word starts, :mod:`transforms.word_starts`) and ``sentence_starts`` (see
+  :mod:`transforms.text_rules`). For a lossless byte-level BPE they come from the ids, the
+  tokens' byte lengths and the text (word starts by the GPT-2 pre-tokenizer's rules, space
+  starts from a table per id), so the ids are all the encoder must give; otherwise they come
+  from the word ids and offsets of ``tokenizers``' full encodings (:func:`needs_full_encodings`:
+  such a job encodes with ``tokenizers``). A document the byte-level path cannot map (its
+  tokens do not spell its bytes) is encoded again, alone, by ``tokenizers``.
 
 A document longer than :data:`~transforms.long_text.PIECE_CHARS` characters is encoded in
 bounded pieces and its ids laid end to end (:mod:`transforms.long_text`,
@@ -53,7 +54,7 @@ from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
-from transforms.word_starts import ByteLevelWords, word_start_flags
+from transforms.word_starts import ByteLevelWords, space_start_flags, space_start_table, word_start_flags
 
 __all__ = ["BATCH_SIZE", "SDK_WORKER_MAIN", "TokenFeatures", "Tokenize", "assign_split", "bucket_of", "document_key",
            "freeze_worker_heap", "needs_full_encodings", "read_tokenizer_bytes"]
@@ -145,7 +146,7 @@ class TokenFeatures:
 
     Args:
         tokenizer: the HF tokenizer of the job (it encodes special-token text as text).
-        features: the features to compute (``word_starts``, ``sentence_starts``).
+        features: the features to compute (``word_starts``, ``space_starts``, ``sentence_starts``).
     """
 
     def __init__(self, tokenizer, features):
@@ -160,6 +161,7 @@ class TokenFeatures:
         self.words = None
         if "word_starts" in self.features:
             self.words = ByteLevelWords.of(tokenizer, self.byte_lengths)
+        self.spaces = space_start_table(tokenizer, self.byte_lengths) if "space_starts" in self.features else None
         self.ids_suffice = not self.features or (
             self.byte_lengths is not None and ("word_starts" not in self.features or self.words is not None))
 
@@ -180,6 +182,13 @@ class TokenFeatures:
                     full = full_encoding(self.tokenizer, text, self.pieces)
                 flags = word_start_flags(full.word_ids)
             features["word_starts"] = flags
+        if "space_starts" in self.features:
+            if self.spaces is not None:
+                features["space_starts"] = self.spaces[ids]
+            else:
+                if full is None:
+                    full = self.tokenizer.encode(text, add_special_tokens=False)
+                features["space_starts"] = space_start_flags(text, full.offsets, full.special_tokens_mask)
         if "sentence_starts" in self.features:
             chars = sentence_start_chars(text)
             if spelled:

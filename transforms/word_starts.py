@@ -1,7 +1,20 @@
-"""Word starts of a byte-level BPE from the text, without the encoder's word ids.
+"""Where words start, in the two senses the objectives use.
 
-Whole-word masking (mlm ``--whole-word-mask``, bart's spans) needs to know which tokens
-start a pre-tokenizer word. The encoder reports it as word ids, but only on its slow path
+``space_starts`` (BART, fairseq's rule): a token starts a word when its text begins with a
+space, as fairseq's ``get_whole_word_mask`` decides per dictionary id with GPT-2's
+``is_beginning_of_word`` (``decode(token).startswith(" ")``), and every special token
+starts one. For a byte-level BPE that is a property of the id (:func:`space_start_table`:
+the token's first byte is 0x20, spelled ``Ġ``); for other tokenizers it is read from the text
+(:func:`space_start_flags`: the character before the token, or its own first one, is
+whitespace). On ``The cat sat.\nIt was (very) happy, wasn't it?`` GPT-2's pieces start words
+at `` cat``, `` sat``, `` was``, `` (``, `` happy``, `` wasn`` and `` it``: 7, where the
+pre-tokenizer has 16 words (``.``, ``\n``, ``It``, ``)``, ``,``, ``'t`` and ``?`` each start one).
+
+``word_starts`` (whole-word MLM): a token starts a pre-tokenizer word, which splits
+punctuation off as BERT's basic tokenizer does. The rest of this module computes them for a
+byte-level BPE from the text, without the encoder's word ids.
+
+The encoder reports pre-tokenizer words as word ids, but only on its slow path
 (``encode_batch``), which also builds every token's string and character offsets and costs
 about half as much again as ``encode_batch_fast``, whose word ids are all None.
 
@@ -36,7 +49,7 @@ import re
 import numpy as np
 from tokenizers import Tokenizer, pre_tokenizers
 
-__all__ = ["ByteLevelWords", "word_start_flags"]
+__all__ = ["ByteLevelWords", "space_start_flags", "space_start_table", "word_start_flags"]
 
 LETTER, NUMBER, OTHER, SPACE_CLASS = 0, 1, 2, 3
 _UNKNOWN = 255
@@ -61,6 +74,47 @@ SELF_CHECK = (
     "'s'll're've'd'm't",
     " 's '  ' x '\n's \t's",
 )
+
+
+#: The byte-level alphabet's character for the byte 0x20 (GPT-2's ``Ġ``).
+_BYTE_LEVEL_SPACE = "\u0120"
+
+
+def space_start_table(tokenizer: Tokenizer, byte_lengths: np.ndarray | None) -> np.ndarray | None:
+    """bool per id of a lossless byte-level BPE (``byte_lengths`` from
+    :func:`transforms.tokenizer_utils.byte_level_lengths`, None otherwise): True where the
+    token's text begins with a space, and for every special token; None for other tokenizers."""
+    if byte_lengths is None:
+        return None
+    table = np.zeros(byte_lengths.shape[0], dtype=bool)
+    for token, index in tokenizer.get_vocab(with_added_tokens=False).items():
+        if index < table.shape[0]:
+            table[index] = token.startswith(_BYTE_LEVEL_SPACE)
+    for index, added in tokenizer.get_added_tokens_decoder().items():
+        if index < table.shape[0]:
+            table[index] = added.special or added.content.startswith(" ")
+    return table
+
+
+_AFTER_SPACE = re.compile(r"\s+(?=\S)")
+
+
+def space_start_flags(text: str, offsets: list[tuple[int, int]], special: list[int] | None = None) -> np.ndarray:
+    """Word starts of tokens given by their character ``offsets`` in ``text``: for every run of
+    whitespace before a non-space character, the first token that covers any of the run or
+    that character (the space-prefixed piece of a BPE, the lone ``▁`` of a Metaspace
+    tokenizer, or the first piece after the space where the tokenizer drops spaces); and the
+    special tokens (``special``: 1 per special token, as ``Encoding.special_tokens_mask``).
+    The text's first token starts a word only after leading whitespace, as in fairseq."""
+    flags = np.zeros(len(offsets), dtype=bool)
+    if offsets:
+        ends = np.maximum.accumulate(np.array([end for _, end in offsets], dtype=np.int64))
+        runs = np.array([match.start() for match in _AFTER_SPACE.finditer(text)], dtype=np.int64)
+        index = np.searchsorted(ends, runs, side="right")  # the first token ending after the run starts
+        flags[index[index < flags.shape[0]]] = True
+    if special is not None:
+        flags |= np.asarray(special, dtype=bool)
+    return flags
 
 
 def word_start_flags(word_ids: list) -> np.ndarray:

@@ -40,7 +40,8 @@ class ObjectiveView:
     Args:
         objective: the objective object (see :func:`loaders.inspection.source.objective_from_manifest`).
         special: the dataset's special ids.
-        packing: the packing mode (``concat`` chunks cut one stream of documents, each ended by EOS).
+        packing: the packing mode (``concat`` chunks cut one stream of documents, each ended by EOS;
+            ``joined`` for documents joined without a separator).
     """
 
     def __init__(self, objective: Any, special: SpecialIds, packing: str = "concat"):

@@ -5,10 +5,10 @@ The shards keep ``inputs`` and ``targets`` only (:mod:`transforms.objectives.bar
 ``targets`` is ``<s> chunk </s>``; ``inputs`` is the chunk with its sentences permuted, then
 noised. Both steps are recovered without the word starts the pipeline had:
 
-1. Sentence permutation is the first draw of the example's generator
-   (:func:`transforms.objectives.bart.sentence_permutation`, seeded by ``(seed, example
-   key)``). The chunk's sentence starts are recomputed from the text the targets spell, with
-   the pipeline's own rule (:mod:`transforms.text_rules`), per document of the chunk (EOS
+1. Sentence permutation is a pure function of the example's counter-based randoms
+   (:func:`transforms.objectives.bart.sentence_permutation`, from ``(seed, example key)``).
+   The chunk's sentence starts are recomputed from the text the targets spell, with the
+   pipeline's own rule (:mod:`transforms.text_rules`), per document of the chunk (EOS
    ends one); the draw is then replayed.
 2. ``inputs`` is a monotonic edit of the permuted chunk: a masked span becomes one
    ``<mask>`` (or a random token), a zero-length span inserts a ``<mask>``; the optional
@@ -31,7 +31,8 @@ import numpy as np
 
 from loaders.inspection.decode import RunDecoder
 from transforms.objectives.bart import BartConfig, sentence_permutation
-from transforms.objectives.common import SpecialIds, example_rng
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.layout import example_randoms
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
 
 __all__ = ["BartNoise", "Edit", "chunk_sentence_starts", "recover_bart_noise"]
@@ -258,7 +259,7 @@ def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: 
         if candidates is None:
             return None
     for flags in candidates:
-        index = sentence_permutation(chunk.size, flags, config.permute_sentences, example_rng(seed, key))
+        index = sentence_permutation(chunk.size, flags, config.permute_sentences, example_randoms(seed, [key]))
         interior = np.arange(chunk.size) if index is None else np.asarray(index)
         permuted = np.concatenate([[0], interior + 1, [targets.size - 1]])
         ids = targets[permuted]

@@ -5,9 +5,9 @@ Invariants (the objectives issue; references in :mod:`transforms.objectives`):
 - every example: a key without dots that names its split; token ids inside the vocabulary
   (labels: -100 or a token id); the structure :func:`~loaders.inspection.anatomy.take_apart` checks;
 - prefix_lm: ``prefix_length`` in ``[1, L-1]``;
-- mlm: the exact selection budget ``min(n, max(1, round(n * p)))`` of the ``n`` non-special
-  tokens (at most that under whole-word masking), the 80/10/10 split within one token of
-  its ratios, labels and random replacements never special;
+- mlm: the exact selection budget (BERT's ``max(1, round(len * p))`` of the ``len`` tokens,
+  at most the ``n`` non-special ones; at most that under whole-word masking), the 80/10/10
+  split within one token of its ratios, labels and random replacements never special;
 - span corruption / UL2 span denoisers: noise and span counts of T5's
   ``random_spans_noise_mask`` for the restored chunk length, which must not exceed the raw length;
 - UL2: the recorded denoiser is the one the packer planned from the chunk key;
@@ -15,7 +15,8 @@ Invariants (the objectives issue; references in :mod:`transforms.objectives`):
 
 Replay: noise is a pure function of ``(seed, example key, chunk)`` (DESIGN.md section 3),
 so where the chunk can be restored from the example (prefix_lm, mlm without whole words,
-span corruption, UL2) the objective is run again and must give the stored example back
+span corruption, UL2) the objective is run again on it, as a block of one
+(:func:`transforms.objectives.base.build_example`), and must give the stored example back
 token for token. BART (it needs word and sentence starts the shards do not keep) and
 whole-word MLM are checked by their invariants only.
 """
@@ -27,12 +28,11 @@ from typing import Any
 import numpy as np
 
 from loaders.inspection.anatomy import IGNORE_INDEX, Anatomy, ObjectiveView
-from transforms.objectives.common import example_rng
-from transforms.objectives.layout import plan_rng
-from transforms.objectives.mlm import mlm_with_stats, round_half_up
-from transforms.objectives.prefix_lm import draw_prefix_length
-from transforms.objectives.span_corruption import noise_counts, span_corruption
-from transforms.objectives.ul2 import apply_denoiser
+from transforms.objectives.base import build_example
+from transforms.objectives.layout import example_randoms, plan_uniforms
+from transforms.objectives.mlm import selection_budget
+from transforms.objectives.prefix_lm import prefix_lengths
+from transforms.objectives.span_corruption import noise_counts
 
 __all__ = ["chunk_key", "example_problems"]
 
@@ -58,7 +58,7 @@ def _mlm_problems(a: Anatomy, view: ObjectiveView, key: str, seed: int) -> list[
     config, special, out = view.objective.config, view.special, []
     m, ids = a.mlm, a.mlm["input_ids"]
     n, k = m["candidates"], int(m["selected"].sum())
-    budget = min(n, max(1, round_half_up(n * config.mlm_probability))) if n else 0
+    budget = int(selection_budget(np.array([a.lengths["input_ids"]]), np.array([n]), config)[0])
     if k > budget or (k != budget and not config.whole_word_mask):
         out.append(f"{k} tokens selected, the budget for {n} candidates is {budget}")
     specials = special.special_array()
@@ -74,7 +74,7 @@ def _mlm_problems(a: Anatomy, view: ObjectiveView, key: str, seed: int) -> list[
                    f"{[round(x, 2) for x in near]}")
     if not config.whole_word_mask and not out:
         chunk = m["restored"][1:-1] if config.frame else m["restored"]
-        replay, _ = mlm_with_stats(chunk, example_rng(seed, key), config, special)
+        replay, _ = build_example(view.objective, chunk, special, example_randoms(seed, [key]))
         if not (np.array_equal(replay["input_ids"], ids) and np.array_equal(replay["labels"], m["labels"])):
             out.append("input_ids/labels differ from the objective replayed with the example's seed")
     return out
@@ -101,13 +101,14 @@ def _replay_seq2seq(a: Anatomy, view: ObjectiveView, seed: int, key: str) -> lis
     chunk = a.restored_chunk(view)
     if chunk is None:
         return []
-    rng = example_rng(seed, key)
-    if view.name == "span_corruption":
-        replay = span_corruption(chunk, rng, view.objective.config, view.special)
-        inputs, targets = replay["inputs"], replay["targets"]
-    else:
-        denoiser, lengths = view.denoisers[a.denoiser]
-        inputs, targets = apply_denoiser(chunk, rng, denoiser, lengths, view.special)
+    plan = [d.name for d in view.objective.denoisers].index(a.denoiser) if view.name == "ul2" else 0
+    replay, counters = build_example(view.objective, chunk, view.special, example_randoms(seed, [key]), plan=plan)
+    if "input_ids" in replay:  # UL2's decoder layout: inputs then targets in one row
+        inputs = replay["input_ids"][: replay["prefix_length"]]
+        targets = replay["input_ids"][replay["prefix_length"] : int(replay["doc_lengths"].sum())]
+    else:  # span corruption pads to its fixed lengths
+        inputs = replay["inputs"][: counters["inputs_tokens"]]
+        targets = replay["targets"][: counters["targets_tokens"]]
     if not (np.array_equal(inputs, a.inputs) and np.array_equal(targets, a.targets)):
         return ["inputs/targets differ from the objective replayed with the example's seed"]
     return []
@@ -124,7 +125,7 @@ def example_problems(split: str, example: dict[str, Any], a: Anatomy, view: Obje
         return out
     if a.kind == "prefix_lm":
         length = int(a.doc_lengths.sum())
-        if a.prefix_length != draw_prefix_length(length, example_rng(seed, key)):
+        if a.prefix_length != int(prefix_lengths(np.array([length]), example_randoms(seed, [key]))[0]):
             out.append(f"prefix_length {a.prefix_length} differs from the objective replayed with the example's seed")
     elif a.kind == "mlm":
         out += _mlm_problems(a, view, key, seed)
@@ -135,7 +136,7 @@ def example_problems(split: str, example: dict[str, Any], a: Anatomy, view: Obje
         if (a.targets == view.special.mask).any():
             out.append("targets hold a <mask> token (targets are the original chunk)")
     if view.name == "ul2":
-        planned = view.objective.plan_chunk(plan_rng(seed, chunk_key(key)))[1]
+        planned = int(view.objective.plan(plan_uniforms(seed, [chunk_key(key)]))[1][0])
         name = view.objective.denoisers[planned].name
         if name != a.denoiser:
             out.append(f"denoiser {a.denoiser} recorded, the packer planned {name} for this chunk")

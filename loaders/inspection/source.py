@@ -239,7 +239,10 @@ class InspectedDataset:
         """The :class:`~loaders.inspection.anatomy.ObjectiveView` examples are taken apart with."""
         from loaders.inspection.anatomy import ObjectiveView
 
-        return ObjectiveView(self.objective, self.special, self.manifest.config.get("packing", "concat"))
+        config = self.manifest.config
+        # documents joined without a separator (--document-separator none) end with no EOS to check
+        packing = config.get("packing", "concat") if config.get("document_separator", "eos") == "eos" else "joined"
+        return ObjectiveView(self.objective, self.special, packing)
 
     def shards(self, split: str) -> list[ShardInfo]:
         return self.manifest.shards(split)

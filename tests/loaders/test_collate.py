@@ -220,16 +220,22 @@ def test_collators_on_examples_of_every_objective(name):
     assert registry_name in OBJECTIVES
     objective = make_objective(registry_name, OBJECTIVE_PARAMS[name])
     special = special_ids_from_tokenizer(TOKENIZER, {"special_ids": SPECIAL_IDS, "vocab_size": 8000}, objective)
-    examples = []
+    from transforms.objectives.base import build_example
+    from transforms.objectives.layout import example_randoms
+
+    examples, unpadded = [], []
     for seed in range(2):
-        rng = np.random.default_rng(seed)
-        raw, plan = objective.plan_chunk(rng)
-        tokens = np.arange(200, 200 + raw - 5 * seed, dtype=np.int32)  # the second chunk is short
+        raws, plans = objective.plan(np.array([np.random.default_rng(seed).random()]))
+        tokens = np.arange(200, 200 + int(raws[0]) - 5 * seed, dtype=np.int32)  # the second chunk is short
         starts = np.zeros(len(tokens), bool)
         starts[:: 7] = True
-        features = {"doc_lengths": np.array([len(tokens)], np.int32), "word_starts": np.ones(len(tokens), bool),
+        features = {"word_starts": np.ones(len(tokens), bool), "space_starts": np.ones(len(tokens), bool),
                     "sentence_starts": starts}
-        examples.append(objective.build(tokens, rng, plan, special, features))
+        example, counters = build_example(objective, tokens, special, example_randoms(seed, [f"k{seed}"]),
+                                          plan=int(plans[0]), features=features)
+        examples.append(example)  # as stored: fixed-length columns padded
+        unpadded.append({name: example[name][: counters[f"{name}_tokens"]] if f"{name}_tokens" in counters
+                         else example[name] for name in example})
 
     class Described:
         family, objective_name, special_ids = objective.family, registry_name, SPECIAL_IDS
@@ -240,7 +246,7 @@ def test_collators_on_examples_of_every_objective(name):
 
     out = collator_for(Described)(examples)
     ids, labels = out["input_ids"].numpy(), out["labels"].numpy()
-    for i, example in enumerate(examples):
+    for i, example in enumerate(unpadded):
         if objective.family == "seq2seq":
             inputs, targets = np.asarray(example["inputs"]), np.asarray(example["targets"])
             assert ids[i, : len(inputs)].tolist() == inputs.tolist() and (ids[i, len(inputs) :] == PAD).all()

@@ -10,7 +10,8 @@ from conftest import TOKENIZER, write_dataset
 from loaders import ShardedDataset, make_dataloader
 from loaders.collate import IGNORE_INDEX, CausalCollator, MLMCollator, PrefixLMCollator, Seq2SeqCollator
 from loaders.errors import UnsupportedSchemaError
-from transforms.objectives.common import example_rng
+from transforms.objectives.base import Built, Objective
+from transforms.objectives.layout import example_randoms
 from transforms.objectives.registry import OBJECTIVES
 
 # Objectives of the objectives issue, sized to the 128-token chunks of the clm fixture.
@@ -24,27 +25,19 @@ DYNAMIC = {
 }
 
 
-class TaggedNoise:
-    """A minimal Objective: copies the chunk and records the first draw of its generator."""
+class TaggedNoise(Objective):
+    """A minimal Objective: copies the chunk and records the first number of its noise."""
 
     name, family = "tagged", "decoder"
-    features: frozenset[str] = frozenset()
-    required_specials = frozenset({"eos"})
+    fixed_raw_length = 6
 
-    def plan_chunk(self, rng):
-        return 6, int(rng.integers(1 << 30))
-
-    def build(self, tokens, rng, plan, special, features):
-        return {"input_ids": np.asarray(tokens), "doc_lengths": features["doc_lengths"], "noise": plan}
-
-    def stats(self, example):
-        return {}
+    def build(self, block, special):
+        noise = block.randoms.integers(1, 1, 1 << 30)[:, 0].astype(np.int32)
+        arrays = {"input_ids": (block.tokens, block.offsets), "doc_lengths": (block.doc_lengths, block.doc_offsets)}
+        return Built(arrays, {"noise": noise}, {}, {})
 
     def schema_kwargs(self):
         return {"seq_len": 6}
-
-    def max_sentinels(self):
-        return 0
 
     def params(self):
         return {}
@@ -75,8 +68,8 @@ def test_noise_is_seeded_by_seed_epoch_and_key(small_dataset):
     epoch0 = {e["key"]: e["noise"] for e in ds}
     epoch1 = {e["key"]: e["noise"] for e in ds}  # the next epoch
     for key, noise in epoch0.items():
-        assert noise == int(example_rng(9, key, 0).integers(1 << 30))
-        assert epoch1[key] == int(example_rng(9, key, 1).integers(1 << 30))
+        assert noise == int(example_randoms(9, [key], 0).integers(1, 1, 1 << 30)[0, 0])
+        assert epoch1[key] == int(example_randoms(9, [key], 1).integers(1, 1, 1 << 30)[0, 0])
     assert all(epoch0[k] != epoch1[k] for k in epoch0)  # new noise every epoch
     # the same sample gets the same noise whichever rank and worker reads it
     for rank in range(2):

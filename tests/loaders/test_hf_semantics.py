@@ -21,6 +21,8 @@ from hf_models import EOS, PAD, VOCAB, tiny_model
 from loaders import ShardedDataset, make_dataloader
 from loaders.collate import CausalCollator, MLMCollator, PrefixLMCollator, Seq2SeqCollator
 from loaders.dynamic import special_ids_from_tokenizer
+from transforms.objectives.base import build_example
+from transforms.objectives.layout import example_randoms
 from transforms.objectives.registry import make_objective
 
 IMPLEMENTATIONS = ("eager", "sdpa")
@@ -136,14 +138,16 @@ def objective_examples(name, params, lengths, seed=0):
     special = special_ids_from_tokenizer(TOKENIZER, {"special_ids": SPECIAL_IDS, "vocab_size": VOCAB}, objective)
     rng = np.random.default_rng(seed)
     out = []
-    for n in lengths:
-        raw, plan = objective.plan_chunk(rng)
-        chunk = tokens(rng, min(raw, n))
+    raws, plans = objective.plan(rng.random(len(lengths)))
+    for index, n in enumerate(lengths):
+        chunk = tokens(rng, min(int(raws[index]), n))
         starts = np.zeros(len(chunk), bool)
         starts[::6] = True
-        features = {"doc_lengths": np.array([len(chunk)], np.int32), "word_starts": rng.random(len(chunk)) < 0.6,
+        features = {"word_starts": rng.random(len(chunk)) < 0.6, "space_starts": rng.random(len(chunk)) < 0.4,
                     "sentence_starts": starts}
-        out.append(objective.build(chunk, rng, plan, special, features))
+        example, _ = build_example(objective, chunk, special, example_randoms(seed, [f"row-{index}"]),
+                                   plan=int(plans[index]), features=features)
+        out.append(example)
     return out
 
 

@@ -22,9 +22,12 @@ from loaders.inspection.source import Located, objective_from_manifest, open_ins
 from loaders.inspection.stats import composition_pmf, expected_span_lengths
 from loaders.inspection.svg import Series, bar_chart, nice_ticks
 from pipelines.inspect import use_color
-from transforms.objectives.common import SpecialIds, example_rng
+from transforms.objectives.base import build_example
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.layout import example_digests, example_randoms
+from transforms.objectives.randoms import compositions
 from transforms.objectives.registry import make_objective
-from transforms.objectives.span_corruption import random_spans_noise_mask
+from transforms.objectives.span_corruption import NOISE_STREAM
 
 SPECIAL = SpecialIds(vocab_size=100, pad=0, eos=1, bos=2, mask=4, sentinels=tuple(range(10, 20)),
                      mode_tokens={"[R]": 20, "[S]": 21, "[X]": 22}, all_special=frozenset(range(0, 23)))
@@ -39,12 +42,9 @@ def test_composition_law_is_a_distribution_with_mean_total_over_parts(total, par
 
 
 def test_expected_span_lengths_match_t5_masks_drawn_many_times():
-    rng = np.random.default_rng(0)
-    measured: Counter = Counter()
-    for _ in range(3000):
-        mask = random_spans_noise_mask(60, 0.3, 3.0, rng)
-        runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]]))))[::2]
-        measured.update(int(r) for r in runs)
+    # a 60-token chunk at r=.3, mu=3: 18 noise tokens in 6 spans, T5's uniform composition
+    runs = compositions(example_digests(0, [f"m{i}" for i in range(3000)]).randoms, NOISE_STREAM, 18, 6)
+    measured: Counter = Counter(runs.reshape(-1).tolist())
     expected = expected_span_lengths(Counter({(18, 6): 3000}))
     for length in (1, 2, 3, 5):
         assert measured[length] == pytest.approx(expected[length], rel=0.06)
@@ -103,14 +103,15 @@ def test_mlm_example_renders_each_replacement_and_replays():
     view = _view("mlm", seq_len=12)
     chunk = np.arange(30, 42, dtype=np.int32)
     key = "train-b00001-c000001-d0"
-    example = {"key": key, **make_objective("mlm", {"seq_len": 12}).build(chunk, example_rng(0, key), 0, SPECIAL, {})}
-    example.pop("_stats")
+    example = {"key": key, **build_example(make_objective("mlm", {"seq_len": 12}), chunk, SPECIAL,
+                                           example_randoms(0, [key]))[0]}
     a = take_apart(example, view)
     assert example_problems("train", example, a, view, seed=0) == []
     text = to_text(render_example(Located("train", 0, 0, example), a, view), _Ids())
     assert "[MASK:" in text and "\x1b[" not in text
     example["labels"] = example["labels"].copy()
-    position = int(np.flatnonzero(example["labels"] >= 0)[0])
+    # a selected token left in place (or replaced at random): at a mask the label is all there is
+    position = int(np.flatnonzero((example["labels"] >= 0) & (example["input_ids"] != SPECIAL.mask))[0])
     example["labels"][position] += 1  # the model would be taught the wrong token
     bad = take_apart(example, view)
     assert example_problems("train", example, bad, view, seed=0)

@@ -19,8 +19,10 @@ from loaders.inspection.bart_noise import chunk_sentence_starts, recover_bart_no
 from loaders.inspection.decode import RunDecoder, byte_level_alphabet
 from loaders.inspection.render import legend_text, render_example, to_text
 from loaders.inspection.source import Located
-from transforms.objectives.bart import BartConfig, bart_with_stats, sentence_permutation
-from transforms.objectives.common import SpecialIds, example_rng
+from transforms.objectives.bart import Bart, BartConfig, sentence_permutation
+from transforms.objectives.base import build_example
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.layout import example_randoms
 from transforms.objectives.registry import make_objective
 from transforms.tokenize import TokenFeatures
 
@@ -82,7 +84,8 @@ def _bart_example(text: str, key: str, config: BartConfig):
     flags = TokenFeatures(Tokenizer.from_file(TOKENIZER), {"sentence_starts"}).of(
         document, ids[:-1])["sentence_starts"]
     flags = np.append(flags, False)  # EOS
-    example, _ = bart_with_stats(ids, example_rng(0, key), config, SPECIAL, None, flags)
+    example, _ = build_example(Bart(config), ids, SPECIAL, example_randoms(0, [key]),
+                               features={"sentence_starts": flags})
     return ids, flags, example
 
 
@@ -95,7 +98,7 @@ def test_bart_noise_is_recovered_exactly(key):
     assert any(np.array_equal(flags, c) for c in chunk_sentence_starts(chunk, SPECIAL.eos, DECODER))
     noise = recover_bart_noise(example["inputs"], example["targets"], key, 0, config, SPECIAL, DECODER)
     assert noise is not None
-    index = sentence_permutation(chunk.size, flags, 1.0, example_rng(0, key))
+    index = sentence_permutation(chunk.size, flags, 1.0, example_randoms(0, [key]))
     assert noise.permuted[1:-1].tolist() == (index + 1).tolist()
     assert noise.sentences == int(flags.sum())
     inputs, targets = example["inputs"], example["targets"]
@@ -167,7 +170,7 @@ def test_legend_lists_the_markup_the_examples_use():
     view = ObjectiveView(make_objective("mlm", {"seq_len": 16}), SPECIAL)
     chunk = np.array(TOK.encode("a b c d e f g h i j k l m n o p", add_special_tokens=False).ids[:16], np.int32)
     key = "train-b00001-c000001-d0"
-    built = make_objective("mlm", {"seq_len": 16}).build(chunk, example_rng(0, key), 0, SPECIAL, {})
+    built, _ = build_example(make_objective("mlm", {"seq_len": 16}), chunk, SPECIAL, example_randoms(0, [key]))
     example = {"key": key, "input_ids": built["input_ids"], "labels": built["labels"]}
     rendered = render_example(Located("train", 0, 0, example), take_apart(example, view), view)
     legend = legend_text([rendered])

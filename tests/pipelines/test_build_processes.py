@@ -18,6 +18,7 @@ import pytest
 from lmshards_testing import ROOT, file_digests, run_with_blocked_imports
 
 import transforms.parallel as parallel
+from transforms.objectives.base import Objective
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.packing import Piece
 from transforms.objectives.registry import make_objective
@@ -128,7 +129,7 @@ def _config(objective=None, draws=2):
 
     objective = objective or make_objective("clm", {"seq_len": 32})
     schema = example_schema(objective.family, **objective.schema_kwargs())
-    return parallel.BuildConfig(objective, SPECIAL, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
+    return parallel.BuildConfig(objective, SPECIAL, schema, seed=3, draws=draws, block_rows=5)
 
 
 def _chunks(count):
@@ -167,151 +168,58 @@ def test_pooled_builder_equals_the_inline_builder(monkeypatch):
         assert pooled.stats == inline.stats and pooled.built == inline.built == 600
 
 
-def test_clm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch):
-    """Full clm chunks (one draw) are built in blocks by CLM.build_block; short ones (padded)
-    one at a time, as all chunks are with the block path off or with two draws."""
-    monkeypatch.setattr(parallel, "BLOCK_CHUNKS", 64)
-    rng = np.random.default_rng(5)
+BLOCK_CASES = {
+    "clm": ("clm", {"seq_len": 32}),
+    "prefix_lm": ("prefix_lm", {"seq_len": 32}),
+    "mlm": ("mlm", {"seq_len": 32}),
+    "mlm_wwm": ("mlm", {"seq_len": 32, "whole_word_mask": True, "frame": True}),
+    "span_corruption": ("span_corruption", {"inputs_length": 32}),
+    "bart": ("bart", {"seq_len": 34}),
+    "ul2": ("ul2", {"inputs_length": 32}),
+    "ul2_decoder": ("ul2", {"inputs_length": 32, "layout": "decoder"}),
+}
+
+
+def _objective_chunks(name: str, count: int = 70):
+    """An objective, its special ids and ``count`` chunks: full ones at its planned length, a few
+    short, EOS between packed documents, the features it reads."""
+    from transforms.objectives.layout import plan_uniforms
+
+    modes = {"[R]": 990, "[S]": 991, "[X]": 992}
+    special = SpecialIds(vocab_size=1000, pad=0, eos=1, bos=3, mask=2, cls=4, sep=5,
+                         sentinels=tuple(range(800, 900)), mode_tokens=modes)
+    objective = make_objective(*BLOCK_CASES[name])
+    keys = [f"x-b00000-c{i:06d}" for i in range(count)]
+    lengths, plans = objective.plan(plan_uniforms(3, keys))
+    rng = np.random.default_rng(len(name))
     chunks = []
-    for i, (split, chunk_key, plan, piece) in enumerate(_chunks(150)):
-        cuts = np.sort(rng.choice(np.arange(1, 32), size=int(rng.integers(0, 4)), replace=False))
-        lengths = np.diff(np.concatenate([[0], cuts, [32]])).astype(np.int32)
-        if i % 37 == 5:  # a short chunk: padded, built on its own
-            piece, lengths = Piece(piece.tokens[:20], np.array([20], np.int32)), None
-        chunks.append((split, chunk_key, plan, piece if lengths is None else Piece(piece.tokens, lengths)))
-    config = _config(draws=1)
-    assert config.block_length == 32 and _config(draws=2).block_length is None
-    blocked = parallel.ChunkBuilder(config)
-    got = _build(blocked, chunks)
-    # a block's rows of one shard make one piece, never cut at batch_rows (5)
-    assert max(parallel.ExampleBatch.decode(p, config.schema).count for _, p in got) > 5
-    plain_config = _config(draws=1)
-    plain_config.block_length = None
-    plain = parallel.ChunkBuilder(plain_config)
-    expected = _build(plain, chunks)
-    assert _rows(got, config.schema) == _rows(expected, config.schema)
-    assert blocked.stats == plain.stats and blocked.built == plain.built == 150
-    assert blocked.stats["train"]["padding_tokens"] == 12 * sum(
-        1 for c in chunks if c[0] == "train" and len(c[3].tokens) == 20)
+    for i, (key, length, plan) in enumerate(zip(keys, lengths.tolist(), plans.tolist())):
+        length -= 5 if i % 11 == 4 else 0  # a few short chunks
+        tokens = rng.integers(6, 800, length, dtype=np.int32)
+        tokens[rng.random(length) < 0.05] = 1  # EOS between packed documents
+        features = {"word_starts": rng.random(length) < 0.6, "space_starts": rng.random(length) < 0.4,
+                    "sentence_starts": rng.random(length) < 0.1}
+        chunks.append(("train" if i % 7 else "validation", key, plan,
+                       Piece(tokens, np.array([length], np.int32), features)))
+    return objective, special, chunks
 
 
 @pytest.mark.parametrize("draws", [1, 2])
-def test_bart_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
-    """Full bart chunks with both features are built MANY_ROWS rows at a time by Bart.build_many
-    (every draw); short chunks and chunks without the features one at a time, as all chunks
-    are with the block path off."""
-    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
-    special = SpecialIds(vocab_size=1000, pad=1, eos=2, bos=0, mask=3)
-    objective = make_objective("bart", {"seq_len": 34})
-    rng = np.random.default_rng(8)
-    chunks = []
-    for i, (split, chunk_key, plan, piece) in enumerate(_chunks(90)):
-        tokens = piece.tokens.copy()
-        tokens[rng.random(32) < 0.05] = 2  # EOS between packed documents
-        features = {"word_starts": rng.random(32) < 0.7, "sentence_starts": rng.random(32) < 0.1}
-        if i % 29 == 3:  # a short chunk: built on its own
-            tokens, features = tokens[:20], {name: flags[:20] for name, flags in features.items()}
-        if i % 31 == 4:  # no features (another tokenizer path): built on its own
-            features = {}
-        chunks.append((split, chunk_key, plan, Piece(tokens, piece.doc_lengths, features)))
-
-    def config(many):
-        from schemas.examples import example_schema
-
-        schema = example_schema(objective.family, **objective.schema_kwargs())
-        built = parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5,
-                                     max_buffered_rows=20)
-        built.many = many
-        return built
-
-    blocked_config, plain_config = config(True), config(False)
-    assert blocked_config.many and objective.builds_many(chunks[0][3], 0)
-    calls = []
-    build_many = type(objective).build_many
-    monkeypatch.setattr(type(objective), "build_many", lambda self, pieces, *rest: calls.append(len(pieces))
-                        or build_many(self, pieces, *rest))
-    blocked, plain = parallel.ChunkBuilder(blocked_config), parallel.ChunkBuilder(plain_config)
-    got, expected = _build(blocked, chunks), _build(plain, chunks)
-    assert _rows(got, blocked_config.schema) == _rows(expected, plain_config.schema)
-    assert blocked.stats == plain.stats and blocked.built == plain.built == 90 * draws
-    singles = sum(1 for c in chunks if len(c[3].tokens) < 32 or not c[3].features)
-    assert sum(calls) == (90 - singles) * draws and max(calls) > 8  # a block of 16 rows, cut by split
-    assert blocked.stats["train"]["masked_spans"] > 0 and blocked.stats["validation"]["examples"] > 0
-
-
-def _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws):
-    """Build ``chunks`` through the objective's ``build_many`` (blocks of 16 rows) and one at a
-    time; both give the same rows and counters. Returns the block builder."""
+@pytest.mark.parametrize("name", sorted(BLOCK_CASES))
+def test_rows_and_counters_do_not_depend_on_how_chunks_fall_into_blocks(name, draws):
+    """Blocks of 16 rows (cut by split too), of 5, and one block of everything: the same rows
+    (shard, order key, bytes) and the same summed counters."""
     from schemas.examples import example_schema
 
-    monkeypatch.setattr(parallel, "MANY_ROWS", 16)
+    objective, special, chunks = _objective_chunks(name)
     schema = example_schema(objective.family, **objective.schema_kwargs())
-    configs = [parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, batch_rows=5, max_buffered_rows=20)
-               for _ in range(2)]
-    configs[1].many = False
-    assert configs[0].many
-    blocked, plain = parallel.ChunkBuilder(configs[0]), parallel.ChunkBuilder(configs[1])
-    assert _rows(_build(blocked, chunks), schema) == _rows(_build(plain, chunks), schema)
-    assert blocked.stats == plain.stats and blocked.built == plain.built == len(chunks) * draws
-    return blocked
-
-
-@pytest.mark.parametrize("layout, draws", [("encoder_decoder", 1), ("encoder_decoder", 2), ("decoder", 2)])
-def test_ul2_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, layout, draws):
-    """UL2 builds every chunk (full or short, any denoiser) MANY_ROWS rows at a time by
-    UL2.build_many: the rows and counters of the one-at-a-time path."""
-    modes = {"[R]": 990, "[S]": 991, "[X]": 992}
-    special = SpecialIds(vocab_size=1000, pad=0, eos=1, sentinels=tuple(range(800, 900)), mode_tokens=modes)
-    objective = make_objective("ul2", {"inputs_length": 32, "layout": layout})
-    rng = np.random.default_rng(9)
-    chunks = []
-    for i in range(70):
-        plan = int(rng.integers(0, len(objective.denoisers)))
-        length = objective.lengths[plan].raw_length - (5 if i % 23 == 4 else 0)  # a few short chunks
-        chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", plan,
-                       Piece(rng.integers(2, 800, length, dtype=np.int32), np.array([length], np.int32))))
-    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws)
-    assert blocked.stats["train"]["noise_spans"] > 0
-
-
-@pytest.mark.parametrize("draws", [1, 2])
-def test_span_corruption_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
-    """span_corruption builds every chunk MANY_ROWS rows at a time, short chunks padded as the
-    one-at-a-time path pads them (padding_tokens)."""
-    special = SpecialIds(vocab_size=1000, pad=0, eos=1, sentinels=tuple(range(800, 900)))
-    objective = make_objective("span_corruption", {"inputs_length": 32})
-    rng = np.random.default_rng(10)
-    chunks = []
-    for i in range(70):
-        length = objective.raw_length - (9 if i % 11 == 4 else 0)  # a few short chunks
-        chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
-                       Piece(rng.integers(2, 800, length, dtype=np.int32), np.array([length], np.int32))))
-    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws)
-    assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["partial_examples"] > 0
-
-
-@pytest.mark.parametrize("params, draws", [({"seq_len": 32}, 1), ({"seq_len": 32, "whole_word_mask": True}, 2)])
-def test_mlm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, params, draws):
-    special = SpecialIds(vocab_size=1000, pad=0, eos=1, mask=2)
-    objective = make_objective("mlm", params)
-    rng = np.random.default_rng(12)
-    chunks = []
-    for i in range(70):
-        length = 32 - (9 if i % 11 == 4 else 0)  # a few short chunks
-        features = {"word_starts": rng.random(length) < 0.6} if objective.features else {}
-        chunks.append(("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
-                       Piece(rng.integers(3, 1000, length, dtype=np.int32), np.array([length], np.int32), features)))
-    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, special, chunks, draws)
-    assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["masked"] > 0
-
-
-@pytest.mark.parametrize("draws", [1, 2])
-def test_prefix_lm_blocks_give_the_rows_and_counters_of_one_chunk_at_a_time(monkeypatch, draws):
-    objective = make_objective("prefix_lm", {"seq_len": 32})
-    chunks = [(split, key, plan, piece if i % 13 != 6 else Piece(piece.tokens[:20], np.array([20], np.int32)))
-              for i, (split, key, plan, piece) in enumerate(_chunks(70))]  # two documents, a few short chunks
-    blocked = _blocks_equal_one_at_a_time(monkeypatch, objective, SPECIAL, chunks, draws)
-    assert blocked.stats["train"]["padding_tokens"] > 0 and blocked.stats["train"]["suffix_tokens"] > 0
+    results = []
+    for block_rows in (16, 5, 10_000):
+        config = parallel.BuildConfig(objective, special, schema, seed=3, draws=draws, block_rows=block_rows)
+        builder = parallel.ChunkBuilder(config)
+        results.append((_rows(_build(builder, chunks), schema), builder.stats, builder.built))
+    assert results[0] == results[1] == results[2]
+    assert results[0][2] == 70 * draws and results[0][1]["validation"]["examples"] == 10 * draws
 
 
 def test_tasks_carry_chunks_as_columns():
@@ -345,10 +253,10 @@ def test_pooled_bart_equals_the_inline_builder(monkeypatch):
     objective = make_objective("bart", {"seq_len": 34})
     rng = np.random.default_rng(3)
     chunks = [(split, key, plan, Piece(piece.tokens, piece.doc_lengths,
-                                       {"word_starts": rng.random(32) < 0.7, "sentence_starts": rng.random(32) < 0.1}))
+                                       {"space_starts": rng.random(32) < 0.7, "sentence_starts": rng.random(32) < 0.1}))
               for split, key, plan, piece in _chunks(80)]
     schema = example_schema(objective.family, **objective.schema_kwargs())
-    config = parallel.BuildConfig(objective, special, schema, seed=3, draws=1, batch_rows=5, max_buffered_rows=20)
+    config = parallel.BuildConfig(objective, special, schema, seed=3, draws=1, block_rows=5)
     inline = parallel.ChunkBuilder(config)
     expected = _build(inline, chunks)
     pooled = parallel.PooledBuilder(config, 2)
@@ -365,26 +273,27 @@ def test_a_bundle_smaller_than_a_task_is_built_inline(monkeypatch):
     assert _build(pooled, _chunks(3)) and pooled.built == 6
 
 
-class _Failing:
-    """An objective that fails (or kills its worker) on one chunk."""
+class _Failing(Objective):
+    """An objective that fails (or kills its worker) on a block with one chunk."""
+
+    name, family, fixed_raw_length = "failing", "decoder", 32
 
     def __init__(self, how):
         self.how = how
         self.inner = make_objective("clm", {"seq_len": 32})
-        self.family = self.inner.family
 
     def schema_kwargs(self):
         return self.inner.schema_kwargs()
 
-    def stats(self, example):
-        return self.inner.stats(example)
+    def params(self):
+        return {}
 
-    def build(self, tokens, rng, plan, special, features):
-        if tokens[0] == 999:
+    def build(self, block, special):
+        if (block.tokens[block.offsets[:-1]] == 999).any():
             if self.how == "die":
                 os._exit(3)
             raise ValueError("chunk 999 is bad")
-        return self.inner.build(tokens, rng, plan, special, features)
+        return self.inner.build(block, special)
 
 
 @pytest.mark.parametrize("how, message", [

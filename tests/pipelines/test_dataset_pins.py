@@ -20,17 +20,17 @@ from schemas.manifest import MANIFEST_VERSION
 #: name: (extra flags, pinned digest of the dataset's files)
 CASES = {
     "clm": (["--objective", "clm", "--seq-len", "512", "--formats", "arrow,webdataset",
-             "--validation-fraction", "0.05"], "4adf56065c032dd7536316b2546b094d"),
+             "--validation-fraction", "0.05"], "a42fb4c012ae24824207448f72a7793b"),
     "bart": (["--objective", "bart", "--seq-len", "256", "--validation-fraction", "0.1", "--num-shards", "3"],
-             "75e474d0ca6cee70fe16c8ab7e964032"),
+             "283ddf227518378c2440e5aa7cc7142a"),
     "best_fit": (["--objective", "clm", "--seq-len", "256", "--packing", "best_fit",
-                  "--validation-fraction", "0.1"], "3db53c05afe8aa4dbbb619c0b7f3468e"),
+                  "--validation-fraction", "0.1"], "92888f27eb08ce3b7c837e7d08d032cd"),
 }
 PINNED_FORMAT_VERSION = 2
-#: The same datasets as format 1 made them (64 hash buckets, before pack groups were sized in
-#: tokens): ``--num-buckets 64`` still makes them byte for byte.
-FORMAT_1 = {"clm": "e3301702b9580f9508eb89a1433473d6", "bart": "b4923d7eab1cbfb240d55f80e1911a60",
-            "best_fit": "9707fbd676a69a834cb1b774ec466bd5"}
+#: The same datasets packed in format 1's grouping (``--num-buckets 64``: 64 hash buckets per
+#: split instead of token-sized pack groups); their noise and row order are format 2's.
+NUM_BUCKETS_64 = {"clm": "8f3f6f71cbb5a7bbff8f9c223c2de052", "bart": "ccb7afa72cfc7ad4888263f9c9887e8b",
+                  "best_fit": "ac47803310edc2b5753830786ee85280"}
 
 
 def dataset_digest(root) -> str:
@@ -51,19 +51,22 @@ def test_sample_dataset_matches_pinned_digest(tmp_path, sample_glob, tokenizer_p
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", sorted(FORMAT_1))
-def test_num_buckets_64_makes_the_format_1_dataset(tmp_path, sample_glob, tokenizer_path, name):
+@pytest.mark.parametrize("name", sorted(NUM_BUCKETS_64))
+def test_num_buckets_64_matches_its_pinned_digest(tmp_path, sample_glob, tokenizer_path, name):
     flags, _ = CASES[name]
     materialize(tmp_path / "out", "--input", sample_glob, "--tokenizer", tokenizer_path, *flags, "--num-buckets", "64")
-    assert dataset_digest(tmp_path / "out") == FORMAT_1[name]
+    assert dataset_digest(tmp_path / "out") == NUM_BUCKETS_64[name]
 
 
 if __name__ == "__main__":  # print the digests (to pin them on a checkout whose output is the reference)
+    # run from the repository root: PYTHONPATH=.:tests python tests/pipelines/test_dataset_pins.py
     import tempfile
 
     from lmshards_testing import SAMPLE_GLOB, TOKENIZER
 
-    for case, (flags, _) in CASES.items():
-        out = tempfile.mkdtemp()
-        materialize(f"{out}/out", "--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--progress-seconds", "0", *flags)
-        print(f"{case:<10}{dataset_digest(f'{out}/out')}", flush=True)
+    for extra in ([], ["--num-buckets", "64"]):
+        for case, (flags, _) in CASES.items():
+            out = tempfile.mkdtemp()
+            materialize(f"{out}/out", "--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--progress-seconds", "0",
+                        *flags, *extra)
+            print(f"{' '.join(extra) or 'default':<16}{case:<10}{dataset_digest(f'{out}/out')}", flush=True)

@@ -480,6 +480,21 @@ def test_validate_catches_a_shard_with_a_bad_checksum(capsys, dataset, tmp_path)
     assert "does not match the manifest's" in text and "validate: FAILED: 1 problem(s) checksum 1" in text
 
 
+def test_validate_checks_only_the_files_of_a_dataset_of_another_format(capsys, dataset, tmp_path):
+    """Format 1 placed, ordered and noised examples by other rules: its files are hashed, its
+    examples not checked, and the report says why."""
+    path = copy_of(dataset, "span_corruption", tmp_path)
+    manifest = manifest_of(path)
+    manifest["format_version"] = 1
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    code, found, text = problems(capsys, path)
+    assert code == 1 and [(p["check"], p["where"]) for p in found] == [("manifest", "format_version")]
+    assert "format 1, written by another lmshards" in found[0]["message"]
+    shards = sum(len(shard["files"]) for split in manifest["splits"].values() for shard in split["shards"])
+    assert f"hashed {shards + 1} files" in text and "checked 0 examples" in text  # the tokenizer too
+
+
 def test_validate_catches_a_missing_shard(capsys, dataset, tmp_path):
     path = copy_of(dataset, "prefix_lm", tmp_path)
     files = manifest_of(path)["splits"]["train"]["shards"][1]["files"]

@@ -152,14 +152,14 @@ def test_manifest_counts_and_shards(clm_dataset, sample_texts):
 
 
 def test_rows_are_sorted_by_hashed_key_inside_each_shard(clm_dataset):
-    from transforms.objectives.common import digest
-
     out, manifest = clm_dataset
     for shard in manifest.shards("train"):
         from loaders.reader import read_arrow_shard
 
         keys = [ex["key"] for ex in read_arrow_shard(os.path.join(out, shard.files["arrow"].path))]
-        order = [digest(f"{manifest.config['seed']}:{k}", salt=b"lmshards-order") for k in keys]
+        # bytes 8-23 of blake2b-256(f"{seed}:{key}", person=lmshards-example) (transforms/objectives/layout.py)
+        order = [hashlib.blake2b(f"{manifest.config['seed']}:{k}".encode(), digest_size=32,
+                                 person=b"lmshards-example").digest()[8:24] for k in keys]
         assert order == sorted(order) and len(keys) == shard.rows
 
 
@@ -325,14 +325,13 @@ def test_the_run_keeps_older_objects_out_of_full_collections_and_undoes_that_aft
 
 def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, monkeypatch, clm_dataset, sample_glob,
                                                            tokenizer_path):
-    """Tiny tokenizer batches and example batches (and the flush of many shards' buffers) give the
+    """Tiny tokenizer batches and example blocks give the
     same bytes as the defaults: batching follows bundles, the written data must not."""
-    import transforms.build as build
+    import transforms.parallel as parallel
     import transforms.tokenize as tokenize
 
     reference_out, reference = clm_dataset
-    monkeypatch.setattr(build, "BATCH_ROWS", 3)
-    monkeypatch.setattr(build, "MAX_BUFFERED_ROWS", 7)
+    monkeypatch.setattr(parallel, "BLOCK_ROWS", 3)
     monkeypatch.setattr(tokenize, "FIRST_BATCH", 1)
     out = tmp_path / "small-batches"
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path, "--batch-size", "5"))

@@ -497,3 +497,32 @@ def test_bytes_identical_across_runner_modes(tmp_path, tokenizer_path, objective
         manifest = materialize(tmp_path / mode, *args, *beam_args)
         assert file_digests(tmp_path / mode) == digests, mode
         assert manifest.deterministic_view() == reference.deterministic_view(), mode
+
+
+@pytest.mark.e2e
+def test_t5s_join_keeps_eos_out_of_span_corrupted_examples(tmp_path, tokenizer_path):
+    """``--document-separator none`` joins documents as T5's reduce_concat_tokens does: no EOS
+    inside inputs or targets (the default puts one after each document, which then shows up
+    inside examples), every document token still in exactly one example, the manifest's
+    document tokens without the EOS."""
+    eos = Tokenizer.from_file(tokenizer_path).token_to_id("</s>")
+    found = {}
+    for separator in ("eos", "none"):
+        out = tmp_path / separator
+        manifest = materialize(out, *_args("span_corruption", SUBSET, tokenizer_path, "--document-separator",
+                                           separator, "--last-chunk", "pad"))
+        inner = examples = 0
+        for split in manifest.splits:
+            for example in open_dataset(str(out)).iter_examples(split):
+                for column in ("inputs", "targets"):
+                    real = np.asarray(example[column])
+                    real = real[: int(np.flatnonzero(real == eos)[-1]) + 1]  # cut the padding: EOS ends both
+                    inner += int(np.count_nonzero(real[:-1] == eos))
+                examples += 1
+        documents = sum(info["documents"] for info in manifest.splits.values())
+        tokens = sum(info["tokens"] + info["dropped_tokens"] for info in manifest.splits.values())
+        assert tokens == sum(info["document_tokens"] for info in manifest.splits.values())
+        found[separator] = (inner, examples, documents, tokens, manifest.config["document_separator"])
+    assert found["none"][0] == 0 and found["eos"][0] > 0.1 * found["eos"][1]
+    assert found["none"][4] == "none" and found["eos"][4] == "eos"
+    assert found["eos"][3] - found["none"][3] == found["eos"][2]  # one EOS per document less

@@ -7,7 +7,8 @@ shared/reference/bart_mlm_megatron.md section 1. ``targets`` is the original fra
 ``<s> chunk </s>``; ``inputs`` is the same after these steps, in fairseq's order:
 
 1. Sentence permutation (``permute_sentences`` = p): ``ceil(n * p)`` of the ``n`` sentences
-   are re-ordered among themselves. Sentences start at ``sentence_starts`` (and at token 0).
+   are re-ordered among themselves (all of them, uniformly, for p = 1). Sentences start at
+   ``sentence_starts`` (and at token 0).
 2. Masking (``mask`` = share of *words*): budget ``ceil(#words * mask)``; span lengths in
    words ~ Poisson(``poisson_lambda``) (categorical cut where p_k < 1e-7), drawn until they
    cover the budget, the last one trimmed to fit; zero-length spans are set aside as
@@ -25,16 +26,23 @@ shared/reference/bart_mlm_megatron.md section 1. ``targets`` is the original fra
 5. Document rotation (probability ``rotate``): the interior is rotated by an offset in
    [1, len - 1]; ``<s>`` and ``</s>`` stay in place.
 
-Words come from ``word_starts`` (the pre-tokenizer's word starts, where fairseq decodes
-GPT-2 pieces); without it every token is a word, like fairseq's ``mask_length=subword``.
-As in fairseq, a chunk that begins inside a word leaves that word piece unmaskable.
+Words are fairseq's (``get_whole_word_mask`` with GPT-2's ``is_beginning_of_word``): a word
+starts at a token whose text begins with a space (the ``space_starts`` feature of
+:mod:`transforms.tokenize`: GPT-2's ``Ġ``, or for other tokenizers a token right after a space
+in the text) and at a special token; the framing ``<s>``/``</s>`` never starts a word, so a
+chunk's first token starts one only when it begins with a space (fairseq glues a block's
+first word to ``<s>``, leaving it unmaskable). ``.``, ``,``, ``'t``, ``)`` or a newline do
+not start words, so on English text a word is about three tokens. Without the feature every
+token is a word, like fairseq's ``mask_length=subword``.
 
 Deliberate differences from fairseq:
 
 - Sentence boundaries come from the ``sentence_starts`` feature (a text rule of the
   pipeline), not from the GPT-2 id of "." (which is a no-op for other BPEs, fairseq #3803).
-- Special tokens inside a chunk (e.g. EOS between packed documents) and tokens already
-  noised by an earlier pass are never masked, and spans stop at them.
+- Packed documents keep the EOS between them (fairseq strips it, gluing a line's first word
+  to the line before). Special tokens inside a chunk and tokens already noised by an earlier
+  pass are never masked, and spans stop at them; the token after an in-chunk special token
+  starts a word (fairseq's word would begin at the special token, which lmshards never masks).
 - Random tokens are uniform over non-special ids (fairseq: any id in [1, |V|), specials
   included). Each inserted token is random with probability ``mask_random`` (fairseq makes
   exactly ``ceil(n * mask_random)`` random, which turns the usual single zero-length-span
@@ -43,43 +51,47 @@ Deliberate differences from fairseq:
   (counted in ``inserts_dropped``); with ``insert > 0`` inputs can reach
   ``seq_len + ceil(seq_len * insert)`` (fairseq issue #2297). Budgets use ``ceil`` on the
   product rounded to 9 decimals (``ceil(10 * 0.3)`` is 3, not 4).
-- Randomness comes only from the given ``rng`` (fairseq mixes torch's global RNG with
-  ``hash(seed, epoch, index) % 1e6``), so examples are a pure function of the example key.
+- Randomness is counter-based (:mod:`transforms.objectives.randoms`; each draw has its own
+  stream, see the ``*_STREAM`` constants), so examples are a pure function of the example
+  key; fairseq mixes torch's global RNG with ``hash(seed, epoch, index) % 1e6``.
 
-The pipeline builds full chunks in blocks (:func:`bart_many`, for the passes of the BART-large
-recipe): each row draws from its own generator exactly as :func:`bart_with_stats` does, and
-the array work runs once per block instead of once per example, which costs about a third
-less per example.
+A block's rows are noised together, laid end to end: every row ends with ``</s>``, a
+barrier no span passes, so positions can be global and every pass is array work over the block.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from transforms.objectives.base import BuiltRows
-from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range, index_range
-from transforms.objectives.mlm import STATS_KEY, draw_non_special, draw_ranks, ids_of_ranks
-from transforms.objectives.packing import Piece
+from transforms.objectives.base import Block, Built, Objective
+from transforms.objectives.common import SpecialIds, ids_out_of_range, index_range
+from transforms.objectives.mlm import random_ids
+from transforms.objectives.randoms import Randoms, first_distinct
 
-__all__ = [
-    "MASK_LENGTHS",
-    "Bart",
-    "BartConfig",
-    "bart",
-    "bart_many",
-    "bart_with_stats",
-    "many_supported",
-    "poisson_span_cdf",
-    "sentence_permutation",
-]
+__all__ = ["MASK_LENGTHS", "Bart", "BartConfig", "poisson_span_cdf", "sentence_permutation", "span_lengths"]
 
 MASK_LENGTHS = ("span-poisson", "word", "subword")
+# Streams of the row keys (transforms/objectives/randoms.py), one per kind of draw.
+SENTENCE_STREAM, CHOSEN_SENTENCE_STREAM = 1, 2
+LENGTH_STREAM, START_STREAM, SPAN_RANDOM_STREAM, SPAN_IDS_STREAM = 3, 4, 5, 6
+ZERO_INSERT_STREAM, ZERO_RANDOM_STREAM, ZERO_IDS_STREAM = 7, 8, 9
+TOKEN_MASK_STREAMS, TOKEN_DELETE_STREAMS = (10, 11, 12), (13, 14, 15)  # starts, random flags, ids
+INSERT_STREAM, INSERT_RANDOM_STREAM, INSERT_IDS_STREAM = 16, 17, 18
+ROTATE_STREAM = 19
+_COUNTERS = ("examples", "sentences", "permuted_sentences", "words", "mask_budget", "masked_spans",
+             "zero_length_spans", "masked_words", "masked_tokens", "random_tokens", "inserted", "inserts_dropped",
+             "rotated")
+_HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(129))
+
+
+def _ceil_all(values: np.ndarray) -> np.ndarray:
+    """``ceil(round(value, 9))`` of each value (int64)."""
+    return np.ceil(np.round(np.asarray(values, dtype=np.float64), 9)).astype(np.int64)
 
 
 def _ceil(value: float) -> int:
@@ -164,55 +176,38 @@ def poisson_span_cdf(poisson_lambda: float) -> np.ndarray:
     return cdf
 
 
-@dataclass
-class _Noisy:
-    """The source being noised, with per-token flags kept aligned through every pass."""
+class _Words(NamedTuple):
+    """Where spans may start and where they must stop, for one masking pass.
 
-    ids: np.ndarray  # int32 token ids, <s> ... </s>
-    word_start: np.ndarray  # bool: a word (or, without word starts, a token) starts here
-    barrier: np.ndarray  # bool: framing, special or already-noised token: never masked, ends spans
-    flags: bool = True  # False once no later pass reads the flags: they are no longer kept aligned
+    Attributes:
+        pool: positions of the maskable word starts (a word start that is no barrier), ascending.
+        per_row: how many each row has.
+        barriers: positions of the barriers, ascending (every row ends with one: ``</s>``).
+        before: for each barrier, how many pool positions come before it.
+    """
 
-    def take(self, keep: np.ndarray) -> None:
-        self.ids = self.ids[keep]
-        if self.flags:
-            self.word_start, self.barrier = self.word_start[keep], self.barrier[keep]
-
-
-def _sentence_order(
-    size: int, sentence_starts: np.ndarray | None, p: float, rng: np.random.Generator, counters: dict[str, int]
-) -> np.ndarray | None:
-    """Gather index that re-orders ``ceil(n * p)`` of the ``n`` sentences (fairseq
-    ``permute_sentences``); None when there are fewer than two sentences (no draw)."""
-    if sentence_starts is None or size == 0:
-        counters["sentences"] = int(size > 0)  # the chunk is one sentence (none when empty)
-        return None
-    starts = sentence_starts.nonzero()[0]
-    if not sentence_starts[0]:  # a sentence always starts at token 0
-        starts = np.concatenate([np.zeros(1, dtype=starts.dtype), starts])
-    n = starts.size
-    counters["sentences"] = int(n)
-    if n < 2:
-        return None
-    k = _ceil(n * p)
-    chosen = rng.permutation(n)[:k]
-    identity = index_range(n)
-    ordering = identity.copy()
-    ordering[chosen] = chosen[rng.permutation(k)]
-    counters["permuted_sentences"] = int(np.count_nonzero(ordering != identity))
-    return _gather_index(starts, ordering, size)
+    pool: np.ndarray
+    per_row: np.ndarray
+    barriers: np.ndarray
+    before: np.ndarray
 
 
-def sentence_permutation(
-    size: int, sentence_starts: np.ndarray | None, permute_sentences: float, rng: np.random.Generator
-) -> np.ndarray | None:
-    """The gather index sentence permutation applies to a chunk of ``size`` tokens (None: it
-    stays as it is), drawn from ``rng`` exactly as the first step of :func:`bart_with_stats`
-    and :func:`bart_many` draw it. Inspection replays it to show how sentences moved."""
-    if permute_sentences <= 0:
-        return None
-    flags = None if sentence_starts is None else np.asarray(sentence_starts, dtype=bool)
-    return _sentence_order(size, flags, permute_sentences, generator_of(rng), {})
+def _span_ends(words: _Words, index: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """End (exclusive) of each span of ``lengths`` words from the pool's ``index``-th word start,
+    stopped at the next barrier, and how many pool positions come before that end.
+
+    fairseq walks token by token, counting word starts, with a huge count on ``</s>``. Here: the
+    span ends at the ``length``-th maskable word start after its own, unless a barrier comes
+    first; as no barrier lies between the two in that case, that word start is
+    ``pool[index + length]``.
+    """
+    following = words.barriers.searchsorted(words.pool[index], side="right")  # the next barrier
+    limit = words.before[following]  # the pool positions before it
+    reach = index + lengths
+    inside = reach < limit
+    ends = words.barriers[following]
+    ends[inside] = words.pool[reach[inside]]
+    return ends, np.minimum(reach, limit)
 
 
 def _gather_index(starts: np.ndarray, ordering: np.ndarray, total: int) -> np.ndarray:
@@ -229,598 +224,236 @@ def _gather_index(starts: np.ndarray, ordering: np.ndarray, total: int) -> np.nd
     offsets -= lengths
     moved_starts -= offsets
     index = moved_starts.repeat(lengths)
-    index += index_range(total)
+    index += np.arange(total)
     return index
 
 
-def _permute_sentences(
-    tokens: np.ndarray,
-    flags: list[np.ndarray],
-    sentence_starts: np.ndarray | None,
-    p: float,
-    rng: np.random.Generator,
-    counters: dict[str, int],
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Re-order ``ceil(n * p)`` of the ``n`` sentences (fairseq ``permute_sentences``)."""
-    index = _sentence_order(tokens.size, sentence_starts, p, rng, counters)
-    if index is None:
-        return tokens, flags
-    return tokens[index], [f[index] for f in flags]
+def span_lengths(randoms: Randoms, budgets: np.ndarray, config: BartConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Span lengths in words of each row, zero-length ones included, covering exactly its budget.
 
+    ``span-poisson``: the row's draws ``j = 0, 1, ...`` of :data:`LENGTH_STREAM` through the
+    categorical of :func:`poisson_span_cdf`, up to the first that reaches the budget, trimmed to
+    it (fairseq's ``add_whole_word_mask``); ``word`` and ``subword``: ``budget`` spans of 1.
 
-def _cover_budget(lengths: np.ndarray, budget: int, cdf: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``lengths`` and as many more draws as cover ``budget``: fairseq draws ``budget`` lengths
-    at a time until they suffice."""
-    while np.add.reduce(lengths) < budget:
-        lengths = np.concatenate([lengths, cdf.searchsorted(rng.random(budget), side="right")])
-    return lengths
-
-
-def _span_lengths(budget: int, config: BartConfig, rng: np.random.Generator) -> np.ndarray:
-    """Span lengths in words covering exactly ``budget`` words (zero-length ones included)."""
-    if config.mask_length != "span-poisson":
-        return np.ones(budget, dtype=np.int64)
-    cdf = poisson_span_cdf(config.poisson_lambda)
-    lengths = _cover_budget(cdf.searchsorted(rng.random(budget), side="right"), budget, cdf, rng)
-    cum = lengths.cumsum()
-    last = int(cum.searchsorted(budget))  # first span reaching the budget
-    lengths = lengths[: last + 1].copy()
-    lengths[last] = budget - (cum[last - 1] if last else 0)
-    return lengths
-
-
-#: Positions up to which :func:`_span_ends` binary-searches; beyond, running counts cost less.
-_SEARCH_LIMIT = 1 << 14
-
-
-def _block_span_lengths(budgets: list[int], uniforms: list[np.ndarray], rngs: list[np.random.Generator],
-                        config: BartConfig) -> list[np.ndarray]:
-    """:func:`_span_lengths` of many rows, given each row's first draw ``rng.random(budget)``
-    (``span-poisson``; no draw otherwise): the categorical lookup and the trimming run once
-    for all rows; a row whose lengths fall short of its budget (rare) draws on as the
-    one-row function does."""
-    if config.mask_length != "span-poisson":
-        return [np.ones(budget, dtype=np.int64) for budget in budgets]
-    cdf = poisson_span_cdf(config.poisson_lambda)
-    wanted = np.array(budgets, dtype=np.int64)  # each row's first draws number its budget
-    lengths = cdf.searchsorted(np.concatenate(uniforms), side="right")
-    firsts = _exclusive_cumsum(wanted)
-    short = np.flatnonzero(np.add.reduceat(lengths, firsts) < wanted).tolist()
-    if short:  # rows that need more draws: per row, as _span_lengths
-        rows = np.split(lengths, firsts[1:])
-        for index in short:
-            rows[index] = _cover_budget(rows[index], budgets[index], cdf, rngs[index])
-        lengths = np.concatenate(rows)
-        firsts = _exclusive_cumsum(np.array([row.size for row in rows], dtype=np.int64))
-    # Trim each row at its first span reaching the budget: with the running sum over all rows,
-    # a row's spans reach ``sum before the row + budget`` first at that span.
-    running = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=running[1:])
-    reached = running[firsts] + wanted
-    last = running[1:].searchsorted(reached)
-    lengths[last] = reached - running[last]
-    return [lengths[first : end + 1] for first, end in zip(firsts.tolist(), last.tolist())]
-
-
-def _span_ends(word_start: np.ndarray, barrier: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """End (exclusive) of each span of ``lengths`` words from ``starts``, stopped at the next barrier.
-
-    fairseq walks token by token, counting word starts, with a huge count on ``</s>``; here
-    the end is the ``length``-th word boundary after the start, or the first barrier if
-    that comes sooner. The last position (``</s>``) must be a barrier.
+    Returns:
+        ``(lengths, offsets)``: the rows' lengths end to end (int64) and ``rows + 1`` offsets.
     """
-    boundary = np.logical_or(word_start, barrier)
-    boundaries = boundary.nonzero()[0]
-    barriers = np.asarray(barrier).nonzero()[0]
-    if boundary.size <= _SEARCH_LIMIT:
-        word_end = boundaries.searchsorted(starts)
-        following = barriers.searchsorted(starts, side="right")
-    else:  # a block of rows: ranks from running counts beat scattered binary searches in large arrays
-        word_end = np.cumsum(boundary, dtype=np.int32)[starts].astype(np.int64)
-        word_end -= 1  # each start's index among the boundaries (a start is a word start)
-        following = np.cumsum(barrier, dtype=np.int32)[starts]  # barriers before it (a start is not one)
-    word_end += lengths
-    np.minimum(word_end, boundaries.size - 1, out=word_end)
-    return np.minimum(boundaries[word_end], barriers[following])
+    budgets = np.asarray(budgets, dtype=np.int64)
+    rows = budgets.shape[0]
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    if config.mask_length != "span-poisson":
+        np.cumsum(budgets, out=offsets[1:])
+        return np.ones(int(offsets[-1]), dtype=np.int64), offsets
+    cdf = poisson_span_cdf(config.poisson_lambda)
+    mean = float(np.dot(np.arange(cdf.size), np.diff(cdf, prepend=0.0)))
+    most = int(budgets.max(initial=0))
+    draws = int(most / mean + 4 * math.sqrt(most / mean + 1) * max(1.0, math.sqrt(config.poisson_lambda) / mean)) + 4
+    counts = np.zeros(rows, dtype=np.int64)
+    parts: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, their lengths row by row)
+    pending = np.flatnonzero(budgets > 0)
+    while pending.size:
+        lengths = cdf.searchsorted(randoms.rows(pending).uniforms(LENGTH_STREAM, draws), side="right")
+        running = np.cumsum(lengths, axis=1)
+        wanted = budgets[pending, None]
+        reached = running >= wanted
+        enough = reached[:, -1]
+        done = pending[enough]
+        if done.size:
+            last = reached[enough].argmax(axis=1)
+            kept = np.arange(draws) <= last[:, None]
+            trimmed = lengths[enough]
+            index = np.arange(done.size)
+            trimmed[index, last] = wanted[enough, 0] - (running[enough][index, last] - trimmed[index, last])
+            counts[done] = last + 1
+            parts.append((done, trimmed[kept]))
+        pending = pending[~enough]
+        draws *= 2
+    np.cumsum(counts, out=offsets[1:])
+    values = np.empty(int(offsets[-1]), dtype=np.int64)
+    for done, part in parts:
+        slots = np.repeat(offsets[done] - _exclusive(counts[done]), counts[done]) + np.arange(part.shape[0])
+        values[slots] = part
+    return values, offsets
 
 
-def _mask_spans(
-    src: _Noisy,
-    lengths: np.ndarray,
-    replace_length: int,
-    config: BartConfig,
-    special: SpecialIds,
-    rng: np.random.Generator,
-    counters: dict[str, int],
-    pool: np.ndarray | None = None,
-) -> None:
-    """Mask, replace or delete ``lengths.size`` word spans (all > 0) at random word starts.
+class _Source:
+    """The rows being noised, end to end, with per-token flags kept aligned through the passes.
 
-    ``pool``, when given, is ``flatnonzero(src.word_start & ~src.barrier)`` (the caller has it).
+    Attributes:
+        ids: int32 token ids, each row ``<s> ... </s>``.
+        word_start: a word (or, without words, a token) starts here.
+        barrier: framing, special or already-noised token: never masked, ends spans.
+        offsets: ``rows + 1`` int64 offsets of the rows.
+        flags: whether a later pass reads ``word_start`` and ``barrier`` (else they go stale).
     """
-    if pool is None:
-        pool = np.greater(src.word_start, src.barrier).nonzero()[0]  # word_start & ~barrier
-    m = lengths.size
-    starts = rng.choice(pool, size=m, replace=False) if m else pool[:0]
-    is_random = rng.random(m) < config.mask_random
-    ends = _span_ends(src.word_start, src.barrier, starts, lengths)
-    size = src.ids.size
-    positions = index_range(size)
-    # reach[i]: furthest end of the spans started at or before i; i is covered when reach[i] > i.
-    reach = np.zeros(size, dtype=np.int64)
-    reach[starts] = ends
-    np.maximum.accumulate(reach, out=reach)
-    covered = reach > positions
-    counters["masked_words"] = counters.get("masked_words", 0) + int(np.count_nonzero(covered & src.word_start))
-    counters["masked_tokens"] = counters.get("masked_tokens", 0) + int(np.count_nonzero(covered))
+
+    def __init__(self, ids: np.ndarray, word_start: np.ndarray, barrier: np.ndarray, offsets: np.ndarray,
+                 flags: bool):
+        self.ids, self.word_start, self.barrier, self.offsets, self.flags = ids, word_start, barrier, offsets, flags
+
+    @property
+    def count(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def rows_of(self, positions: np.ndarray) -> np.ndarray:
+        """The row of each position (int64)."""
+        return self.offsets.searchsorted(positions, side="right") - 1
+
+    def words(self) -> _Words:
+        """The maskable word starts and the barriers, as they are now."""
+        pool = np.flatnonzero(self.word_start > self.barrier)  # word_start & ~barrier
+        barriers = np.flatnonzero(self.barrier)
+        return _Words(pool, np.diff(pool.searchsorted(self.offsets)), barriers, pool.searchsorted(barriers))
+
+    def delete(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Delete the tokens of the ranges ``[starts[i], ends[i])`` (ascending, disjoint, each
+        inside one row; empty ranges allowed)."""
+        wanted = ends > starts
+        starts, ends = starts[wanted], ends[wanted]
+        if not starts.shape[0]:
+            return
+        lengths = ends - starts
+        deleted = np.repeat(starts - _exclusive(lengths), lengths)
+        deleted += index_range(deleted.shape[0])
+        keep = np.ones(self.ids.shape[0], dtype=bool)
+        keep[deleted] = False
+        removed = np.bincount(self.rows_of(starts), weights=lengths, minlength=self.count)
+        self.ids = self.ids[keep]
+        if self.flags:
+            self.word_start, self.barrier = self.word_start[keep], self.barrier[keep]
+        sizes = self.sizes - removed.astype(np.int64)
+        self.offsets = np.zeros(self.count + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self.offsets[1:])
+
+    def insert(self, counts: np.ndarray, local: np.ndarray, values: np.ndarray) -> None:
+        """Insert ``counts[r]`` tokens into row ``r`` at positions ``local`` (ascending positions of
+        the grown row, rows in order) holding ``values``; they are barriers and word starts."""
+        offsets = np.zeros(self.count + 1, dtype=np.int64)
+        np.cumsum(self.sizes + counts, out=offsets[1:])
+        at = local + np.repeat(offsets[:-1], counts)
+        old = np.ones(int(offsets[-1]), dtype=bool)
+        old[at] = False
+        names = ("ids", "word_start", "barrier") if self.flags else ("ids",)
+        for name, fill in zip(names, (values, True, True)):
+            current = getattr(self, name)
+            out = np.empty(old.shape[0], dtype=current.dtype)
+            out[old] = current
+            out[at] = fill
+            setattr(self, name, out)
+        self.offsets = offsets
+
+
+def _starts_in_pool(randoms: Randoms, stream: int, words: _Words, wanted: np.ndarray) -> np.ndarray:
+    """``wanted[r]`` distinct maskable word starts of each row in a uniformly random order
+    (fairseq's ``randperm`` of the word starts), rows end to end, as indices into the pool."""
+    chosen, _ = first_distinct(randoms, stream, words.per_row, wanted)
+    return chosen + np.repeat(_exclusive(words.per_row), wanted)
+
+
+def _noise_spans(source: _Source, words: _Words, index: np.ndarray, lengths: np.ndarray,
+                 is_random: np.ndarray, replace_length: int, random_values: tuple[np.ndarray, np.ndarray],
+                 mask: int) -> dict[str, int]:
+    """Mask, replace or delete word spans of ``lengths`` (all > 0) from the word starts
+    ``words.pool[index]`` (rows in order), as fairseq's ``add_whole_word_mask`` does after its draws.
+
+    ``random_values`` = ``(values, offsets)``: each row's random ids, used in order by the
+    row's random positions (replace 1: the random spans' starts in drawing order; -1: the
+    positions, in order, whose earliest-started covering span is random).
+
+    Returns the counters ``masked_words``, ``masked_tokens`` and ``random_tokens``.
+    """
+    # Overlapping spans merge: in start order, a span that starts before the furthest end so far
+    # joins the current run. Runs never cross rows (a row's spans end at its </s> at the latest).
+    starts = words.pool[index]
+    order = index.argsort(kind="stable")
+    sorted_index = index[order]
+    sorted_starts = words.pool[sorted_index]
+    furthest, furthest_index = _span_ends(words, sorted_index, lengths[order])
+    np.maximum.accumulate(furthest, out=furthest)
+    np.maximum.accumulate(furthest_index, out=furthest_index)
+    opens = np.ones(order.shape[0], dtype=bool)
+    np.greater_equal(sorted_starts[1:], furthest[:-1], out=opens[1:])
+    run_starts = sorted_starts[opens]
+    last = np.r_[np.flatnonzero(opens)[1:] - 1, order.shape[0] - 1] if order.size else order
+    run_ends = furthest[last]
+    # Covered positions are never barriers: the covered word starts are the pool's, counted by index.
+    counters = {"masked_words": int((furthest_index[last] - sorted_index[opens]).sum()),
+                "masked_tokens": int((run_ends - run_starts).sum()), "random_tokens": 0}
     if replace_length == 0:
-        src.take(~covered)
-        return
-    keep = None
+        source.delete(run_starts, run_ends)
+        return counters
     if replace_length == 1:
-        # A start inside another span's tail is deleted with it: overlapping spans merge into one mask.
+        # Each run becomes one mask, at its first span's start: the starts inside a run go with it.
         replaced, random_positions = starts, starts[is_random]
-        keep = np.empty(size, dtype=bool)  # delete what a span covers after its first token
-        keep[0] = True
-        np.less_equal(reach[:-1], positions[1:], out=keep[1:])
+        counters["random_tokens"] = int(np.count_nonzero(is_random[order][opens]))
     else:
-        replaced = covered
-        # Where spans overlap, fairseq's token-by-token walk lets the span that started
-        # first write last, so its random flag decides the token: the earliest-started span
-        # covering i is the first, in start order, whose end passes i.
-        order = starts.argsort()
-        furthest = np.maximum.accumulate(ends[order])
-        covered_positions = covered.nonzero()[0]
-        winner = furthest.searchsorted(covered_positions, side="right")
-        random_positions = covered_positions[is_random[order][winner]]
-    src.ids[replaced] = special.mask
-    src.ids[random_positions] = draw_non_special(rng, special, random_positions.size)  # draws nothing for none
-    if src.flags:
-        src.barrier[replaced] = True
-    if keep is None:  # nothing deleted
-        counters["random_tokens"] += int(random_positions.size)
-        return
-    if random_positions.size:
-        counters["random_tokens"] += int(np.count_nonzero(keep[random_positions]))
-    src.take(keep)
+        # Every covered token becomes a mask. Where spans overlap, fairseq's token-by-token walk
+        # lets the span that started first write last, so its random flag decides the token: the
+        # earliest-started span covering i is the first, in start order, whose end passes i.
+        run_lengths = run_ends - run_starts
+        replaced = np.repeat(run_starts - _exclusive(run_lengths), run_lengths) + index_range(int(run_lengths.sum()))
+        winner = furthest.searchsorted(replaced, side="right")
+        random_positions = replaced[is_random[order][winner]]
+        counters["random_tokens"] = int(random_positions.shape[0])
+    source.ids[replaced] = mask
+    if random_positions.shape[0]:  # positions come grouped by row, rows in order
+        rows = source.rows_of(random_positions)
+        first = np.searchsorted(rows, rows)  # first random position of each one's row
+        values, value_offsets = random_values
+        source.ids[random_positions] = values[value_offsets[rows] + np.arange(rows.shape[0]) - first]
+    if source.flags:
+        source.barrier[replaced] = True
+    if replace_length == 1:
+        source.delete(run_starts + 1, run_ends)
+    return counters
 
 
-def _insert_positions(rng: np.random.Generator, size: int, n: int) -> np.ndarray:
-    """``n`` distinct interior positions (in ``[1, size - 2]``) of a row that grows to ``size``."""
-    if n == 1 and type(rng) is np.random.Generator:
-        # choice(m, size=1, replace=False) is one bounded draw, the same as integers(0, m)
-        return np.array([int(rng.integers(0, size - 2)) + 1], dtype=np.int64)
-    return rng.choice(size - 2, size=n, replace=False) + 1
+def _insert(source: _Source, randoms: Randoms, counts: np.ndarray, streams: tuple[int, int, int],
+            mask_random: float, special: SpecialIds) -> tuple[int, int]:
+    """Insert ``counts[r]`` masks into row ``r`` at distinct uniform interior positions, each a
+    random id with probability ``mask_random``; return ``(inserted, random)``."""
+    total = int(counts.sum())
+    if not total:
+        return 0, 0
+    position_stream, random_stream, ids_stream = streams
+    rows = np.flatnonzero(counts)
+    sub = randoms.rows(rows)
+    local, _ = first_distinct(sub, position_stream, source.sizes[rows] + counts[rows] - 2, counts[rows])
+    local += 1  # interior: never before <s> or after </s>
+    most = int(counts.max())
+    flags = sub.uniforms(random_stream, most) < mask_random
+    flags = flags[np.arange(most) < counts[rows, None]]
+    values = np.full(total, special.mask, dtype=np.int32)
+    row_of = np.repeat(rows, counts[rows])
+    if flags.any():
+        values[flags] = random_ids(randoms, ids_stream, np.bincount(row_of[flags], minlength=source.count), special)
+    order = np.lexsort((local, row_of))  # positions ascending within each row; values follow them
+    source.insert(counts, local[order], values[order])
+    return total, int(np.count_nonzero(flags))
 
 
-def _insert(
-    src: _Noisy, n: int, config: BartConfig, special: SpecialIds, rng: np.random.Generator, counters: dict[str, int]
-) -> None:
-    """Insert ``n`` masks (random tokens with probability ``mask_random``) at interior positions."""
-    if n <= 0:
-        return
-    size = src.ids.size + n
-    positions = _insert_positions(rng, size, n)
-    is_random = rng.random(n) < config.mask_random
-    old = np.empty(size, dtype=bool)
-    old.fill(True)
-    old[positions] = False
-    ids = np.empty(size, dtype=np.int32)
-    ids[old] = src.ids
-    ids[positions] = special.mask
-    random_count = int(np.count_nonzero(is_random))
-    ids[positions[is_random]] = draw_non_special(rng, special, random_count)  # draws nothing for none
-    src.ids = ids
-    if src.flags:
-        word_start, barrier = np.ones(size, dtype=bool), np.ones(size, dtype=bool)
-        word_start[old], barrier[old] = src.word_start, src.barrier
-        src.word_start, src.barrier = word_start, barrier
-    counters["inserted"] += n
-    counters["random_tokens"] += random_count
+def _framed(values: np.ndarray, lengths: np.ndarray, first, last, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``values`` (end to end, ``lengths`` each) framed by ``first`` and ``last``, end to
+    end, and the framed rows' offsets."""
+    count = lengths.shape[0]
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(lengths + 2, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=dtype)
+    if count and (lengths == lengths[0]).all():  # one length: a 2-D view
+        rows = out.reshape(count, -1)
+        rows[:, 0], rows[:, -1] = first, last
+        rows[:, 1:-1] = values.reshape(count, -1)
+        return out, offsets
+    out[offsets[:-1]], out[offsets[1:] - 1] = first, last
+    out[index_range(values.shape[0]) + np.repeat(2 * np.arange(count) + 1, lengths)] = values
+    return out, offsets
 
 
-_COUNTERS = (
-    "examples",
-    "sentences",
-    "permuted_sentences",
-    "words",
-    "mask_budget",
-    "masked_spans",
-    "zero_length_spans",
-    "masked_words",
-    "masked_tokens",
-    "random_tokens",
-    "inserted",
-    "inserts_dropped",
-    "rotated",
-)
-
-
-def _checked_tokens(
-    tokens: np.ndarray,
-    config: BartConfig,
-    special: SpecialIds,
-    word_starts: np.ndarray | None,
-    sentence_starts: np.ndarray | None,
-) -> np.ndarray:
-    """The chunk (any integer dtype) after checking the special ids, its length, ids and features."""
-    if special.bos is None or special.mask is None:
-        raise ValueError(f"bart needs bos and mask ids, got bos={special.bos} mask={special.mask}")
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-        raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
-    if tokens.size > config.raw_length:
-        raise ValueError(f"chunk of {tokens.size} tokens exceeds the raw length {config.raw_length}")
-    if tokens.size and ids_out_of_range(tokens, special.vocab_size):
-        raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
-    for name, value in (("word_starts", word_starts), ("sentence_starts", sentence_starts)):
-        if value is not None and np.shape(value) != tokens.shape:
-            raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {np.shape(value)}")
-    return tokens
-
-
-_HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(129))
-
-
-def _count_spans(counters: dict[str, int], lengths: np.ndarray) -> int:
-    """Set the span counters of applied span lengths (in words, zero-length ones included):
-    ``mask_budget`` (their sum), ``span_len_hist_<k>``, ``masked_spans`` and
-    ``zero_length_spans``; return the number of zero-length spans."""
-    histogram = np.bincount(lengths).tolist()
-    for k, count in enumerate(histogram):
-        if count:
-            counters[_HISTOGRAM_NAMES[k] if k < len(_HISTOGRAM_NAMES) else f"span_len_hist_{k}"] = count
-    zero = histogram[0] if histogram else 0
-    counters["mask_budget"] = int(lengths.sum())
-    counters["masked_spans"], counters["zero_length_spans"] = int(lengths.size - zero), zero
-    return zero
-
-
-def bart_with_stats(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    config: BartConfig,
-    special: SpecialIds,
-    word_starts: np.ndarray | None = None,
-    sentence_starts: np.ndarray | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """:func:`bart` plus exact integer counters of the noise it drew.
-
-    Counters: ``examples``, ``tokens`` and ``source_tokens`` (both len of targets, the
-    framed chunk), ``input_tokens``, ``sentences``, ``permuted_sentences`` (sentences that
-    moved), ``words`` (maskable words: word starts that are not special tokens),
-    ``mask_budget``, ``masked_spans``, ``zero_length_spans``, ``span_len_hist_<k>`` (applied
-    span lengths in words, after trimming the last one, zero-length spans as k=0),
-    ``masked_words``/``masked_tokens`` (covered by the spans of every masking pass, overlaps
-    counted once), ``mask_tokens`` (mask ids in ``inputs``), ``random_tokens``, ``inserted``,
-    ``inserts_dropped``, ``deleted`` (tokens removed: targets - inputs + inserted), ``rotated``.
-    """
-    tokens = _checked_tokens(tokens, config, special, word_starts, sentence_starts)
-    rng = generator_of(rng)
-    size = tokens.size
-    targets = np.empty(size + 2, dtype=np.int32)
-    targets[0], targets[-1] = special.bos, special.eos
-    targets[1:-1] = tokens
-    counters = dict.fromkeys(_COUNTERS, 0)
-    counters["examples"] = 1
-
-    # The source being noised: ids framed by <s> ... </s>, and per token whether a word
-    # starts there and whether it is a barrier (framing, special, later: already noised).
-    whole_words = word_starts is not None and config.mask_length != "subword"
-    index = None
-    if config.permute_sentences > 0:
-        sentence_flags = None if sentence_starts is None else np.asarray(sentence_starts, dtype=bool)
-        index = _sentence_order(size, sentence_flags, config.permute_sentences, rng, counters)
-    ids = targets.copy()
-    if index is not None:
-        targets[1:-1].take(index, out=ids[1:-1], mode="clip")  # in range: clip only skips the buffered check
-    word_start = np.empty(size + 2, dtype=bool)
-    word_start[0] = word_start[-1] = False
-    if not whole_words:
-        word_start[1:-1] = True
-    elif index is None:
-        word_start[1:-1] = word_starts
-    else:
-        word_start[1:-1] = np.asarray(word_starts, dtype=bool)[index]
-    barrier = np.empty(size + 2, dtype=bool)
-    barrier[0] = barrier[-1] = True
-    special.special_flags().take(ids[1:-1], out=barrier[1:-1], mode="clip")  # ids are checked to be in range
-    # Only the token masking/deletion passes read the flags after the span pass.
-    flags = config.token_mask > 0 or config.token_delete > 0
-    src = _Noisy(ids=ids, word_start=word_start, barrier=barrier, flags=flags)
-    pool = np.greater(word_start, barrier).nonzero()[0]  # word starts that are not barriers
-    words = pool.size
-    counters["words"] = words
-
-    if config.mask > 0 and words:
-        budget = _ceil(words * config.mask)
-        lengths = _span_lengths(budget, config, rng)
-        zero = _count_spans(counters, lengths)
-        nonzero = lengths[lengths > 0] if zero else lengths
-        _mask_spans(src, nonzero, config.replace_length, config, special, rng, counters, pool)
-        allowed = max(0, min(zero, config.seq_len - src.ids.size))
-        counters["inserts_dropped"] = zero - allowed
-        _insert(src, allowed, config, special, rng, counters)
-        pool = None
-    for share, replace_length in ((config.token_mask, -1), (config.token_delete, 0)):
-        if share > 0 and words:
-            if pool is None:
-                pool = np.greater(src.word_start, src.barrier).nonzero()[0]
-            count = min(pool.size, _ceil(words * share))
-            _mask_spans(src, np.ones(count, dtype=np.int64), replace_length, config, special, rng, counters, pool)
-            pool = None
-    if config.insert > 0:
-        _insert(src, _ceil(src.ids.size * config.insert), config, special, rng, counters)
-    if config.rotate > 0 and rng.random() < config.rotate:
-        size = src.ids.size
-        offset = int(rng.integers(1, max(1, size - 1) + 1))
-        src.ids = np.concatenate([src.ids[:1], src.ids[offset:-1], src.ids[1:offset], src.ids[-1:]])
-        counters["rotated"] = 1
-
-    inputs = src.ids
-    counters["tokens"] = counters["source_tokens"] = int(targets.size)
-    counters["input_tokens"] = int(inputs.size)
-    counters["mask_tokens"] = int(np.count_nonzero(inputs == special.mask))
-    counters["deleted"] = int(targets.size - inputs.size + counters["inserted"])
-    return {"inputs": inputs, "targets": targets}, counters
-
-
-def many_supported(config: BartConfig) -> bool:
-    """Whether :func:`bart_many` covers ``config``: the BART-large recipe's passes (sentence
-    permutation and span, word or subword masking with ``replace_length`` 1), none of the
-    token masking, token deletion, random insertion or rotation passes."""
-    return (config.replace_length == 1 and config.token_mask == 0 and config.token_delete == 0
-            and config.insert == 0 and config.rotate == 0)
-
-
-def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
-    """``[0, v0, v0 + v1, ...]`` without the total: where each row's run starts in a flat array."""
-    out = np.zeros(values.size, dtype=np.int64)
-    np.cumsum(values[:-1], out=out[1:])
-    return out
-
-
-def bart_many(
-    tokens: np.ndarray,
-    rngs: Sequence[np.random.Generator],
-    config: BartConfig,
-    special: SpecialIds,
-    word_starts: np.ndarray | None,
-    sentence_starts: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
-    """:func:`bart_with_stats` of many chunks of one length at once (the pipeline's fast path).
-
-    Row ``i`` is exactly ``bart_with_stats(tokens[i], rngs[i], ...)``, and the counters are the
-    sum of the rows' counters. Every row draws from its own generator in the order
-    :func:`bart_with_stats` does (sentence permutations, span lengths, span starts, their
-    random flags and ids, then the zero-length-span insertions), so each example stays a
-    pure function of its key; the array work between the draws runs on the whole block:
-    rows are laid end to end and positions are global, which works because every row ends
-    with ``</s>``, a barrier that no span passes.
-
-    Args:
-        tokens: ``(n, size)`` integer chunks, ``1 <= size <= config.raw_length``.
-        rngs: each row's generator (``example_rng`` or a ``LazyGenerator`` of it).
-        config: a configuration :func:`many_supported` accepts.
-        special: special ids; ``bos``, ``eos`` and ``mask`` are used.
-        word_starts: ``(n, size)`` bool, or None (every token is a word).
-        sentence_starts: ``(n, size)`` bool.
-
-    Returns:
-        ``(inputs, offsets, targets, counters)``: the rows' ``inputs`` end to end (int32) with
-        their ``n + 1`` int64 offsets, the ``(n, size + 2)`` int32 targets, and the counters.
-
-    Raises:
-        ValueError: an unsupported configuration, a missing special id, ids out of range, or
-            arrays of the wrong shape.
-    """
-    if not many_supported(config):
-        raise ValueError(f"bart_many covers replace_length 1 without the token, insert and rotate passes, got {config}")
-    if special.bos is None or special.mask is None:
-        raise ValueError(f"bart needs bos and mask ids, got bos={special.bos} mask={special.mask}")
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 2 or tokens.dtype.kind not in "iu" or not 1 <= tokens.shape[1] <= config.raw_length:
-        raise ValueError(f"tokens must be an (n, size) integer array with 1 <= size <= {config.raw_length}, "
-                         f"got shape {tokens.shape} dtype {tokens.dtype}")
-    count, size = tokens.shape
-    if len(rngs) != count:
-        raise ValueError(f"{count} chunks need {count} generators, got {len(rngs)}")
-    if tokens.size and ids_out_of_range(tokens, special.vocab_size):
-        raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
-    for name, value in (("word_starts", word_starts), ("sentence_starts", sentence_starts)):
-        if (value is not None or name == "sentence_starts") and np.shape(value) != tokens.shape:
-            raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {np.shape(value)}")
-    framed = size + 2
-    targets = np.empty((count, framed), dtype=np.int32)
-    targets[:, 0], targets[:, -1] = special.bos, special.eos
-    targets[:, 1:-1] = tokens
-    counters = dict.fromkeys(_COUNTERS, 0)
-    counters["examples"] = count
-    flags = special.special_flags()
-    whole_words = word_starts is not None and config.mask_length != "subword"
-    word_flags = np.asarray(word_starts, dtype=bool) if whole_words else None
-    # Maskable words per row (a permutation moves tokens with their flags: the count stays).
-    maskable = ~flags[tokens]
-    if word_flags is not None:
-        maskable &= word_flags
-    words = np.count_nonzero(maskable, axis=1)
-    counters["words"] = int(words.sum())
-    masking = config.mask > 0
-    generators = [generator_of(rng) for rng in rngs]
-
-    # Sentences: a sentence always starts at token 0; every row's first start is its own start.
-    sentence_flags = np.array(sentence_starts, dtype=bool)
-    sentence_flags[:, 0] = True
-    sentences = np.count_nonzero(sentence_flags, axis=1)
-    permute = config.permute_sentences > 0
-    moves: list[tuple[int, np.ndarray, np.ndarray]] = []  # (row, chosen sentences, what they become)
-    span_rows: list[tuple[int, np.ndarray, int]] = []  # (row, span lengths, zero-length spans)
-    starts_of: list[np.ndarray] = []  # per masked row: chosen word indices (into the row's pool)
-    random_of: list[np.ndarray] = []  # per masked row: which of its spans become random tokens
-    ranks_of: list = []  # per row with random spans: the ranks of its random ids (mapped to ids at once)
-    n_free = special.non_special_ranks()[0]
-    # First every row's sentence permutation and span-length uniforms, then the span lengths of
-    # all rows at once, then every row's span starts, random flags and ids: each row's draws
-    # stay in the order bart_with_stats makes them.
-    masked_rows, budgets, uniforms = [], [], []
-    sentence_counts, word_counts = sentences.tolist(), words.tolist()
-    poisson = config.mask_length == "span-poisson"
-    for row, rng in enumerate(generators):
-        if permute:
-            n = sentence_counts[row]
-            if n >= 2:
-                k = _ceil(n * config.permute_sentences)
-                chosen = rng.permutation(n)[:k]
-                moves.append((row, chosen, chosen[rng.permutation(k)]))
-        if masking and word_counts[row]:
-            budget = _ceil(word_counts[row] * config.mask)
-            masked_rows.append(row)
-            budgets.append(budget)
-            if poisson:
-                uniforms.append(rng.random(budget))
-    if masked_rows:
-        rows_lengths = _block_span_lengths(budgets, uniforms, [generators[row] for row in masked_rows], config)
-        for row, lengths in zip(masked_rows, rows_lengths):
-            nonzero = int(np.count_nonzero(lengths))
-            span_rows.append((row, lengths, lengths.size - nonzero))
-            rng = generators[row]
-            starts = rng.choice(word_counts[row], size=nonzero, replace=False) if nonzero else lengths[:0]
-            is_random = rng.random(nonzero) < config.mask_random
-            starts_of.append(starts)
-            random_of.append(is_random)
-            random_count = int(np.count_nonzero(is_random))
-            if random_count:
-                ranks_of.append(draw_ranks(rng, n_free, random_count))
-
-    ids = targets.copy()
-    word_start = np.zeros((count, framed), dtype=bool)
-    if word_flags is None:
-        word_start[:, 1:-1] = True
-    else:
-        word_start[:, 1:-1] = word_flags
-    if permute:
-        counters["sentences"] = int(sentences.sum())
-        if moves:
-            starts = np.flatnonzero(sentence_flags)  # positions in the rows laid end to end
-            first = _exclusive_cumsum(sentences)
-            ordering = np.arange(starts.size)
-            rows = np.array([row for row, _, _ in moves])
-            chosen_counts = [chosen.size for _, chosen, _ in moves]
-            base = np.repeat(first[rows], chosen_counts)
-            ordering[np.concatenate([chosen for _, chosen, _ in moves]) + base] = (
-                np.concatenate([moved for _, _, moved in moves]) + base)
-            counters["permuted_sentences"] = int(np.count_nonzero(ordering != index_range(starts.size)))
-            # Each row's sentences fill exactly its tokens, so a row's last sentence ends where
-            # the next row's first starts: the rows are one sequence of sentences.
-            index = _gather_index(starts, ordering, count * size)
-            ids[:, 1:-1] = tokens.reshape(-1)[index].reshape(count, size)
-            if word_flags is not None:
-                word_start[:, 1:-1] = word_flags.reshape(-1)[index].reshape(count, size)
-    barrier = np.ones((count, framed), dtype=bool)
-    barrier[:, 1:-1] = flags[ids[:, 1:-1]]
-
-    inputs, offsets = ids.reshape(-1), np.arange(count + 1, dtype=np.int64) * framed
-    if span_rows:
-        all_lengths = np.concatenate([lengths for _, lengths, _ in span_rows])
-        zero = _count_spans(counters, all_lengths)
-        # Span starts as global positions: row r's pool is its maskable word starts in order.
-        pool = np.flatnonzero(np.greater(word_start, barrier))
-        masked = np.array([row for row, _, _ in span_rows])
-        span_counts = [starts.size for starts in starts_of]
-        pool_first = _exclusive_cumsum(words)
-        starts = pool[np.concatenate(starts_of) + np.repeat(pool_first[masked], span_counts)]
-        lengths = all_lengths[all_lengths > 0] if zero else all_lengths
-        ends = _span_ends(word_start.reshape(-1), barrier.reshape(-1), starts, lengths)
-        positions = index_range(count * framed).reshape(count, framed)
-        reach = np.zeros(count * framed, dtype=np.int64)
-        reach[starts] = ends
-        reach = reach.reshape(count, framed)
-        np.maximum.accumulate(reach, axis=1, out=reach)
-        covered = reach > positions
-        counters["masked_words"] = int(np.count_nonzero(covered & word_start))
-        counters["masked_tokens"] = int(np.count_nonzero(covered))
-        keep = np.empty((count, framed), dtype=bool)
-        keep[:, 0] = True
-        np.less_equal(reach[:, :-1], positions[:, 1:], out=keep[:, 1:])
-        keep = keep.reshape(-1)
-        inputs[starts] = special.mask
-        random_positions = starts[np.concatenate(random_of)]
-        if ranks_of:
-            inputs[random_positions] = ids_of_ranks(special, np.concatenate(ranks_of))
-        counters["random_tokens"] = int(np.count_nonzero(keep[random_positions]))
-        inputs = inputs[keep]
-        sizes = np.count_nonzero(keep.reshape(count, framed), axis=1)
-        # Zero-length spans become inserted masks, as many as fit in seq_len.
-        inserted_at, inserted_random, added = [], [], np.zeros(count, dtype=np.int64)
-        ranks_of = []
-        for row, _, zero_spans in span_rows:
-            if not zero_spans:
-                continue
-            allowed = max(0, min(zero_spans, config.seq_len - int(sizes[row])))
-            counters["inserts_dropped"] += zero_spans - allowed
-            if allowed <= 0:
-                continue
-            rng = generators[row]
-            at = _insert_positions(rng, int(sizes[row]) + allowed, allowed)
-            is_random = rng.random(allowed) < config.mask_random
-            random_count = int(np.count_nonzero(is_random))
-            if random_count:
-                ranks_of.append(draw_ranks(rng, n_free, random_count))
-            inserted_at.append((row, at))
-            inserted_random.append(is_random)
-            added[row] = allowed
-        offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(sizes + added, out=offsets[1:])
-        if inserted_at:
-            at = np.concatenate([positions for _, positions in inserted_at])
-            at += np.repeat(offsets[[row for row, _ in inserted_at]], [p.size for _, p in inserted_at])
-            old = np.ones(int(offsets[-1]), dtype=bool)
-            old[at] = False
-            grown = np.empty(int(offsets[-1]), dtype=np.int32)
-            grown[old] = inputs
-            grown[at] = special.mask
-            if ranks_of:
-                random_ids = ids_of_ranks(special, np.concatenate(ranks_of))
-                grown[at[np.concatenate(inserted_random)]] = random_ids
-                counters["random_tokens"] += int(random_ids.size)
-            counters["inserted"] = int(at.size)
-            inputs = grown
-    counters["tokens"] = counters["source_tokens"] = count * framed
-    counters["input_tokens"] = int(inputs.size)
-    counters["mask_tokens"] = int(np.count_nonzero(inputs == special.mask))
-    counters["deleted"] = count * framed - int(inputs.size) + counters["inserted"]
-    return inputs, offsets, targets, counters
-
-
-def bart(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    config: BartConfig,
-    special: SpecialIds,
-    word_starts: np.ndarray | None = None,
-    sentence_starts: np.ndarray | None = None,
-) -> dict[str, np.ndarray]:
-    """Build one BART denoising example from a raw chunk.
-
-    Args:
-        tokens: raw chunk of at most ``config.raw_length`` ids.
-        rng: the example's generator (``example_rng``).
-        config: objective parameters.
-        special: special ids; ``bos``, ``eos`` and ``mask`` are used.
-        word_starts: bool per token, True where a word starts; None: every token is a word.
-        sentence_starts: bool per token, True where a sentence starts; None: one sentence.
-
-    Returns:
-        ``{"inputs": int32[<= config.max_inputs_length], "targets": int32[len(tokens) + 2]}``;
-        both start with ``<s>`` and end with ``</s>``.
-
-    Raises:
-        ValueError: a missing special id, a chunk that does not fit, misaligned features.
-    """
-    return bart_with_stats(tokens, rng, config, special, word_starts, sentence_starts)[0]
-
-
-class Bart:
+class Bart(Objective):
     """The BART objective for the pipeline and the loader (:class:`~transforms.objectives.base.Objective`).
 
     Both columns are variable-length ``list<int32>``: ``inputs`` because noise changes its
@@ -833,79 +466,228 @@ class Bart:
 
     name = "bart"
     family = "seq2seq"
-    features = frozenset({"word_starts", "sentence_starts"})
+    features = frozenset({"space_starts", "sentence_starts"})
     required_specials = frozenset({"bos", "eos", "mask", "pad"})
 
     def __init__(self, config: BartConfig | None = None) -> None:
         self.config = config or BartConfig()
-        self._many = many_supported(self.config)
+        self.fixed_raw_length = self.config.raw_length
 
-    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
-        """Every chunk has ``config.raw_length`` tokens; no randomness is drawn."""
-        return self.config.raw_length, 0
+    def build(self, block: Block, special: SpecialIds) -> Built:
+        """Noise every chunk of ``block`` (see the module docstring).
 
-    def build(
-        self,
-        tokens: np.ndarray,
-        rng: np.random.Generator,
-        plan: int,
-        special: SpecialIds,
-        features: dict[str, np.ndarray],
-    ) -> dict[str, Any]:
-        """One example (see :func:`bart`) plus its counters under :data:`STATS_KEY`."""
-        example, counters = bart_with_stats(
-            tokens, rng, self.config, special, features.get("word_starts"), features.get("sentence_starts")
-        )
-        return {**example, STATS_KEY: counters}
+        Counters: ``examples``, ``tokens`` and ``source_tokens`` (both the length of the targets,
+        the framed chunks), ``input_tokens``, ``sentences``, ``permuted_sentences`` (sentences
+        that moved), ``words`` (maskable words: word starts that are not special tokens),
+        ``mask_budget``, ``masked_spans``, ``zero_length_spans``, ``span_len_hist_<k>`` (applied
+        span lengths in words, after trimming the last one, zero-length spans as k=0),
+        ``masked_words``/``masked_tokens`` (covered by the spans of every masking pass, overlaps
+        counted once per pass), ``mask_tokens`` (mask ids in ``inputs``), ``random_tokens``,
+        ``inserted``, ``inserts_dropped``, ``deleted`` (tokens removed: targets - inputs +
+        inserted), ``rotated``.
 
-    def builds_many(self, piece: Piece, plan: int) -> bool:
-        """Whether :meth:`build_many` takes this chunk: a full chunk with both features, under
-        a configuration :func:`many_supported` covers."""
-        return (self._many and piece.tokens.shape[0] == self.config.raw_length
-                and piece.features.keys() == self.features)
-
-    def build_many(
-        self,
-        pieces: Sequence[Piece],
-        plans: Sequence[int],
-        rngs: Sequence[np.random.Generator],
-        special: SpecialIds,
-    ) -> BuiltRows:
-        """:meth:`build` and :meth:`stats` of many chunks :meth:`builds_many` takes (see :func:`bart_many`).
-
-        Returns:
-            The examples' array columns (name -> ``(flat int32 values, int64 row offsets)``), no
-            scalar or string columns, and the sum of their counters.
+        Raises:
+            ValueError: a missing special id, a chunk that does not fit, ids out of range.
         """
-        tokens = np.stack([piece.tokens for piece in pieces])
-        words = np.stack([piece.features["word_starts"] for piece in pieces])
-        sentences = np.stack([piece.features["sentence_starts"] for piece in pieces])
-        inputs, offsets, targets, counters = bart_many(tokens, rngs, self.config, special, words, sentences)
-        count, framed = targets.shape
-        columns = {"inputs": (inputs, offsets),
-                   "targets": (targets.reshape(-1), np.arange(count + 1, dtype=np.int64) * framed)}
-        return columns, {}, {}, counters
+        config = self.config
+        if special.bos is None or special.mask is None:
+            raise ValueError(f"bart needs bos and mask ids, got bos={special.bos} mask={special.mask}")
+        lengths = block.lengths
+        count, randoms = block.count, block.randoms
+        if count and (int(lengths.max()) > config.raw_length or int(lengths.min()) < 1):
+            raise ValueError(f"bart takes chunks of 1 to {config.raw_length} tokens, got one of "
+                             f"{int(lengths.max()) if int(lengths.max()) > config.raw_length else int(lengths.min())}")
+        if block.tokens.size and ids_out_of_range(block.tokens, special.vocab_size):
+            raise ValueError(f"token ids must be in [0, {special.vocab_size}), got "
+                             f"[{block.tokens.min()}, {block.tokens.max()}]")
+        counters = dict.fromkeys(_COUNTERS, 0)
+        counters["examples"] = count
+        targets, offsets = _framed(block.tokens, lengths, special.bos, special.eos, np.int32)
 
-    def stats(self, example: dict[str, Any]) -> dict[str, int]:
-        """Exact counters carried by :meth:`build`; lengths only for an example without them."""
-        if STATS_KEY in example:
-            return dict(example[STATS_KEY])
-        source_tokens = int(np.size(example["targets"]))
-        return {
-            "examples": 1,
-            "tokens": source_tokens,
-            "source_tokens": source_tokens,
-            "input_tokens": int(np.size(example["inputs"])),
-        }
+        # Sentence permutation: every row's first token starts a sentence, so the rows' tokens
+        # end to end are one sequence of sentences, permuted within rows.
+        tokens, space_starts = block.tokens, block.features.get("space_starts")
+        if config.mask_length == "subword" or space_starts is None:
+            space_starts = np.ones(tokens.shape[0], dtype=bool)
+        sentence_flags = block.features.get("sentence_starts")
+        sentence_flags = np.zeros(tokens.shape[0], dtype=bool) if sentence_flags is None else sentence_flags.copy()
+        sentence_flags[block.offsets[:-1]] = True
+        starts = np.flatnonzero(sentence_flags)
+        sentences = np.diff(starts.searchsorted(block.offsets))
+        counters["sentences"] = int(starts.shape[0])
+        ids = targets
+        if config.permute_sentences > 0 and int(sentences.max(initial=0)) >= 2:
+            ordering = self._sentence_ordering(randoms, sentences)
+            counters["permuted_sentences"] = int(np.count_nonzero(ordering != index_range(ordering.shape[0])))
+            index = _gather_index(starts, ordering, tokens.shape[0])
+            tokens, space_starts = tokens[index], space_starts[index]
+            ids, _ = _framed(tokens, lengths, special.bos, special.eos, np.int32)
+        else:
+            ids = targets.copy()
+        word_start, _ = _framed(space_starts, lengths, False, False, bool)
+        barrier, _ = _framed(special.special_flags()[tokens], lengths, True, True, bool)
+        # the token after an in-chunk special token starts a word (the special one is never masked)
+        word_start[1:] |= barrier[:-1]
+        word_start[offsets[:-1] + 1] = space_starts[block.offsets[:-1]]  # but not after <s>
+        flags = config.token_mask > 0 or config.token_delete > 0
+        source = _Source(ids, word_start, barrier, offsets, flags)
+        words = source.words()
+        counters["words"] = int(words.pool.shape[0])
+
+        if config.mask > 0 and words.pool.size:
+            self._mask_pass(source, randoms, words, special, counters)
+        for share, replace_length, streams in ((config.token_mask, -1, TOKEN_MASK_STREAMS),
+                                               (config.token_delete, 0, TOKEN_DELETE_STREAMS)):
+            if share > 0 and counters["words"]:
+                now = source.words()
+                wanted = np.minimum(now.per_row, _ceil_all(words.per_row * share))
+                ones = np.ones(int(wanted.sum()), dtype=np.int64)
+                index = _starts_in_pool(randoms, streams[0], now, wanted)
+                is_random = self._span_flags(randoms, streams[1], wanted)
+                random_values = self._random_values(source, now, randoms, streams[2], index, ones, is_random,
+                                                    replace_length, special)
+                found = _noise_spans(source, now, index, ones, is_random, replace_length, random_values,
+                                     special.mask)
+                for name, value in found.items():
+                    counters[name] += value
+        if config.insert > 0:
+            inserted, random = _insert(source, randoms, _ceil_all(source.sizes * config.insert),
+                                       (INSERT_STREAM, INSERT_RANDOM_STREAM, INSERT_IDS_STREAM), config.mask_random,
+                                       special)
+            counters["inserted"] += inserted
+            counters["random_tokens"] += random
+        if config.rotate > 0:
+            counters["rotated"] = self._rotate(source, randoms)
+
+        total = int(offsets[-1])
+        counters["tokens"] = counters["source_tokens"] = total
+        counters["input_tokens"] = int(source.ids.shape[0])
+        counters["mask_tokens"] = int(np.count_nonzero(source.ids == special.mask))
+        counters["deleted"] = total - int(source.ids.shape[0]) + counters["inserted"]
+        return Built({"inputs": (source.ids, source.offsets), "targets": (targets, offsets)}, {}, {}, counters)
+
+    def _sentence_ordering(self, randoms: Randoms, sentences: np.ndarray) -> np.ndarray:
+        return _sentence_ordering(randoms, sentences, self.config.permute_sentences)
+    def _span_flags(self, randoms: Randoms, stream: int, counts: np.ndarray) -> np.ndarray:
+        """``counts[r]`` flags per row, each True with probability ``mask_random``, rows end to end."""
+        most = int(counts.max(initial=0))
+        if not most or self.config.mask_random <= 0:
+            return np.zeros(int(counts.sum()), dtype=bool)
+        flags = randoms.uniforms(stream, most) < self.config.mask_random
+        return flags[np.arange(most) < counts[:, None]]
+
+    def _random_values(self, source: _Source, words: _Words, randoms: Randoms, stream: int, index: np.ndarray,
+                       lengths: np.ndarray, is_random: np.ndarray, replace_length: int,
+                       special: SpecialIds) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's random ids for :func:`_noise_spans`, rows end to end, and their offsets:
+        replace 1, one per random span; -1, as many as its random spans cover tokens (the
+        positions they win are fewer where spans overlap; the first ones are used)."""
+        need = np.zeros(source.count, dtype=np.int64)
+        if replace_length != 0 and is_random.any():
+            starts = words.pool[index[is_random]]
+            span_row = source.rows_of(starts)
+            if replace_length == 1:
+                need = np.bincount(span_row, minlength=source.count)
+            else:
+                ends, _ = _span_ends(words, index[is_random], lengths[is_random])
+                need = np.bincount(span_row, weights=ends - starts, minlength=source.count).astype(np.int64)
+        offsets = np.zeros(source.count + 1, dtype=np.int64)
+        np.cumsum(need, out=offsets[1:])
+        return random_ids(randoms, stream, need, special), offsets
+
+    def _mask_pass(self, source: _Source, randoms: Randoms, words: _Words, special: SpecialIds,
+                   counters: dict[str, int]) -> None:
+        """Span masking (step 2 of the module docstring), then the zero-length-span insertions."""
+        config = self.config
+        budgets = _ceil_all(words.per_row * config.mask)
+        lengths, length_offsets = span_lengths(randoms, budgets, config)
+        histogram = np.bincount(lengths)
+        for k, number in enumerate(histogram.tolist()):
+            if number:
+                counters[_HISTOGRAM_NAMES[k] if k < len(_HISTOGRAM_NAMES) else f"span_len_hist_{k}"] = number
+        counters["mask_budget"] = int(lengths.sum())
+        span_row = np.repeat(np.arange(source.count), np.diff(length_offsets))
+        nonzero = lengths > 0
+        zero = np.bincount(span_row[~nonzero], minlength=source.count)
+        counters["zero_length_spans"] = int(zero.sum())
+        wanted = np.bincount(span_row[nonzero], minlength=source.count)
+        counters["masked_spans"] = int(wanted.sum())
+        index = _starts_in_pool(randoms, START_STREAM, words, wanted)
+        span_lengths_ = lengths[nonzero]
+        is_random = self._span_flags(randoms, SPAN_RANDOM_STREAM, wanted)
+        random_values = self._random_values(source, words, randoms, SPAN_IDS_STREAM, index, span_lengths_, is_random,
+                                            config.replace_length, special)
+        found = _noise_spans(source, words, index, span_lengths_, is_random, config.replace_length, random_values,
+                             special.mask)
+        for name, value in found.items():
+            counters[name] += value
+        allowed = np.maximum(0, np.minimum(zero, config.seq_len - source.sizes))
+        counters["inserts_dropped"] += int((zero - allowed).sum())
+        inserted, random = _insert(source, randoms, allowed, (ZERO_INSERT_STREAM, ZERO_RANDOM_STREAM, ZERO_IDS_STREAM),
+                                   config.mask_random, special)
+        counters["inserted"] += inserted
+        counters["random_tokens"] += random
+
+    def _rotate(self, source: _Source, randoms: Randoms) -> int:
+        """Rotate the interior of each row with probability ``rotate`` by an offset uniform in
+        ``[1, size - 1]`` (fairseq's ``add_rolling_noise``); return the rows rotated."""
+        draws = randoms.uniforms(ROTATE_STREAM, 2)
+        sizes = source.sizes
+        rotated = draws[:, 0] < self.config.rotate
+        offset = 1 + np.floor(draws[:, 1] * np.maximum(1, sizes - 1)).astype(np.int64)
+        interior = sizes - 2
+        row = np.repeat(np.arange(source.count), sizes)
+        position = index_range(source.ids.shape[0]) - source.offsets[row]
+        inside = (position >= 1) & (position <= interior[row])
+        shift = np.where(rotated & (interior > 0), offset - 1, 0)[row]
+        local = np.where(inside, 1 + (position - 1 + shift) % np.maximum(interior[row], 1), position)
+        source.ids = source.ids[source.offsets[row] + local]
+        return int(np.count_nonzero(rotated))
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length ``inputs`` and ``targets``."""
         return {"inputs_length": None, "targets_length": None}
 
-    def max_sentinels(self) -> int:
-        """BART uses no sentinels."""
-        return 0
-
     def params(self) -> dict[str, Any]:
         """The configuration, for the manifest."""
         return {"objective": self.name, **asdict(self.config)}
+
+
+def _sentence_ordering(randoms: Randoms, sentences: np.ndarray, permute_sentences: float) -> np.ndarray:
+    """Gather order of all the rows' sentences (end to end): ``ceil(n * p)`` of each row's
+    ``n`` chosen by a random order and re-ordered by another (p = 1: one random order)."""
+    base = np.repeat(_exclusive(sentences), sentences)
+    order, _ = first_distinct(randoms, SENTENCE_STREAM, sentences, sentences)  # a permutation per row
+    if permute_sentences >= 1:
+        return order + base
+    chosen_count = _ceil_all(sentences * permute_sentences)
+    rank = np.arange(order.shape[0]) - base
+    chosen = rank < np.repeat(chosen_count, sentences)  # the first ceil(n * p) of the order
+    shuffled, _ = first_distinct(randoms, CHOSEN_SENTENCE_STREAM, chosen_count, chosen_count)
+    ordering = np.arange(order.shape[0])
+    picked = order[chosen] + base[chosen]
+    ordering[picked] = picked[shuffled + np.repeat(_exclusive(chosen_count), chosen_count)]
+    return ordering
+
+
+def sentence_permutation(size: int, sentence_starts: np.ndarray | None, permute_sentences: float,
+                         randoms: Randoms) -> np.ndarray | None:
+    """The gather index sentence permutation applies to one chunk of ``size`` tokens (None: it
+    stays as it is), drawn as :meth:`Bart.build` draws it for the row of ``randoms`` (one row:
+    :func:`transforms.objectives.layout.example_randoms`). Inspection replays it to show how
+    sentences moved."""
+    if permute_sentences <= 0 or size == 0:
+        return None
+    flags = np.zeros(size, dtype=bool) if sentence_starts is None else np.asarray(sentence_starts, dtype=bool).copy()
+    flags[0] = True
+    starts = np.flatnonzero(flags)
+    if starts.shape[0] < 2:
+        return None
+    ordering = _sentence_ordering(randoms, np.array([starts.shape[0]]), permute_sentences)
+    return _gather_index(starts, ordering, size)
+
+
+def _exclusive(values: np.ndarray) -> np.ndarray:
+    out = np.zeros(values.shape[0], dtype=np.int64)
+    np.cumsum(values[:-1], out=out[1:])
+    return out

@@ -1,85 +1,291 @@
-"""The interface every objective implements, so the pipeline and the loader can drive any
-of them the same way.
+"""The one interface every objective implements, batch first, so that the pipeline, the loader
+and the inspection tools drive any objective the same way (DESIGN.md section 4).
 
-Flow for one chunk (DESIGN.md sections 2 and 4):
+Flow:
 
-1. The packer asks :meth:`Objective.plan_chunk` how many raw tokens the next chunk needs.
-   Most objectives always answer the same length; UL2 draws its denoiser first (from a
-   generator seeded by the chunk key) because the raw length depends on it. The answer is
-   ``(raw_length, plan)``, and ``plan`` (an int, e.g. the denoiser index) travels with the
-   chunk.
-2. :meth:`Objective.build` turns ``tokens`` (int32, exactly ``raw_length`` long, or
-   shorter for a padded final chunk) into one example dict, drawing noise only from the
-   ``rng`` it is given (seeded by the example key). ``features`` holds optional per-token
-   boolean arrays aligned with ``tokens``: ``word_starts`` and ``sentence_starts``
-   (requested through :attr:`Objective.features`).
-3. :meth:`Objective.stats` returns integer counters of one example (never floats, so the
-   sums are exact whatever the order) that the manifest adds up.
+1. Planning (the packer): :meth:`Objective.plan` gives the raw length and an int plan of many
+   chunks at once from one uniform number per chunk (``plan_uniforms`` of the chunk keys,
+   :mod:`transforms.objectives.layout`). Most objectives ignore the numbers: their
+   :attr:`Objective.fixed_raw_length` is set and every chunk has that length. UL2 draws its
+   denoiser from the number, because the raw length depends on it.
+2. Building: :meth:`Objective.build` turns a :class:`Block` of chunks (tokens end to end with
+   their document lengths, optional per-token features, plans, and the rows' counter-based
+   :class:`~transforms.objectives.randoms.Randoms`) into :class:`Built` columns and the summed
+   integer counters of its examples, in one call. A single example is a block of one
+   (:func:`build_example`); there is no other code path.
 
-Optional fast paths the pipeline's builder (:class:`transforms.parallel.ChunkBuilder`) uses
-when an objective has them; each must give exactly the rows and summed counters of
-:meth:`Objective.build` and :meth:`Objective.stats` (property tests hold them to it):
-
-- ``build_block(tokens, doc_lengths)``: full chunks without noise, all at once (CLM).
-- ``build_many(pieces, plans, rngs, special)``: chunks a few dozen rows at a time, each row
-  from its own generator (``example_rngs``), returning :data:`BuiltRows`; rows of fixed-length
-  columns come padded (every objective but CLM). With ``builds_many(piece, plan)`` it takes
-  only the chunks that method accepts (BART: full chunks with both features).
+Counters are integers only (never floats), so their sums are exact in any order
+(:mod:`transforms.objectives.counters`). Fixed-length columns come back padded with the pad
+id to their schema length, the padding counted in ``padding_tokens``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from transforms.objectives.common import SpecialIds
+from transforms.objectives.randoms import Randoms
 
-__all__ = ["BuiltRows", "Objective"]
-
-#: What ``build_many`` returns: array columns (name -> ``(flat int32 values, int64 row
-#: offsets)``), scalar columns (name -> int32 values), string columns other than the key
-#: (name -> values), and the rows' summed counters.
-BuiltRows = tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray], dict[str, list[str]],
-                  dict[str, int]]
+__all__ = ["Block", "Built", "Objective", "build_example", "flat_rows", "in_block_order", "padded_rows"]
 
 
-class Objective(Protocol):
-    """What the pipeline needs of an objective.
+class Built(NamedTuple):
+    """What :meth:`Objective.build` returns for a block of ``n`` rows.
+
+    Attributes:
+        arrays: array column -> ``(flat int32 values, int64 offsets of length n + 1)``.
+        scalars: scalar column -> ``n`` int32 values.
+        strings: string column (other than ``key``) -> ``n`` strings.
+        counters: the summed integer counters of the block's examples.
+    """
+
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]]
+    scalars: dict[str, np.ndarray]
+    strings: dict[str, list[str]]
+    counters: dict[str, int]
+
+
+class Block:
+    """Chunks an objective builds at once.
+
+    Attributes:
+        tokens: every row's tokens end to end (int32).
+        offsets: ``n + 1`` int64 offsets of the rows in ``tokens``.
+        doc_lengths: the rows' document segment lengths end to end (int32; they add up to each
+            row's length).
+        doc_offsets: ``n + 1`` int64 offsets of the rows in ``doc_lengths``.
+        features: feature name -> bool per token, aligned with ``tokens``.
+        plans: ``n`` int64 plans (UL2's denoiser index; 0 for other objectives).
+        randoms: the rows' counter-based random numbers.
+    """
+
+    __slots__ = ("tokens", "offsets", "doc_lengths", "doc_offsets", "features", "plans", "randoms")
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, doc_lengths: np.ndarray, doc_offsets: np.ndarray,
+                 features: dict[str, np.ndarray], plans: np.ndarray, randoms: Randoms):
+        self.tokens, self.offsets = tokens, offsets
+        self.doc_lengths, self.doc_offsets = doc_lengths, doc_offsets
+        self.features, self.plans, self.randoms = features, plans, randoms
+        if len(randoms) != self.count or plans.shape[0] != self.count or doc_offsets.shape[0] != self.count + 1:
+            raise ValueError(f"a block of {self.count} rows needs {self.count} plans, randoms and document "
+                             f"offsets, got {plans.shape[0]}, {len(randoms)} and {doc_offsets.shape[0] - 1}")
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[Any], plans: Sequence[int], randoms: Randoms) -> Block:
+        """A block of rows that each have ``tokens``, ``doc_lengths`` and ``features`` (a
+        :class:`~transforms.objectives.packing.Piece`); every row has the same feature names.
+
+        Raises:
+            ValueError: rows with different feature names.
+        """
+        count = len(rows)
+        lengths = np.fromiter((row.tokens.shape[0] for row in rows), dtype=np.int64, count=count)
+        segments = np.fromiter((row.doc_lengths.shape[0] for row in rows), dtype=np.int64, count=count)
+        names = sorted(rows[0].features) if rows else []
+        if any(sorted(row.features) != names for row in rows):
+            raise ValueError(f"every chunk of a block needs the features {names}")
+        empty = np.zeros(0, np.int32)
+        return cls(
+            np.concatenate([row.tokens for row in rows]).astype(np.int32, copy=False) if count else empty,
+            _offsets(lengths),
+            np.concatenate([row.doc_lengths for row in rows]).astype(np.int32, copy=False) if count else empty,
+            _offsets(segments),
+            {name: np.concatenate([row.features[name] for row in rows]).astype(bool, copy=False) for name in names},
+            np.asarray(plans, dtype=np.int64).reshape(-1),
+            randoms,
+        )
+
+    @property
+    def count(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens of each row (int64)."""
+        return np.diff(self.offsets)
+
+    def matrix(self, rows: np.ndarray, length: int, values: np.ndarray | None = None) -> np.ndarray:
+        """``(len(rows), length)``: ``values`` (default the tokens) of rows that all have ``length`` tokens."""
+        values = self.tokens if values is None else values
+        if rows.size == self.count and rows.size * length == values.shape[0]:
+            return values.reshape(rows.size, length)  # every row: a view
+        return values[self.offsets[rows][:, None] + np.arange(length)]
+
+    def by_length(self, rows: np.ndarray | None = None) -> list[tuple[int, np.ndarray]]:
+        """``(length, rows of that length)`` of ``rows`` (default all), longest first."""
+        lengths = self.lengths
+        rows = np.arange(self.count) if rows is None else rows
+        values = lengths[rows]
+        if values.size and (values == values[0]).all():
+            return [(int(values[0]), rows)]
+        return [(int(length), rows[values == length]) for length in np.unique(values)[::-1]]
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def flat_rows(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows end to end (int32) and their ``len(rows) + 1`` int64 offsets."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    values = np.concatenate(rows).astype(np.int32, copy=False) if len(rows) else np.zeros(0, np.int32)
+    return values, _offsets(lengths)
+
+
+def in_block_order(count: int, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows made in parts, laid end to end in block order: ``(int32 values, count + 1 offsets)``.
+
+    Args:
+        count: rows of the block.
+        parts: ``(rows, values, lengths)``: the block rows a part made, their values end to end
+            in that order, and each one's length; together the parts make every row once.
+    """
+    if len(parts) == 1 and parts[0][0].shape[0] == count and (np.diff(parts[0][0]) == 1).all():
+        _, values, lengths = parts[0]  # every row, in order
+        return values.astype(np.int32, copy=False), _offsets(np.asarray(lengths, dtype=np.int64))
+    lengths = np.zeros(count, dtype=np.int64)
+    for rows, _, part_lengths in parts:
+        lengths[rows] = part_lengths
+    offsets = _offsets(lengths)
+    values = np.empty(int(offsets[-1]), dtype=np.int32)
+    for rows, part_values, part_lengths in parts:
+        starts = np.repeat(offsets[rows] - _offsets(np.asarray(part_lengths, dtype=np.int64))[:-1], part_lengths)
+        starts += np.arange(starts.shape[0])
+        values[starts] = part_values
+    return values, offsets
+
+
+def padded_rows(values: np.ndarray, offsets: np.ndarray, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rows given end to end, each right-padded with ``pad`` to ``width``: ``(flat int32 values,
+    int64 offsets, padding tokens)``.
+
+    Raises:
+        ValueError: a row longer than ``width``.
+    """
+    lengths = np.diff(offsets)
+    count = lengths.shape[0]
+    if count and int(lengths.max()) > width:
+        raise ValueError(f"a row of {int(lengths.max())} tokens does not fit the fixed length {width}")
+    padding = count * width - int(lengths.sum())
+    if not padding:
+        return values.astype(np.int32, copy=False), np.arange(count + 1, dtype=np.int64) * width, 0
+    out = np.full((count, width), pad, dtype=np.int32)
+    out[np.arange(width) < lengths[:, None]] = values
+    return out.reshape(-1), np.arange(count + 1, dtype=np.int64) * width, padding
+
+
+class Objective(ABC):
+    """What the pipeline, the loader and the inspection tools need of an objective.
+
+    Subclasses set the class attributes and implement :meth:`build`, :meth:`schema_kwargs`
+    and :meth:`params`; adding one touches its module, its tests and one line of
+    :mod:`transforms.objectives.registry`.
 
     Attributes:
         name: objective name as on the command line (``clm``, ``mlm``, ...).
         family: example family of :mod:`schemas.examples` (``decoder``, ``encoder``, ``seq2seq``).
-        features: per-token features ``build`` needs (subset of ``{"word_starts", "sentence_starts"}``).
+        features: per-token features :meth:`build` needs (from Tokenize: ``word_starts``,
+            ``space_starts``, ``sentence_starts``).
         required_specials: special-token roles the objective needs (``"eos"``, ``"mask"``, ...).
+        fixed_raw_length: the raw length of every chunk, or None when :meth:`plan` varies it.
     """
 
     name: str
     family: str
-    features: frozenset[str]
-    required_specials: frozenset[str]
+    features: frozenset[str] = frozenset()
+    required_specials: frozenset[str] = frozenset({"eos"})
+    fixed_raw_length: int | None = None
 
-    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
-        """Raw token length of the next chunk and an int plan carried to :meth:`build`."""
+    def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw lengths and int plans of chunks, given one number in [0, 1) per chunk."""
+        count = np.shape(uniforms)[0]
+        return np.full(count, self.fixed_raw_length, dtype=np.int64), np.zeros(count, dtype=np.int64)
 
-    def build(
-        self,
-        tokens: np.ndarray,
-        rng: np.random.Generator,
-        plan: int,
-        special: SpecialIds,
-        features: dict[str, np.ndarray],
-    ) -> dict[str, Any]:
-        """One example: column name -> int32 array, int or str."""
+    @property
+    def raw_lengths(self) -> tuple[int, ...]:
+        """Every raw length :meth:`plan` may give (one for most objectives)."""
+        return (self.fixed_raw_length,)
 
-    def stats(self, example: dict[str, Any]) -> dict[str, int]:
-        """Integer counters of one example, summed into the manifest."""
+    @property
+    def mean_raw_length(self) -> float:
+        """Expected raw length of a chunk (shard sizing)."""
+        return float(self.fixed_raw_length)
 
+    @abstractmethod
+    def build(self, block: Block, special: SpecialIds) -> Built:
+        """The examples of every row of ``block`` and their summed counters."""
+
+    @abstractmethod
     def schema_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`schemas.examples.example_schema` for this objective."""
 
-    def max_sentinels(self) -> int:
-        """Largest number of distinct sentinels one example may use (0 if none)."""
-
+    @abstractmethod
     def params(self) -> dict[str, Any]:
         """JSON-able parameters recorded in the manifest."""
+
+    def max_sentinels(self) -> int:
+        """Largest number of distinct sentinels one example may use (0 if none)."""
+        return 0
+
+    @property
+    def mode_tokens(self) -> tuple[str, ...]:
+        """Tokens the objective prepends (UL2's mode tokens), to add to the tokenizer."""
+        return ()
+
+
+def build_example(
+    objective: Objective,
+    tokens: np.ndarray,
+    special: SpecialIds,
+    randoms: Randoms,
+    *,
+    plan: int = 0,
+    doc_lengths: np.ndarray | None = None,
+    features: dict[str, np.ndarray] | None = None,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """One example as a block of one: ``(column -> value, counters)``.
+
+    Array columns are int32 arrays (fixed-length ones padded as stored), scalar columns ints,
+    string columns strings.
+
+    Raises:
+        ValueError: tokens that are not a 1-D integer array, features of another shape, or
+            ``doc_lengths`` that do not add up to the chunk; and what the objective refuses.
+
+    Args:
+        objective: the objective.
+        tokens: the chunk.
+        special: special ids.
+        randoms: the example's randoms (one row).
+        plan: the chunk's plan.
+        doc_lengths: document segment lengths of the chunk (default: one document).
+        features: per-token features aligned with ``tokens``.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
+    length = tokens.shape[0]
+    if doc_lengths is None:
+        doc_lengths = [length] if length else []
+    doc_lengths = np.array(doc_lengths, dtype=np.int32).reshape(-1)
+    if int(doc_lengths.sum()) != length or (doc_lengths.size and int(doc_lengths.min()) <= 0):
+        raise ValueError(f"doc_lengths {doc_lengths.tolist()} must be positive and add up to {length} tokens")
+    features = {name: np.asarray(values, dtype=bool) for name, values in (features or {}).items()}
+    for name, values in features.items():
+        if values.shape != tokens.shape:
+            raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {values.shape}")
+    block = Block(tokens.astype(np.int32, copy=False), np.array([0, length], dtype=np.int64), doc_lengths,
+                  np.array([0, doc_lengths.shape[0]], dtype=np.int64), features, np.array([plan], dtype=np.int64),
+                  randoms)
+    built = objective.build(block, special)
+    example: dict[str, Any] = {name: values[offsets[0]:offsets[1]] for name, (values, offsets) in built.arrays.items()}
+    example.update({name: int(values[0]) for name, values in built.scalars.items()})
+    example.update({name: values[0] for name, values in built.strings.items()})
+    return example, built.counters

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["add_counters", "add_counters_times", "log2_bin", "merge_counters", "length_counters"]
+__all__ = ["add_counters", "log2_bin", "merge_counters", "length_counters"]
 
 
 _SUM, _MIN, _MAX = 0, 1, 2
@@ -42,13 +42,6 @@ def add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
             total[name] = min(old, value)
         else:
             total[name] = max(old, value)
-
-
-def add_counters_times(total: dict[str, int], counters: dict[str, int], times: int) -> None:
-    """:func:`add_counters` of ``counters`` ``times`` times over (``times`` >= 1): sums are
-    multiplied, minima and maxima taken once."""
-    add_counters(total, {name: int(value) * times if _combine_of(name) == _SUM else value
-                         for name, value in counters.items()})
 
 
 def merge_counters(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

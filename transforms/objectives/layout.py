@@ -1,29 +1,37 @@
 """Where things go in a dataset: the hashes that place examples in shards, order rows
-inside a shard, and seed a chunk's plan (pure; shared by the writer and the readers).
+inside a shard, key their noise, and plan chunks (pure; shared by the writer and the readers).
 
-- shard of an example: ``digest_u64(f"{seed}:{key}", salt=b"lmshards-shard") % num_shards``;
-- row order inside a shard: ascending ``digest(f"{seed}:{key}", salt=b"lmshards-order")``
-  (this is the dataset's global shuffle);
-- the shard count of a split: ``--num-shards`` for train, otherwise sized by
-  ``--shard-size-mb`` from the split's document tokens (:func:`shard_count`);
-- a chunk's plan (chunk length, UL2 denoiser): drawn from
-  ``example_rng(seed, chunk_key, PLAN_SALT)``, independent of the example's own noise.
+One blake2b digest of ``f"{seed}:{key}"`` (32 bytes, personalised ``lmshards-example``) per
+example gives all three of its numbers (:func:`example_digests`):
+
+- bytes 0-7: the shard of the example is this little-endian uint64 modulo ``num_shards``;
+- bytes 8-23: its row order inside the shard (ascending bytes: the dataset's global shuffle);
+- bytes 24-31: the row key of its counter-based noise (:mod:`transforms.objectives.randoms`).
+
+The shard count of a split is ``--num-shards`` for train, otherwise sized by ``--shard-size-mb``
+from the split's document tokens (:func:`shard_count`). A chunk's plan (UL2's denoiser) comes
+from :func:`plan_uniforms`: stream 0 of the chunk key's own digest (personalised
+``lmshards-plan``), independent of the example's noise.
 
 Changing any of these changes the bytes of every dataset: they are part of the format.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from transforms.objectives.common import LazyGenerator, digest, digest_u64
+from transforms.objectives.randoms import Randoms
 
-__all__ = ["PLAN_SALT", "SHARD_SALT", "plan_rng", "row_order_key", "shard_count", "shard_hash", "shard_key", "shard_of"]
+__all__ = ["ExampleDigests", "example_digests", "example_randoms", "plan_uniforms", "row_order_key", "shard_count",
+           "shard_hash", "shard_of"]
 
-PLAN_SALT = 0x504C414E  # "PLAN"
-SHARD_SALT = b"lmshards-shard"
+_EXAMPLE = hashlib.blake2b(digest_size=32, person=b"lmshards-example")
+_PLAN = hashlib.blake2b(digest_size=8, person=b"lmshards-plan")
 
 
 def shard_count(
@@ -50,14 +58,49 @@ def shard_count(
     return max(1, math.ceil(examples * bytes_per_example / shard_bytes))
 
 
-def shard_key(seed: int, key: str) -> str:
-    """The string whose salted digest places example ``key`` (see :func:`shard_of`)."""
-    return f"{seed}:{key}"
+class ExampleDigests(NamedTuple):
+    """The numbers :func:`example_digests` derives from examples' keys.
+
+    Attributes:
+        shard_hashes: ``(n,)`` uint64; an example's shard is its value modulo the shard count.
+        orders: ``(n, 16)`` uint8 row-order keys, compared bytewise.
+        randoms: the examples' counter-based random numbers.
+    """
+
+    shard_hashes: np.ndarray
+    orders: np.ndarray
+    randoms: Randoms
+
+
+def _digests(seed: int, keys: Sequence[str]) -> np.ndarray:
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    prefix = _EXAMPLE.copy()
+    prefix.update(f"{seed}:".encode())
+    parts = []
+    for key in keys:
+        hasher = prefix.copy()
+        hasher.update(key.encode("utf-8"))
+        parts.append(hasher.digest())
+    return np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(len(keys), 32)
+
+
+def example_digests(seed: int, keys: Sequence[str]) -> ExampleDigests:
+    """Shard hashes, row-order keys and noise row keys of examples (one digest each)."""
+    digests = _digests(seed, keys)
+    words = digests.view("<u8")
+    return ExampleDigests(words[:, 0].astype(np.uint64), digests[:, 8:24], Randoms(words[:, 3].astype(np.uint64)))
+
+
+def example_randoms(seed: int, keys: Sequence[str], *extra: int) -> Randoms:
+    """The counter-based randoms of examples (``extra`` ints, e.g. the loader's epoch, mixed in)."""
+    randoms = example_digests(seed, keys).randoms
+    return randoms.with_extra(*extra) if extra else randoms
 
 
 def shard_hash(seed: int, key: str) -> int:
     """The 64-bit digest that places example ``key``: its shard is this modulo the shard count."""
-    return digest_u64(shard_key(seed, key), salt=SHARD_SALT)
+    return int(example_digests(seed, [key]).shard_hashes[0])
 
 
 def shard_of(seed: int, key: str, num_shards: int) -> int:
@@ -66,10 +109,21 @@ def shard_of(seed: int, key: str, num_shards: int) -> int:
 
 
 def row_order_key(seed: int, key: str) -> bytes:
-    """Sort key of example ``key`` inside its shard."""
-    return digest(f"{seed}:{key}", salt=b"lmshards-order")
+    """Sort key of example ``key`` inside its shard (16 bytes, compared bytewise)."""
+    return example_digests(seed, [key]).orders[0].tobytes()
 
 
-def plan_rng(seed: int, chunk_key: str) -> np.random.Generator:
-    """The generator an objective plans chunk ``chunk_key`` with (seeded on first use)."""
-    return LazyGenerator(seed, chunk_key, PLAN_SALT)  # type: ignore[return-value]
+def plan_uniforms(seed: int, chunk_keys: Sequence[str]) -> np.ndarray:
+    """One number in [0, 1) per chunk key: what :meth:`~transforms.objectives.base.Objective.plan`
+    plans the chunk with (stream 0, counter 0 of the chunk key's own row key)."""
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    prefix = _PLAN.copy()
+    prefix.update(f"{seed}:".encode())
+    parts = []
+    for key in chunk_keys:
+        hasher = prefix.copy()
+        hasher.update(key.encode("utf-8"))
+        parts.append(hasher.digest())
+    keys = np.frombuffer(b"".join(parts), dtype="<u8").astype(np.uint64)
+    return Randoms(keys).uniforms(0, 1).reshape(-1)

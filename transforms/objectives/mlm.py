@@ -1,29 +1,35 @@
 """Masked language modelling (BERT/RoBERTa): select a fixed share of the tokens, corrupt them.
 
-Reference semantics (see shared/reference/bart_mlm_megatron.md section 2 and 3.4):
+Reference semantics (see shared/reference/bart_mlm_megatron.md sections 2 and 3.4, and Google
+BERT's ``create_pretraining_data.py``):
 
-- Selection: exactly ``max(1, round(n * mlm_probability))`` of the ``n`` non-special
-  positions of a chunk are selected, uniformly without replacement (BERT's
-  ``create_pretraining_data.py`` and Megatron use exact counts; HF's
-  ``DataCollatorForLanguageModeling`` draws a Bernoulli per token instead). Special tokens
-  (``special.special_array()``: PAD, EOS, CLS, SEP, MASK, sentinels, ...) are never selected.
+- Selection size: BERT's ``min(max_predictions_per_seq, max(1, round(len(tokens) * p)))``,
+  where ``len(tokens)`` counts every token of the sequence, special ones included (BERT's
+  ``[CLS]`` and ``[SEP]``; here also an EOS between packed documents) but not the padding.
+  ``max_predictions`` is None by default (no cap, as HF's collators), and the count never
+  exceeds the candidates. Candidates are the non-special positions
+  (``special.special_flags()``: PAD, EOS, CLS, SEP, MASK, sentinels, ...), chosen uniformly
+  without replacement (BERT, Megatron and T5 use exact counts; HF's
+  ``DataCollatorForLanguageModeling`` draws a Bernoulli per token instead).
 - Corruption of the selected positions: ``mask_ratio`` -> ``special.mask``, ``random_ratio``
-  -> a uniform random *non-special* id (``special.non_special_ids()``), ``keep_ratio`` ->
-  unchanged. ``labels`` hold the original id at selected positions and -100 elsewhere.
-- Whole-word masking (``whole_word_mask=True``) follows HF ``DataCollatorForWholeWordMask``:
-  words (from the tokenizer's pre-tokenizer word starts, so it works for BPE, Unigram and
-  WordPiece alike) are visited in a random order and taken whole while the token budget
-  allows; a word that would overflow the budget is skipped and the scan goes on, so the
-  selection can fall short of the budget when only long words remain. The 80/10/10
-  corruption is then decided per *token*, as in HF's legacy collator, Google BERT and
-  Megatron (HF's 2025 offset-based variant disables random replacement under whole words).
+  -> a uniform random *non-special* id, ``keep_ratio`` -> unchanged. ``labels`` hold the
+  original id at selected positions and -100 elsewhere.
+- Whole-word masking (``whole_word_mask=True``) follows HF ``DataCollatorForWholeWordMask``
+  and BERT: words (the tokenizer's pre-tokenizer word starts, ``word_starts``, which split
+  punctuation like BERT's basic tokenizer, for BPE, Unigram and WordPiece alike) are visited
+  in a random order and taken whole while the token budget allows; a word that would
+  overflow the budget is skipped and the scan goes on, so the selection can fall short of
+  the budget when only long words remain. The 80/10/10 corruption is then decided per
+  *token*, as in HF's legacy collator, Google BERT and Megatron.
 - Framing (``frame=True``): ``[CLS] chunk [SEP]`` like the BERT template; the raw chunk is
   ``seq_len - 2`` tokens. A shorter chunk is right-padded with ``special.pad`` (label -100).
+  With 512 tokens framed and one EOS inside, BERT's rule selects ``round(512 * .15) = 77``.
 
 Deliberate differences from the references:
 
-- Rounding: ``round`` is half-up on the product rounded to 9 decimals (Python's ``round``
-  is banker's and float noise decides ties in the references).
+- Rounding is half-up on the product rounded to 9 decimals, as Python 2's ``round`` that
+  BERT was first run with (Python 3's, which HF uses, rounds ties to even: at p = .15 the
+  two differ for lengths 30, 70, 110, ...).
 - The 80/10/10 split is exact per example, not a Bernoulli per token: the selected count
   ``k`` is cut at ``floor(k * c + u)`` for the cumulative ratios ``c`` and one ``u ~ U[0, 1)``
   (systematic randomised rounding). Each count is within 1 of ``k * ratio``, the three
@@ -35,49 +41,30 @@ Deliberate differences from the references:
 - Whole words never span a special token: a token right after a special token starts a
   new word (as in HF's offset-based whole-word masking).
 
-Randomness is drawn only from the ``rng`` passed in, in a fixed order: the permutation of
-candidates (tokens, or words with whole-word masking), then (whole words only) the
-permutation of the selected tokens, then ``u``, then the random ids.
-
-:meth:`MLM.build` hands exact integer counters to :meth:`MLM.stats` under the example key
-:data:`STATS_KEY` (``"_stats"``); it is not a column, and writers (which take their columns
-from the schema) leave it out. :mod:`transforms.objectives.bart` does the same.
+Randomness (counter-based, :mod:`transforms.objectives.randoms`): the selection is a
+uniformly random ordered sample of the candidates (whole words: a random order of the words,
+then of the selected tokens) from :data:`SELECT_STREAM`; its first ``n_mask`` become masks,
+the next ``n_random`` random ids (:data:`IDS_STREAM`); ``u`` is the first number of
+:data:`SPLIT_STREAM`.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import BuiltRows
-from transforms.objectives.common import SpecialIds, generator_of, ids_out_of_range, padded_rows
-from transforms.objectives.counters import add_counters
-from transforms.objectives.packing import Piece
+from transforms.objectives.base import Block, Built, Objective
+from transforms.objectives.common import SpecialIds, ids_out_of_range
+from transforms.objectives.randoms import Randoms, first_distinct
 
-__all__ = [
-    "IGNORE_INDEX",
-    "MLM",
-    "STATS_KEY",
-    "MLMConfig",
-    "draw_non_special",
-    "draw_ranks",
-    "exact_split",
-    "ids_of_ranks",
-    "mlm",
-    "mlm_with_stats",
-    "round_half_up",
-]
+__all__ = ["IDS_STREAM", "IGNORE_INDEX", "MLM", "SELECT_STREAM", "SPLIT_STREAM", "MLMConfig", "exact_split",
+           "random_ids", "round_half_up", "selection_budget"]
 
 IGNORE_INDEX = -100
-# Key of the example dict under which build() hands its exact noise counters to stats().
-# It is not a column: writers take their columns from the schema and must drop it.
-STATS_KEY = "_stats"
+SELECT_STREAM, SPLIT_STREAM, IDS_STREAM, ORDER_STREAM = 1, 2, 3, 4
 
 
 def round_half_up(value: float) -> int:
@@ -91,12 +78,14 @@ class MLMConfig:
 
     Attributes:
         seq_len: length of ``input_ids`` and ``labels`` (framing included).
-        mlm_probability: share of non-special tokens selected, in (0, 1).
+        mlm_probability: share of the sequence's tokens selected, in (0, 1).
         mask_ratio: share of selected tokens replaced by the mask id.
         random_ratio: share of selected tokens replaced by a random non-special id.
         keep_ratio: share of selected tokens left unchanged.
         whole_word_mask: select whole words (needs the ``word_starts`` feature).
         frame: wrap the chunk as ``[CLS] chunk [SEP]``.
+        max_predictions: cap on the selected tokens per example (BERT's
+            ``max_predictions_per_seq``); None: no cap.
     """
 
     seq_len: int = 512
@@ -106,6 +95,7 @@ class MLMConfig:
     keep_ratio: float = 0.1
     whole_word_mask: bool = False
     frame: bool = False
+    max_predictions: int | None = None
 
     def __post_init__(self) -> None:
         min_len = 3 if self.frame else 1
@@ -123,6 +113,10 @@ class MLMConfig:
                 f"mask_ratio + random_ratio + keep_ratio must be 1, got "
                 f"{self.mask_ratio!r} + {self.random_ratio!r} + {self.keep_ratio!r} = {total!r}"
             )
+        if self.max_predictions is not None and (
+                not isinstance(self.max_predictions, int) or isinstance(self.max_predictions, bool)
+                or self.max_predictions < 1):
+            raise ValueError(f"max_predictions must be None or an int >= 1, got {self.max_predictions!r}")
 
     @property
     def raw_length(self) -> int:
@@ -130,238 +124,89 @@ class MLMConfig:
         return self.seq_len - 2 if self.frame else self.seq_len
 
 
-def exact_split(count: int, ratios: tuple[float, ...], rng: np.random.Generator) -> np.ndarray:
-    """Split ``count`` items into ``len(ratios)`` exact integer parts.
+def selection_budget(sequence_lengths: np.ndarray, candidates: np.ndarray, config: MLMConfig) -> np.ndarray:
+    """Tokens to select per row: ``min(cap, max(1, round_half_up(length * p)))``, at most the
+    candidates (0 without any), for rows of ``sequence_lengths`` tokens (framing included)."""
+    products = np.round(np.asarray(sequence_lengths, dtype=np.float64) * config.mlm_probability, 9)
+    budget = np.maximum(np.floor(products + 0.5).astype(np.int64), 1)
+    if config.max_predictions is not None:
+        np.minimum(budget, config.max_predictions, out=budget)
+    return np.minimum(budget, candidates)
 
-    Systematic randomised rounding: cut points ``floor(count * cumsum(ratios) + u)`` with a
-    single ``u ~ U[0, 1)``. Every part is within 1 of ``count * ratio``, the parts sum to
+
+def exact_split(counts: np.ndarray, ratios: tuple[float, ...], uniforms: np.ndarray) -> np.ndarray:
+    """Split each of ``counts`` into ``len(ratios)`` exact integer parts: ``(rows, parts)`` int64.
+
+    Systematic randomised rounding: cut points ``floor(count * cumsum(ratios) + u)`` with one
+    ``u ~ U[0, 1)`` per row. Every part is within 1 of ``count * ratio``, the parts sum to
     ``count`` and ``E[part] == count * ratio``.
-
-    Args:
-        count: number of items to split (>= 0).
-        ratios: non-negative shares summing to 1.
-        rng: generator; exactly one ``rng.random()`` is drawn.
-
-    Returns:
-        int64 array of the part sizes.
     """
-    u = rng.random()
-    cuts = np.floor(np.round(count * np.cumsum(ratios), 9) + u).astype(np.int64)
-    cuts[-1] = count
-    cuts = np.minimum(cuts, count)
-    return np.diff(cuts, prepend=0)
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+    cumulative = np.cumsum(ratios)
+    cuts = np.floor(np.round(counts[:, None] * cumulative[None, :], 9) + np.asarray(uniforms).reshape(-1, 1))
+    cuts = np.minimum(cuts.astype(np.int64), counts[:, None])
+    cuts[:, -1] = counts
+    return np.diff(cuts, axis=1, prepend=0)
 
 
-_SCALAR_DRAWS = 4  # up to this many random ids, scalar draws (same stream) are cheaper
-
-
-def _round9(value: float) -> float:
-    # numpy's ``np.round(value, 9)`` on float64: multiply by 1e9, round half to even, divide.
-    return float(round(value * 1e9)) / 1e9
-
-
-@functools.lru_cache(maxsize=64)
-def _cumulative_ratios(*ratios: float) -> tuple[float, ...]:
-    """``np.cumsum(ratios)`` as Python floats (the same doubles)."""
-    return tuple(np.cumsum(ratios).tolist())
-
-
-def _split_counts(count: int, cumulative: tuple[float, ...], u: float) -> list[int]:
-    """:func:`exact_split` after its draw, in plain floats: the same IEEE operations on the
-    same doubles (``cumulative`` is ``np.cumsum(ratios)``), without numpy's per-call cost."""
-    parts, previous = [], 0
-    for index, share in enumerate(cumulative):
-        cut = count if index == len(cumulative) - 1 else min(math.floor(_round9(count * share) + u), count)
-        parts.append(cut - previous)
-        previous = cut
-    return parts
-
-
-def draw_non_special(rng: np.random.Generator, special: SpecialIds, size: int) -> np.ndarray:
-    """Draw ``size`` ids uniformly from ``special.non_special_ids()`` without building it.
-
-    The j-th non-special id is ``j + #{special ids <= it}``, found by a binary search over
-    the sorted special ids shifted by their rank, so the cost does not grow with the vocabulary.
+def random_ids(randoms: Randoms, stream: int, counts: np.ndarray, special: SpecialIds) -> np.ndarray:
+    """``counts[r]`` uniform random non-special ids for each row ``r``, rows end to end (int32).
 
     Raises:
         ValueError: every id of the vocabulary is special.
     """
+    counts = np.asarray(counts, dtype=np.int64)
+    most = int(counts.max(initial=0))
+    if most == 0:
+        return np.zeros(0, dtype=np.int32)
     n_free = special.non_special_ranks()[0]
     if n_free <= 0:
         raise ValueError(f"no non-special id in a vocabulary of {special.vocab_size} ids")
-    if size == 0:  # drawing no ids leaves the generator untouched: skip the call
-        return np.empty(0, dtype=np.int32)
-    ranks = draw_ranks(rng, n_free, size)
-    if type(ranks) is list:
-        bounds = special.non_special_rank_list()
-        return np.array([rank + bisect.bisect_right(bounds, rank) for rank in ranks], dtype=np.int32)
-    return ids_of_ranks(special, ranks)
+    rows = np.flatnonzero(counts)
+    ranks = randoms.rows(rows).integers(stream, most, n_free)
+    return special.ids_of_ranks(ranks[np.arange(most) < counts[rows, None]])
 
 
-def draw_ranks(rng: np.random.Generator, n_free: int, size: int) -> list[int] | np.ndarray:
-    """The ranks (in ``[0, n_free)``) behind :func:`draw_non_special`'s ids: a list for a few, an
-    int64 array for more; nothing is drawn for ``size`` 0. Callers that draw for many examples
-    map all ranks to ids at once (:func:`ids_of_ranks`)."""
-    if size <= _SCALAR_DRAWS and n_free <= 0xFFFFFFFF and type(rng) is np.random.Generator:
-        # A vector of bounded ints is drawn one 32-bit value after another, exactly as that
-        # many scalar draws are; for a few ids the scalar calls cost less than one vector call.
-        return [int(rng.integers(0, n_free)) for _ in range(size)]
-    return rng.integers(0, n_free, size=size)
-
-
-def ids_of_ranks(special: SpecialIds, ranks: np.ndarray) -> np.ndarray:
-    """The non-special ids of ``ranks`` (int32): what :func:`draw_non_special` returns for them."""
-    ranks = np.asarray(ranks, dtype=np.int64)
-    return (ranks + special.non_special_ranks()[1].searchsorted(ranks, side="right")).astype(np.int32)
-
-
-def _check_tokens(tokens: np.ndarray, special: SpecialIds, limit: int) -> np.ndarray:
-    """The chunk after checking it (any integer dtype: its ids are in range, so casts are exact)."""
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-        raise ValueError(f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}")
-    if tokens.size > limit:
-        raise ValueError(f"chunk of {tokens.size} tokens exceeds the raw length {limit}")
-    if tokens.size and ids_out_of_range(tokens, special.vocab_size):
-        raise ValueError(f"token ids must be in [0, {special.vocab_size}), got [{tokens.min()}, {tokens.max()}]")
-    return tokens
-
-
-def _check_flags(flags: np.ndarray | None, tokens: np.ndarray, name: str) -> np.ndarray | None:
-    if flags is None:
-        return None
-    flags = np.asarray(flags)
-    if flags.shape != tokens.shape:
-        raise ValueError(f"{name} must have the shape of tokens {tokens.shape}, got {flags.shape}")
-    return flags.astype(bool, copy=False)  # only read
-
-
-def _select_whole_words(
-    candidates: np.ndarray, word_starts: np.ndarray, budget: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Positions of whole words taken greedily in random order without overflowing ``budget``."""
-    starts = word_starts[candidates]  # a new array
-    starts[0] = True
-    gaps = candidates[1:] - candidates[:-1]
-    starts[1:] |= gaps != 1  # a special token in between ends the word
-    word_of = starts.cumsum()
-    word_of -= 1
-    word_len = np.bincount(word_of)
-    order = rng.permutation(word_len.size)
-    lengths = word_len[order]
-    taken = np.zeros(word_len.size, dtype=bool)
-    # the longest prefix of the order that fits (lengths are >= 1, so the sums increase)
-    cumulative = lengths.cumsum()
-    prefix = int(cumulative.searchsorted(budget, side="right"))
-    taken[order[:prefix]] = True
-    room = budget - (int(cumulative[prefix - 1]) if prefix else 0)
-    rest_order, rest_len = order[prefix:], lengths[prefix:]
-    while room > 0:  # HF skips a word that would overflow and keeps scanning
-        fitting = rest_len <= room
-        first = int(fitting.argmax()) if fitting.size else 0
-        if fitting.size == 0 or not fitting[first]:
+def _word_order_selection(candidate_row: np.ndarray, starts: np.ndarray, budget: np.ndarray,
+                          randoms: Randoms, count: int) -> np.ndarray:
+    """Whole-word selection, as flags over the candidates (``candidate_row``: each one's row,
+    ``starts``: it starts a word): each row's words in a random order, taken while they fit
+    its budget; a word that would overflow is skipped and the scan goes on."""
+    word_row = candidate_row[starts]
+    word_of = np.cumsum(starts) - 1  # word index of each candidate
+    word_length = np.bincount(word_of, minlength=word_row.shape[0])
+    words_per_row = np.bincount(word_row, minlength=count)
+    order, first_word = first_distinct(randoms, SELECT_STREAM, words_per_row, words_per_row)
+    row_of = np.repeat(np.arange(count), words_per_row)
+    visit = order + first_word[row_of]  # global word indices in visiting order
+    lengths = word_length[visit]
+    position = np.arange(visit.shape[0]) - first_word[row_of]
+    running = np.cumsum(lengths)
+    row_totals = np.bincount(row_of, weights=lengths, minlength=count).astype(np.int64)
+    within = running - np.repeat(np.cumsum(row_totals) - row_totals, words_per_row)
+    taken = within <= budget[row_of]  # the longest prefix that fits (lengths >= 1: sums increase)
+    passed = np.bincount(row_of[taken], minlength=count)  # words of the order scanned so far
+    room = budget - np.bincount(row_of[taken], weights=lengths[taken], minlength=count).astype(np.int64)
+    # Then, round after round, each row's next word that fits what is left (a few rounds: the
+    # room is below the length of the word that overflowed). Only words that fit the room left
+    # now can ever be taken, as it only shrinks: the rounds look at those alone.
+    later = np.flatnonzero((lengths <= room[row_of]) & (position >= passed[row_of]))
+    while later.size:
+        rows = row_of[later]
+        fits = later[(lengths[later] <= room[rows]) & (position[later] >= passed[rows])]
+        if not fits.size:
             break
-        taken[rest_order[first]] = True
-        room -= int(rest_len[first])
-        rest_order, rest_len = rest_order[first + 1 :], rest_len[first + 1 :]
-    return candidates[taken[word_of]]
+        first = fits[np.r_[True, row_of[fits[1:]] != row_of[fits[:-1]]]]  # the first per row
+        taken[first] = True
+        room[row_of[first]] -= lengths[first]
+        passed[row_of[first]] = position[first] + 1
+        later = later[position[later] >= passed[row_of[later]]]
+    chosen = np.zeros(word_row.shape[0], dtype=bool)
+    chosen[visit[taken]] = True
+    return chosen[word_of]
 
 
-def mlm_with_stats(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    config: MLMConfig,
-    special: SpecialIds,
-    word_starts: np.ndarray | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """:func:`mlm` plus the exact integer counters of the noise it drew.
-
-    Returns:
-        ``(example, counters)``; counters are ``examples``, ``tokens`` (non-pad positions,
-        framing included), ``padding_tokens``, ``maskable_tokens`` (non-special positions, the
-        candidates of selection), ``selected``, ``masked``, ``random`` and ``kept``.
-    """
-    if special.mask is None:
-        raise ValueError("mlm needs a mask token id (special.mask is None)")
-    tokens = _check_tokens(tokens, special, config.raw_length)
-    word_starts = _check_flags(word_starts, tokens, "word_starts")
-    if config.whole_word_mask and word_starts is None:
-        raise ValueError("whole_word_mask=True needs the word_starts feature")
-    # Special positions: a lookup per id (ids are checked to be in the vocabulary); the
-    # framing ids are special by definition (they are in special.special_array()).
-    if config.frame:
-        if special.cls is None or special.sep is None:
-            raise ValueError(f"frame=True needs cls and sep ids, got cls={special.cls} sep={special.sep}")
-        is_special = np.empty(tokens.size + 2, dtype=bool)
-        is_special[0] = is_special[-1] = True
-        special.special_flags().take(tokens, out=is_special[1:-1], mode="clip")  # ids are checked to be in range
-        tokens = np.concatenate([[special.cls], tokens, [special.sep]]).astype(np.int32)
-        if word_starts is not None:
-            word_starts = np.concatenate([[False], word_starts, [False]])
-    else:
-        is_special = special.special_flags().take(tokens, mode="clip")  # ids are checked to be in range
-    rng = generator_of(rng)
-
-    candidates = np.logical_not(is_special, out=is_special).nonzero()[0]
-    n = candidates.size
-    budget = min(n, max(1, round_half_up(n * config.mlm_probability))) if n else 0
-    if config.whole_word_mask and n:
-        selected = _select_whole_words(candidates, word_starts, budget, rng)
-        selected = selected[rng.permutation(selected.size)]
-    else:
-        selected = candidates[rng.permutation(n)[:budget]]
-
-    # exact_split(selected.size, ratios, rng), computed in floats after its one draw
-    cumulative = _cumulative_ratios(config.mask_ratio, config.random_ratio, config.keep_ratio)
-    n_mask, n_random, n_keep = _split_counts(selected.size, cumulative, rng.random())
-    size = tokens.size
-    input_ids = np.empty(config.seq_len, dtype=np.int32)
-    input_ids[:size] = tokens
-    input_ids[size:] = special.pad
-    labels = np.empty(config.seq_len, dtype=np.int32)
-    labels.fill(IGNORE_INDEX)
-    labels[selected] = tokens[selected]
-    input_ids[selected[:n_mask]] = special.mask
-    input_ids[selected[n_mask : n_mask + n_random]] = draw_non_special(rng, special, n_random)
-    counters = {
-        "examples": 1,
-        "tokens": int(size),
-        "padding_tokens": int(config.seq_len - size),
-        "maskable_tokens": int(n),
-        "selected": int(selected.size),
-        "masked": n_mask,
-        "random": n_random,
-        "kept": n_keep,
-    }
-    return {"input_ids": input_ids, "labels": labels}, counters
-
-
-def mlm(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    config: MLMConfig,
-    special: SpecialIds,
-    word_starts: np.ndarray | None = None,
-) -> dict[str, np.ndarray]:
-    """Build one MLM example from a raw chunk.
-
-    Args:
-        tokens: raw chunk, at most ``config.raw_length`` ids (shorter chunks are padded).
-        rng: the example's generator (``example_rng``).
-        config: objective parameters.
-        special: special ids; ``mask`` and ``pad`` (plus ``cls``/``sep`` when framing) are required.
-        word_starts: bool per token, True where a word starts; required for whole-word masking.
-
-    Returns:
-        ``{"input_ids": int32[seq_len], "labels": int32[seq_len]}``.
-
-    Raises:
-        ValueError: a missing special id or feature, or a chunk that does not fit.
-    """
-    return mlm_with_stats(tokens, rng, config, special, word_starts)[0]
-
-
-class MLM:
+class MLM(Objective):
     """The MLM objective for the pipeline and the loader (:class:`~transforms.objectives.base.Objective`).
 
     Args:
@@ -376,69 +221,99 @@ class MLM:
         self.features = frozenset({"word_starts"}) if self.config.whole_word_mask else frozenset()
         roles = {"mask", "pad"} | ({"cls", "sep"} if self.config.frame else set())
         self.required_specials = frozenset(roles)
+        self.fixed_raw_length = self.config.raw_length
 
-    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
-        """Every chunk has ``config.raw_length`` tokens; no randomness is drawn."""
-        return self.config.raw_length, 0
+    def build(self, block: Block, special: SpecialIds) -> Built:
+        """Mask every chunk of ``block``.
 
-    def build(
-        self,
-        tokens: np.ndarray,
-        rng: np.random.Generator,
-        plan: int,
-        special: SpecialIds,
-        features: dict[str, np.ndarray],
-    ) -> dict[str, Any]:
-        """One example (see :func:`mlm`) plus its counters under :data:`STATS_KEY`."""
-        word_starts = features.get("word_starts") if self.config.whole_word_mask else None
-        example, counters = mlm_with_stats(tokens, rng, self.config, special, word_starts=word_starts)
-        return {**example, STATS_KEY: counters}
+        Counters: ``examples``, ``tokens`` (non-pad positions, framing included),
+        ``padding_tokens``, ``maskable_tokens`` (non-special positions, the candidates of
+        selection), ``selected``, ``masked``, ``random`` (a random id that drew the original
+        still counts) and ``kept``.
 
-    def build_many(
-        self,
-        pieces: Sequence[Piece],
-        plans: Sequence[int],
-        rngs: Sequence[np.random.Generator],
-        special: SpecialIds,
-    ) -> BuiltRows:
-        """:meth:`build` and :meth:`stats` of many chunks at once, rows padded to ``seq_len`` with
-        ``special.pad`` as the pipeline's builder pads one example (``padding_tokens``)."""
-        counters: dict[str, int] = {}
-        input_ids, labels = [], []
-        whole_words = self.config.whole_word_mask
-        for piece, rng in zip(pieces, rngs, strict=True):
-            word_starts = piece.features.get("word_starts") if whole_words else None
-            example, row_counters = mlm_with_stats(piece.tokens, rng, self.config, special, word_starts=word_starts)
-            add_counters(counters, row_counters)
-            input_ids.append(example["input_ids"])
-            labels.append(example["labels"])
-        arrays, padding = {}, 0
-        for name, rows in (("input_ids", input_ids), ("labels", labels)):
-            flat, offsets, pads = padded_rows(rows, self.config.seq_len, special.pad)
-            arrays[name] = (flat, offsets)
-            padding += pads
-        if padding:
-            counters["padding_tokens"] = counters.get("padding_tokens", 0) + padding
-        return arrays, {}, {}, counters
-
-    def stats(self, example: dict[str, Any]) -> dict[str, int]:
-        """Exact counters carried under :data:`STATS_KEY` by :meth:`build`.
-
-        A random replacement that drew the original id still counts as ``random``. An
-        example without the key (read back from disk) yields what it shows: ``examples``
-        and ``selected``.
+        Raises:
+            ValueError: a missing special id or feature, or a chunk that does not fit.
         """
-        if STATS_KEY in example:
-            return dict(example[STATS_KEY])
-        return {"examples": 1, "selected": int((np.asarray(example["labels"]) != IGNORE_INDEX).sum())}
+        config = self.config
+        if special.mask is None:
+            raise ValueError("mlm needs a mask token id (special.mask is None)")
+        if config.frame and (special.cls is None or special.sep is None):
+            raise ValueError(f"frame=True needs cls and sep ids, got cls={special.cls} sep={special.sep}")
+        lengths = block.lengths
+        count = block.count
+        if count and int(lengths.max()) > config.raw_length:
+            raise ValueError(f"chunk of {int(lengths.max())} tokens exceeds the raw length {config.raw_length}")
+        if block.tokens.size and ids_out_of_range(block.tokens, special.vocab_size):
+            raise ValueError(f"token ids must be in [0, {special.vocab_size}), got "
+                             f"[{block.tokens.min()}, {block.tokens.max()}]")
+        word_starts = block.features.get("word_starts") if config.whole_word_mask else None
+        if config.whole_word_mask and word_starts is None:
+            raise ValueError("whole_word_mask=True needs the word_starts feature")
+        seq_len, frame = config.seq_len, int(config.frame)
+        # The rows in place in a (count, seq_len) matrix: [CLS] chunk [SEP] or the chunk, then padding.
+        sizes = lengths + 2 * frame
+        slots = np.arange(seq_len)
+        in_chunk = (slots >= frame) & (slots < (lengths + frame)[:, None])
+        input_ids = np.full((count, seq_len), special.pad, dtype=np.int32)
+        input_ids[in_chunk] = block.tokens
+        if frame:
+            input_ids[:, 0] = special.cls
+            input_ids[np.arange(count), lengths + 1] = special.sep
+        candidate = in_chunk.copy()
+        candidate[in_chunk] = ~special.special_flags()[block.tokens]
+        positions = np.flatnonzero(candidate)  # row * seq_len + slot
+        candidates = np.count_nonzero(candidate, axis=1)
+        budget = selection_budget(sizes, candidates, config)
+        first_candidate = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(candidates, out=first_candidate[1:])
+        if word_starts is None:
+            sample, sample_offsets = first_distinct(block.randoms, SELECT_STREAM, candidates, budget)
+            selected = positions[sample + np.repeat(first_candidate[:-1], budget)]
+        else:
+            flags = np.zeros((count, seq_len), dtype=bool)
+            flags[in_chunk] = word_starts
+            starts = flags.reshape(-1)[positions]
+            candidate_row = positions // seq_len
+            # a word also starts at a row's first candidate and after a special token
+            starts[1:] |= (positions[1:] - positions[:-1] != 1) | (candidate_row[1:] != candidate_row[:-1])
+            if starts.size:
+                starts[0] = True
+            chosen = _word_order_selection(candidate_row, starts, budget, block.randoms, count)
+            picked = positions[chosen]
+            per_row = np.bincount(picked // seq_len, minlength=count)
+            order, sample_offsets = first_distinct(block.randoms, ORDER_STREAM, per_row, per_row)
+            first_picked = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum(per_row, out=first_picked[1:])
+            selected = picked[order + np.repeat(first_picked[:-1], per_row)]
+        selected_per_row = np.diff(sample_offsets)
+        ratios = (config.mask_ratio, config.random_ratio, config.keep_ratio)
+        parts = exact_split(selected_per_row, ratios, block.randoms.uniforms(SPLIT_STREAM, 1))
+        rank = np.arange(selected.shape[0]) - np.repeat(sample_offsets[:-1], selected_per_row)
+        row_of = np.repeat(np.arange(count), selected_per_row)
+        masked = rank < parts[row_of, 0]
+        random = ~masked & (rank < parts[row_of, 0] + parts[row_of, 1])
+        flat_ids = input_ids.reshape(-1)
+        labels = np.full(count * seq_len, IGNORE_INDEX, dtype=np.int32)
+        labels[selected] = flat_ids[selected]
+        flat_ids[selected[masked]] = special.mask
+        flat_ids[selected[random]] = random_ids(block.randoms, IDS_STREAM, parts[:, 1], special)
+        tokens = int(sizes.sum())
+        counters = {
+            "examples": count,
+            "tokens": tokens,
+            "padding_tokens": count * seq_len - tokens,
+            "maskable_tokens": int(candidates.sum()),
+            "selected": int(selected.shape[0]),
+            "masked": int(parts[:, 0].sum()),
+            "random": int(parts[:, 1].sum()),
+            "kept": int(parts[:, 2].sum()),
+        }
+        offsets = np.arange(count + 1, dtype=np.int64) * seq_len
+        return Built({"input_ids": (flat_ids, offsets), "labels": (labels, offsets)}, {}, {}, counters)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """``input_ids`` and ``labels`` are ``fixed_size_list<int32>[seq_len]``."""
         return {"seq_len": self.config.seq_len}
-
-    def max_sentinels(self) -> int:
-        """MLM uses no sentinels."""
-        return 0
 
     def params(self) -> dict[str, Any]:
         """The configuration, for the manifest."""

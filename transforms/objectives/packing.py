@@ -15,7 +15,10 @@ Modes (DESIGN.md section 2.3):
 - ``none``: one document per chunk, long documents split into chunk-sized pieces.
 
 A :class:`Piece` is a run of tokens with its document segment lengths and aligned
-per-token features. The EOS appended to each document belongs to that document.
+per-token features. The EOS appended to each document belongs to that document. With no
+separator (``eos=None``, ``--document-separator none``) documents are joined as they are, as
+T5's ``reduce_concat_tokens`` and HF's ``group_texts`` join them; the segment lengths still
+mark where each one ends.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ __all__ = ["BLOCK_TOKENS", "PACKING_MODES", "ConcatPacker", "Piece", "concat_doc
 
 PACKING_MODES = ("concat", "best_fit", "none")
 #: Feature value the EOS separator gets, per feature (absent: False).
-EOS_FEATURE = {"word_starts": True}
+EOS_FEATURE = {"word_starts": True, "space_starts": True}
 
 
 @dataclass
@@ -87,14 +90,17 @@ class Piece:
         )
 
 
-def document_piece(ids: np.ndarray, eos: int, features: dict[str, np.ndarray] | None = None) -> Piece:
-    """A document's tokens followed by EOS, as one single-segment piece."""
-    tokens = np.empty(len(ids) + 1, dtype=np.int32)
-    tokens[:-1] = ids
-    tokens[-1] = eos
+def document_piece(ids: np.ndarray, eos: int | None, features: dict[str, np.ndarray] | None = None) -> Piece:
+    """A document's tokens followed by EOS (none for ``eos=None``), as one single-segment piece."""
+    separator = 0 if eos is None else 1
+    tokens = np.empty(len(ids) + separator, dtype=np.int32)
+    tokens[: len(ids)] = ids
+    if separator:
+        tokens[-1] = eos
     feats = {}
     for name, values in (features or {}).items():
-        feats[name] = np.append(np.asarray(values, dtype=bool), EOS_FEATURE.get(name, False))
+        flags = np.asarray(values, dtype=bool)
+        feats[name] = np.append(flags, EOS_FEATURE.get(name, False)) if separator else flags.copy()
     return Piece(tokens, np.array([len(tokens)], dtype=np.int32), feats)
 
 
@@ -110,10 +116,10 @@ def concat_pieces(pieces: list[Piece]) -> Piece:
     )
 
 
-def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndarray]]], eos: int,
+def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndarray]]], eos: int | None,
                      head: Piece | None = None) -> Piece:
     """``concat_pieces([head, *(document_piece(ids, eos, features) for ids, features in documents)])``,
-    copying every document (and ``head``) once.
+    copying every document (and ``head``) once (``eos=None``: no separator).
 
     Args:
         documents: ``(ids, features)`` per document; ids as an integer array or the bytes of an
@@ -122,7 +128,8 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
     """
     if not documents:
         return concat_pieces([] if head is None else [head])
-    eos_bytes = np.array([eos], dtype=np.int32).tobytes()
+    eos_bytes = b"" if eos is None else np.array([eos], dtype=np.int32).tobytes()
+    separator = len(eos_bytes) // 4
     parts, lengths = [], np.empty(len(documents), dtype=np.int32)
     if head is not None:
         parts.append(np.ascontiguousarray(head.tokens, dtype=np.int32).tobytes())
@@ -130,10 +137,10 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
         data = ids if isinstance(ids, bytes) else np.asarray(ids).astype(np.int32, copy=False).tobytes()
         parts.append(data)
         parts.append(eos_bytes)
-        lengths[index] = len(data) // 4 + 1
+        lengths[index] = len(data) // 4 + separator
     features = {}
     for name in documents[0][1]:
-        end_flag = np.array([EOS_FEATURE.get(name, False)])
+        end_flag = np.array([EOS_FEATURE.get(name, False)])[:separator]
         flags = [] if head is None else [np.asarray(head.features[name], dtype=bool)]
         for _, document_features in documents:
             flags.append(np.asarray(document_features[name], dtype=bool))
@@ -163,7 +170,7 @@ class ConcatPacker:
     in order, as in :func:`pack_concat`.
     """
 
-    def __init__(self, documents: list, eos: int, next_length: Callable[[int], int], *,
+    def __init__(self, documents: list, eos: int | None, next_length: Callable[[int], int], *,
                  block_tokens: int = BLOCK_TOKENS):
         self._documents, self._eos, self._next_length, self._block_tokens = documents, eos, next_length, block_tokens
         self.rest: Piece | None = None
@@ -179,7 +186,7 @@ class ConcatPacker:
                 position += 1
                 batch.append(document)
                 ids = document[0]
-                tokens += (len(ids) // 4 if isinstance(ids, bytes) else len(ids)) + 1
+                tokens += (len(ids) // 4 if isinstance(ids, bytes) else len(ids)) + (self._eos is not None)
             block = concat_documents(batch, self._eos, head=carry)
             del batch, carry
             cuts = [0]

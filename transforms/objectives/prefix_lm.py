@@ -14,21 +14,25 @@ inputs/targets columns. A chunk shorter than ``seq_len`` (a padded final chunk, 
 ``special.pad`` to ``seq_len``, as :mod:`transforms.objectives.clm` does; the padding
 belongs to no document, so ``sum(doc_lengths)`` is the unpadded length. A 1-token chunk
 gets ``prefix_length = 1`` (nothing to predict).
+
+Randomness: the split of a chunk of ``L`` tokens is ``1 + floor(u * (L - 1))`` for the row's
+first number ``u`` of stream :data:`SPLIT_STREAM` (:mod:`transforms.objectives.randoms`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import BuiltRows
-from transforms.objectives.common import SpecialIds, generator_of
-from transforms.objectives.packing import Piece
+from transforms.objectives.base import Block, Built, Objective, padded_rows
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.randoms import Randoms
 
-__all__ = ["PrefixLM", "PrefixLMConfig", "draw_prefix_length", "prefix_lm"]
+__all__ = ["SPLIT_STREAM", "PrefixLM", "PrefixLMConfig", "prefix_lengths"]
+
+SPLIT_STREAM = 1
 
 
 @dataclass(frozen=True)
@@ -46,69 +50,21 @@ class PrefixLMConfig:
             raise ValueError(f"seq_len must be an int >= 2, got {self.seq_len!r}")
 
 
-def draw_prefix_length(length: int, rng: np.random.Generator) -> int:
-    """Split point uniform on ``[1, length-1]`` (1 when ``length`` is 1).
+def prefix_lengths(lengths: np.ndarray, randoms: Randoms, stream: int = SPLIT_STREAM) -> np.ndarray:
+    """Split points uniform on ``[1, L - 1]`` for rows of ``L`` tokens (1 where ``L`` is 1), int64.
 
     Raises:
-        ValueError: ``length`` below 1.
+        ValueError: a length below 1.
     """
-    if length < 1:
-        raise ValueError(f"prefix-LM needs at least 1 token, got {length}")
-    if length == 1:
-        return 1
-    return int(generator_of(rng).integers(1, length))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and int(lengths.min()) < 1:
+        raise ValueError(f"prefix-LM needs at least 1 token per chunk, got {int(lengths.min())}")
+    split = randoms.integers(stream, 1, np.maximum(lengths - 1, 1)).reshape(-1)
+    split += 1
+    return split
 
 
-def prefix_lm(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    config: PrefixLMConfig,
-    special: SpecialIds,
-    doc_lengths: np.ndarray | None = None,
-) -> dict[str, Any]:
-    """Split one chunk for prefix-LM.
-
-    Args:
-        tokens: 1-D chunk, ``config.seq_len`` tokens (fewer for a final chunk).
-        rng: the example's generator (one draw).
-        config: objective parameters.
-        special: ``pad`` fills the row past the chunk.
-        doc_lengths: lengths of the packed documents of the chunk (default: one document).
-
-    Returns:
-        ``{"input_ids": int32 of seq_len, "prefix_length": int, "doc_lengths": int32}``.
-
-    Raises:
-        ValueError: tokens not 1-D, empty or longer than ``seq_len``, or ``doc_lengths``
-            that do not add up to the chunk length.
-    """
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
-    length = tokens.shape[0]
-    if length > config.seq_len:
-        raise ValueError(f"prefix_lm chunk has {length} tokens, more than seq_len {config.seq_len}")
-    if doc_lengths is None:
-        doc_lengths = np.array([length], dtype=np.int32)
-    else:
-        doc_lengths = np.asarray(doc_lengths, dtype=np.int32)
-        if (
-            doc_lengths.ndim != 1
-            or int(doc_lengths.sum()) != length
-            or (doc_lengths.size and int(doc_lengths.min()) <= 0)
-        ):
-            raise ValueError(f"doc_lengths {doc_lengths.tolist()} must be positive and add up to {length} tokens")
-    input_ids = np.empty(config.seq_len, dtype=np.int32)
-    input_ids[:length] = tokens
-    input_ids[length:] = special.pad
-    return {
-        "input_ids": input_ids,
-        "prefix_length": draw_prefix_length(length, rng),
-        "doc_lengths": doc_lengths,
-    }
-
-
-class PrefixLM:
+class PrefixLM(Objective):
     """Prefix-LM as an :class:`~transforms.objectives.base.Objective` (decoder family).
 
     Args:
@@ -117,80 +73,32 @@ class PrefixLM:
 
     name = "prefix_lm"
     family = "decoder"
-    features: frozenset[str] = frozenset()
     required_specials: frozenset[str] = frozenset({"pad"})
 
     def __init__(self, config: PrefixLMConfig) -> None:
         self.config = config
+        self.fixed_raw_length = config.seq_len
 
-    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
-        """Always ``(seq_len, 0)``; consumes no randomness."""
-        return self.config.seq_len, 0
+    def build(self, block: Block, special: SpecialIds) -> Built:
+        """Split every chunk; ``doc_lengths`` pass through.
 
-    def build(
-        self,
-        tokens: np.ndarray,
-        rng: np.random.Generator,
-        plan: int,
-        special: SpecialIds,
-        features: dict[str, np.ndarray],
-    ) -> dict[str, Any]:
-        """Split ``tokens``; ``features["doc_lengths"]``, when present, passes through."""
-        return prefix_lm(tokens, rng, self.config, special, features.get("doc_lengths"))
+        Counters: examples, tokens, prefix and suffix (loss) tokens, padding tokens.
 
-    def build_many(
-        self,
-        pieces: Sequence[Piece],
-        plans: Sequence[int],
-        rngs: Sequence[np.random.Generator],
-        special: SpecialIds,
-    ) -> BuiltRows:
-        """:meth:`build` and :meth:`stats` of many chunks at once: each row's split from its own
-        generator, the columns laid out and the counters summed once for the block."""
-        rows, prefixes, segments = [], [], []
-        for piece, rng in zip(pieces, rngs, strict=True):
-            example = self.build(piece.tokens, rng, 0, special, {"doc_lengths": piece.doc_lengths})
-            rows.append(example["input_ids"])
-            prefixes.append(example["prefix_length"])
-            segments.append(example["doc_lengths"])
-        count, seq_len = len(rows), self.config.seq_len
-        lengths = np.fromiter((int(piece.tokens.shape[0]) for piece in pieces), dtype=np.int64, count=count)
-        prefix = np.array(prefixes, dtype=np.int32)
-        segment_offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum([len(s) for s in segments], out=segment_offsets[1:])
-        if not count:
-            empty = np.zeros(0, np.int32)
-            return {"input_ids": (empty, segment_offsets), "doc_lengths": (empty, segment_offsets)}, \
-                {"prefix_length": prefix}, {}, {}
-        arrays = {
-            "input_ids": (np.concatenate(rows), np.arange(count + 1, dtype=np.int64) * seq_len),
-            "doc_lengths": (np.concatenate(segments).astype(np.int32, copy=False), segment_offsets),
-        }
-        tokens, prefix_tokens = int(lengths.sum()), int(prefix.sum(dtype=np.int64))
-        counters = {"examples": count, "tokens": tokens, "prefix_tokens": prefix_tokens,
-                    "suffix_tokens": tokens - prefix_tokens, "padding_tokens": count * seq_len - tokens}
-        return arrays, {"prefix_length": prefix}, {}, counters
-
-    def stats(self, example: dict[str, Any]) -> dict[str, int]:
-        """Counters: examples, tokens, prefix and suffix (loss) tokens, padding tokens."""
-        doc_lengths = example["doc_lengths"]
-        length = int(doc_lengths.sum() if isinstance(doc_lengths, np.ndarray) else np.sum(doc_lengths))
-        prefix_length = int(example["prefix_length"])
-        return {
-            "examples": 1,
-            "tokens": length,
-            "prefix_tokens": prefix_length,
-            "suffix_tokens": length - prefix_length,
-            "padding_tokens": self.config.seq_len - length,
-        }
+        Raises:
+            ValueError: an empty chunk or one longer than ``seq_len``.
+        """
+        lengths = block.lengths
+        prefix = prefix_lengths(lengths, block.randoms)
+        values, offsets, padding = padded_rows(block.tokens, block.offsets, self.config.seq_len, special.pad)
+        tokens, prefix_tokens = int(block.offsets[-1]), int(prefix.sum())
+        counters = {"examples": block.count, "tokens": tokens, "prefix_tokens": prefix_tokens,
+                    "suffix_tokens": tokens - prefix_tokens, "padding_tokens": padding}
+        arrays = {"input_ids": (values, offsets), "doc_lengths": (block.doc_lengths, block.doc_offsets)}
+        return Built(arrays, {"prefix_length": prefix.astype(np.int32)}, {}, counters)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_length`` column."""
         return {"seq_len": self.config.seq_len, "prefix_length": True}
-
-    def max_sentinels(self) -> int:
-        """Prefix-LM uses no sentinels."""
-        return 0
 
     def params(self) -> dict[str, Any]:
         """Configuration for the manifest."""

@@ -8,11 +8,11 @@ Reference: google-research/text-to-text-transfer-transformer ``t5/data/preproces
 - :func:`random_spans_helper` is T5's length helper: the largest raw chunk length ``T``
   whose encoded inputs (EOS included) fit ``inputs_length``, Python ``round`` (half to
   even), and the ``noise_density == 0.5`` "minor hack". (3, .15, 512) -> 568 raw, 114 targets.
-- :func:`random_spans_noise_mask`: ``n_noise = clip(round(L*r), 1, L-1)``,
-  ``n_spans = max(round(n_noise/mu), 1)``, noise and non-noise run lengths are uniformly
-  random compositions (every composition equally likely), runs alternate non-noise first
-  and noise last; ``r == 0`` gives no noise; lengths below 2 are computed as 2 and cut
-  back, so a 1-token chunk is never noised.
+- The noise mask: ``n_noise = clip(round(L*r), 1, L-1)``, ``n_spans = max(round(n_noise/mu), 1)``,
+  noise and non-noise run lengths are uniformly random compositions (every composition
+  equally likely, :func:`transforms.objectives.randoms.compositions`), runs alternate
+  non-noise first and noise last; ``r == 0`` gives no noise; lengths below 2 are computed as
+  2 and cut back, so a 1-token chunk is never noised.
 - Layout: ``inputs = c0 <X0> c1 <X1> ... </s>``, ``targets = <X0> n0 <X1> n1 ... </s>``
   where ``<Xk>`` is ``special.sentinels[k]`` (``<extra_id_k>``) in order of appearance.
 
@@ -26,12 +26,23 @@ Deliberate differences:
   only in degenerate tiny configurations where the mask's clip/max guards would make the
   inputs overflow the budget (the helper has no such guards). All realistic settings,
   and every golden value, are unchanged.
-- Randomness comes from a per-example ``numpy.random.Generator`` (content-addressed
-  seeds, DESIGN.md section 3), not TF stateless seeds, so ids differ from T5's bit for
-  bit while the distribution is the same.
+- Rounding: T5's mask computes ``round(L * r)`` and ``round(n_noise / mu)`` in float32
+  (``tf.cast(..., tf.float32)``); we use float64. The two differ only where the float32
+  product lands on a tie that float64 resolves the other way, e.g. ``L = 190`` at
+  ``r = .15, mu = 3``: T5 29 noise tokens in 10 spans, ours 28 in 9 (float32 ``0.15`` is
+  slightly above 0.15, so ``190 * r`` is 28.500001). Every full chunk of T5's length table
+  (568, 1137, 2274, ... for every UL2 denoiser) gives the same counts in both; only a
+  split's short final chunk can hit such a length (``test_span_corruption.py`` lists them).
+- Documents: T5 joins documents with no separator before cutting chunks
+  (``reduce_concat_tokens``); lmshards' concat packing puts EOS after each document, so EOS
+  tokens appear inside inputs and targets (about 0.25 per example of ~60-token documents at
+  512 inputs). ``--document-separator none`` joins documents the T5 way.
+- Randomness is counter-based (DESIGN.md section 3): the noise lengths come from stream
+  :data:`NOISE_STREAM`, the non-noise lengths from :data:`KEEP_STREAM` of the example's row
+  key, so ids differ from T5's bit for bit while the distribution is the same.
 - A final chunk shorter than ``T`` is noised at its own length (counts from its length,
   as T5 does for the short tail of ``split_tokens``): inputs and targets come out shorter
-  than the budgets, never longer, and the writer pads them to the schema lengths.
+  than the budgets, never longer, and are padded with the pad id to the schema lengths.
 
 Assumption: chunks hold no sentinel ids (the tokenizer must not turn literal
 ``<extra_id_k>`` text into them); otherwise inputs/targets cannot be read back unambiguously.
@@ -39,39 +50,34 @@ Assumption: chunks hold no sentinel ids (the tokenizer must not turn literal
 
 from __future__ import annotations
 
-import collections
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import BuiltRows
-from transforms.objectives.common import SpecialIds, generator_of, index_range, padded_rows
-from transforms.objectives.counters import add_counters_times
-from transforms.objectives.packing import Piece
+from transforms.objectives.base import Block, Built, Objective, in_block_order, padded_rows
+from transforms.objectives.common import SpecialIds, ids_out_of_range
+from transforms.objectives.randoms import Randoms, compositions
 
 __all__ = [
+    "KEEP_STREAM",
+    "NOISE_STREAM",
     "SPAN_LENGTH_HISTOGRAM_CAP",
     "SpanCorruption",
     "SpanCorruptionConfig",
-    "apply_noise_mask",
-    "corrupt_spans",
+    "corrupt_rows",
     "encoded_lengths",
     "fit_raw_length",
     "noise_counts",
     "random_spans_helper",
-    "random_spans_noise_mask",
-    "raw_length_from_encoded",
-    "span_corruption",
-    "span_counters",
-    "span_length_histogram",
-    "special_span_histogram",
+    "span_histogram",
 ]
 
 SPAN_LENGTH_HISTOGRAM_CAP = 64
 """Span lengths >= this value share the last histogram bucket ``span_len_hist_64``."""
+NOISE_STREAM, KEEP_STREAM = 1, 2
+_HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
 
 
 def _check_density_and_span(noise_density: float, mean_noise_span_length: float) -> None:
@@ -148,7 +154,7 @@ def noise_counts(length: int, noise_density: float, mean_noise_span_length: floa
 
 @functools.lru_cache(maxsize=4096)
 def _cached_noise_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
-    # Pure in its arguments and called once per example with the same few lengths.
+    # Pure in its arguments and called once per block with the same few lengths.
     return noise_counts(length, noise_density, mean_noise_span_length)
 
 
@@ -168,106 +174,6 @@ def fit_raw_length(inputs_length: int, noise_density: float, mean_noise_span_len
     while raw_length > 0 and encoded_lengths(raw_length, noise_density, mean_noise_span_length)[0] > inputs_length:
         raw_length -= 1
     return raw_length
-
-
-def raw_length_from_encoded(
-    inputs_length: int, targets_length: int, noise_density: float, mean_noise_span_length: float, max_raw: int
-) -> int:
-    """Invert :func:`encoded_lengths`: the raw length that produced an example.
-
-    ``inputs + targets = L + 2*n_spans + 2`` grows strictly with ``L``, so the raw length
-    is unique; counters can then be recomputed from an example without its sentinel ids.
-
-    Raises:
-        ValueError: no raw length up to ``max_raw`` gives these lengths.
-    """
-    total = inputs_length + targets_length
-    low, high = 0, max_raw
-    while low < high:
-        middle = (low + high) // 2
-        if sum(encoded_lengths(middle, noise_density, mean_noise_span_length)) < total:
-            low = middle + 1
-        else:
-            high = middle
-    if encoded_lengths(low, noise_density, mean_noise_span_length) != (inputs_length, targets_length):
-        raise ValueError(
-            f"no raw length <= {max_raw} gives inputs {inputs_length} and targets {targets_length} "
-            f"at noise_density={noise_density}, mean_noise_span_length={mean_noise_span_length}"
-        )
-    return low
-
-
-def _random_composition(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
-    """Uniformly random composition of ``total`` into ``parts`` positive integers."""
-    if parts == 1:
-        return np.array([total], dtype=np.int64)
-    # Choosing parts-1 distinct cut points among the total-1 gaps is the same
-    # distribution as T5's shuffled 0/1 vector: every composition equally likely.
-    cuts = rng.choice(total - 1, size=parts - 1, replace=False, shuffle=False)
-    cuts.sort()
-    parts_lengths = np.empty(parts, dtype=np.int64)
-    parts_lengths[0] = cuts[0] + 1
-    parts_lengths[1:-1] = cuts[1:] - cuts[:-1]
-    parts_lengths[-1] = total - 1 - cuts[-1]
-    return parts_lengths
-
-
-def random_spans_noise_mask(
-    length: int, noise_density: float, mean_noise_span_length: float, rng: np.random.Generator
-) -> np.ndarray:
-    """T5's noise mask: ``True`` marks noise; non-noise run first, noise run last.
-
-    Args:
-        length: number of tokens.
-        noise_density: fraction of tokens to noise.
-        mean_noise_span_length: mean noise span length.
-        rng: the example's generator (noise lengths are drawn first, then non-noise).
-
-    Returns:
-        bool array of ``length``.
-    """
-    num_noise, num_spans = noise_counts(length, noise_density, mean_noise_span_length)
-    if num_spans == 0:
-        return np.zeros(length, dtype=bool)
-    noise_lengths = _random_composition(num_noise, num_spans, rng)
-    nonnoise_lengths = _random_composition(length - num_noise, num_spans, rng)
-    run_lengths = np.stack([nonnoise_lengths, noise_lengths], axis=1).reshape(-1)
-    return np.repeat(np.tile(np.array([False, True]), num_spans), run_lengths)
-
-
-def apply_noise_mask(
-    tokens: np.ndarray, mask: np.ndarray, sentinels: np.ndarray, eos: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Replace each noise run by one sentinel in inputs; gather sentinel + run in targets.
-
-    Args:
-        tokens: 1-D token ids.
-        mask: bool noise mask aligned with ``tokens``.
-        sentinels: sentinel ids, ``sentinels[k]`` for the k-th noise run.
-        eos: id appended to both sequences.
-
-    Returns:
-        ``(inputs, targets)`` as int32.
-    """
-    previous = np.zeros_like(mask)
-    previous[1:] = mask[:-1]
-    run_starts = mask & ~previous
-    num_spans = int(np.count_nonzero(run_starts))
-    span_sentinels = sentinels[:num_spans]
-    # inputs: the non-noise tokens and the first token of each noise run, which becomes its sentinel.
-    kept = ~mask | run_starts
-    inputs = np.empty(int(np.count_nonzero(kept)) + 1, dtype=np.int32)
-    inputs[:-1] = tokens[kept]
-    inputs[:-1][run_starts[kept]] = span_sentinels
-    inputs[-1] = eos
-    # targets: every noise token, shifted right by the sentinels placed before it.
-    noise_tokens = tokens[mask]
-    starts_in_noise = run_starts[mask]
-    targets = np.empty(noise_tokens.shape[0] + num_spans + 1, dtype=np.int32)
-    targets[np.arange(noise_tokens.shape[0]) + np.cumsum(starts_in_noise)] = noise_tokens
-    targets[np.flatnonzero(starts_in_noise) + np.arange(num_spans)] = span_sentinels
-    targets[-1] = eos
-    return inputs, targets
 
 
 @dataclass(frozen=True)
@@ -314,227 +220,129 @@ class SpanCorruptionConfig:
         return max(helper_targets, self.full_lengths()[1])
 
 
-def _sentinel_array(special: SpecialIds, needed: int, context: str) -> np.ndarray:
+def check_sentinels(special: SpecialIds, needed: int, context: str) -> np.ndarray:
+    """The first ``needed`` sentinel ids (int32).
+
+    Raises:
+        ValueError: the tokenizer has fewer sentinels.
+    """
     if needed > len(special.sentinels):
         raise ValueError(
             f"{context} needs {needed} sentinel ids (<extra_id_0>..<extra_id_{needed - 1}>) but the "
             f"tokenizer provides {len(special.sentinels)}; add sentinel tokens or lower the span count"
         )
-    return np.asarray(special.sentinels[:needed], dtype=np.int64)
+    return special.sentinel_array()[:needed].astype(np.int32)
 
 
-def _composition_bounds(total: int, parts: int, rng: np.random.Generator, out: np.ndarray) -> None:
-    """Write ``[0, *cumsum(_random_composition(total, parts, rng))]`` into ``out``, drawing
-    exactly what :func:`_random_composition` draws."""
-    out[0], out[parts] = 0, total
-    if parts > 1:
-        cuts = rng.choice(total - 1, size=parts - 1, replace=False, shuffle=False)
-        cuts.sort()
-        np.add(cuts, 1, out=out[1:parts])
-
-
-def corrupt_spans(
+def corrupt_rows(
     tokens: np.ndarray,
-    rng: np.random.Generator,
+    randoms: Randoms,
     noise_density: float,
     mean_noise_span_length: float,
     special: SpecialIds,
     *,
     lead: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Draw T5's noise mask for ``tokens`` and apply it (shared by span corruption and UL2).
-
-    The result equals ``apply_noise_mask(tokens, random_spans_noise_mask(len(tokens), ...),
-    sentinels, eos)`` with the same draws, computed without the mask.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Span-corrupt rows of one length at once (shared by span corruption and UL2).
 
     Args:
-        lead: free slots left at the start of ``inputs`` (UL2 writes its mode token there).
+        tokens: ``(rows, L)`` chunks.
+        randoms: the rows' randoms.
+        noise_density: fraction of tokens to noise.
+        mean_noise_span_length: mean noise span length.
+        special: ``eos`` and ``sentinels`` are used.
+        lead: free slots left at the start of every inputs row (UL2 writes its mode token there).
 
     Returns:
-        ``(inputs, targets)`` as :func:`apply_noise_mask`, ``inputs`` after ``lead`` slots.
+        ``(inputs, targets, noise_lengths)``: ``(rows, lead + L - n_noise + n_spans + 1)`` and
+        ``(rows, n_noise + n_spans + 1)`` int32, and the ``(rows, n_spans)`` noise run lengths.
 
     Raises:
-        ValueError: tokens not 1-D, or fewer sentinels than noise spans.
+        ValueError: fewer sentinels than noise spans.
     """
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
-    rng = generator_of(rng)
-    # Same draws and output as ``apply_noise_mask(tokens, random_spans_noise_mask(...))``,
-    # gathered straight from the cumulative run lengths ``keep`` and ``noise`` (from 0):
-    # run ``k`` of kept tokens starts at ``keep[k] + noise[k]`` in the chunk, and noise run
-    # ``k`` at ``keep[k + 1] + noise[k]``. The inputs are blocks "kept run k, sentinel k",
-    # the targets blocks "sentinel k, noise run k"; one gather fills both, each block from
-    # its run's first token minus one slot, and the sentinels overwrite their slots.
-    length = tokens.shape[0]
+    rows, length = tokens.shape
     num_noise, num_spans = _cached_noise_counts(length, noise_density, mean_noise_span_length)
-    sentinels = special.sentinel_array()
-    if num_spans > sentinels.shape[0]:
-        context = f"span corruption of {length} tokens (r={noise_density}, mu={mean_noise_span_length})"
-        _sentinel_array(special, num_spans, context)  # raises
     eos = special.eos
     if num_spans == 0:
-        inputs = np.empty(lead + length + 1, dtype=np.int32)
-        inputs[lead:-1] = tokens
-        inputs[-1] = eos
-        return inputs, np.array([eos], dtype=np.int32)
-    num_keep = length - num_noise
-    bounds = np.empty((2, num_spans + 1), dtype=np.int64)  # rows: keep, noise
-    _composition_bounds(num_noise, num_spans, rng, bounds[1])  # noise lengths are drawn first
-    _composition_bounds(num_keep, num_spans, rng, bounds[0])
-    inputs_body = num_keep + num_spans
-    # block sizes: kept run + 1 (inputs), then noise run + 1 (targets)
-    blocks = bounds[:, 1:] - bounds[:, :-1]
-    blocks += 1
-    # gather offsets (source minus destination): inputs block k starts at keep[k] + k and
-    # reads from noise[k] + keep[k]; targets block k starts at inputs_body + noise[k] + k and
-    # reads from keep[k + 1] - 1 + noise[k].
-    shifted = bounds - index_range(num_spans + 1)
-    offsets = np.empty((2, num_spans), dtype=np.int64)
-    offsets[0] = shifted[1, :-1]
-    np.subtract(shifted[0, 1:], inputs_body, out=offsets[1])
-    gather = offsets.reshape(-1).repeat(blocks.reshape(-1))
-    gather += index_range(gather.shape[0])
-    body = tokens[gather]
-    span_sentinels = sentinels[:num_spans]
-
-    inputs = np.empty(lead + inputs_body + 1, dtype=np.int32)
-    inputs[lead:-1] = body[:inputs_body]
-    sentinel_slots = bounds[0, 1:] + index_range(num_spans)  # keep[k + 1] + k
-    if lead:
-        sentinel_slots += lead
-    inputs[sentinel_slots] = span_sentinels
-    inputs[-1] = eos
-    targets = np.empty(num_noise + num_spans + 1, dtype=np.int32)
-    targets[:-1] = body[inputs_body:]
-    targets[bounds[1, :-1] + index_range(num_spans)] = span_sentinels  # noise[k] + k
-    targets[-1] = eos
-    return inputs, targets
-
-
-def span_corruption(
-    tokens: np.ndarray, rng: np.random.Generator, config: SpanCorruptionConfig, special: SpecialIds
-) -> dict[str, np.ndarray]:
-    """Span-corrupt one chunk.
-
-    Args:
-        tokens: 1-D raw token ids, ``config.raw_length`` long (shorter for a final chunk).
-        rng: the example's generator.
-        config: noise density and mean span length (``inputs_length`` is not used here).
-        special: ``eos`` and ``sentinels`` are used.
-
-    Returns:
-        ``{"inputs": int32, "targets": int32}``.
-
-    Raises:
-        ValueError: tokens not 1-D, or fewer sentinels than noise spans.
-    """
-    inputs, targets = corrupt_spans(tokens, rng, config.noise_density, config.mean_noise_span_length, special)
-    return {"inputs": inputs, "targets": targets}
+        inputs = np.empty((rows, lead + length + 1), dtype=np.int32)
+        inputs[:, lead:-1] = tokens
+        inputs[:, -1] = eos
+        return inputs, np.full((rows, 1), eos, dtype=np.int32), np.zeros((rows, 0), dtype=np.int64)
+    sentinels = check_sentinels(special, num_spans,
+                                f"span corruption of {length} tokens (r={noise_density}, mu={mean_noise_span_length})")
+    noise = compositions(randoms, NOISE_STREAM, num_noise, num_spans)
+    keep = compositions(randoms, KEEP_STREAM, length - num_noise, num_spans)
+    # Runs alternate kept run 0, noise run 0, kept run 1, ... The inputs are blocks "kept run k,
+    # sentinel k" and the targets blocks "sentinel k, noise run k"; one gather of the chunk fills
+    # both, each block reading on from its first slot's source: kept run k's start for an inputs
+    # block (its sentinel slot reads the noise run's first token), one before noise run k for a
+    # targets block; the sentinels then overwrite their slots.
+    keep_ends = np.cumsum(keep, axis=1)  # end of kept run k, counted in kept tokens
+    noise_ends = np.cumsum(noise, axis=1)
+    noise_starts = noise_ends - noise  # noise tokens before noise run k
+    keep_starts = keep_ends - keep
+    blocks = np.empty((rows, 2 * num_spans), dtype=np.int64)
+    blocks[:, :num_spans] = keep + 1
+    blocks[:, num_spans:] = noise + 1
+    # source position of each block's first slot (the chunk position it reads from)
+    sources = np.empty((rows, 2 * num_spans), dtype=np.int64)
+    sources[:, :num_spans] = keep_starts + noise_starts  # kept run k starts after k noise runs
+    sources[:, num_spans:] = keep_ends + noise_starts - 1  # noise run k starts after k + 1 kept runs
+    width = length + 2 * num_spans
+    sources -= _exclusive_cumsum_rows(blocks)  # minus each block's first slot: source - destination
+    sources += (np.arange(rows) * length)[:, None]  # rows of the flattened chunks
+    gather = np.repeat(sources.reshape(-1), blocks.reshape(-1)).reshape(rows, width)
+    gather += np.arange(width)
+    body = tokens.reshape(-1)[gather]
+    inputs_body = length - num_noise + num_spans
+    inputs = np.empty((rows, lead + inputs_body + 1), dtype=np.int32)
+    inputs[:, lead:-1] = body[:, :inputs_body]
+    inputs[:, -1] = eos
+    targets = np.empty((rows, num_noise + num_spans + 1), dtype=np.int32)
+    targets[:, :-1] = body[:, inputs_body:]
+    targets[:, -1] = eos
+    slots = np.arange(num_spans)
+    rows_index = np.arange(rows)[:, None]
+    inputs[rows_index, lead + keep_ends + slots] = sentinels  # after kept run k: its k earlier sentinels
+    targets[rows_index, noise_starts + slots] = sentinels
+    return inputs, targets, noise
 
 
-def span_counters(
-    inputs_length: int, targets_length: int, noise_density: float, mean_noise_span_length: float, max_raw: int
-) -> dict[str, int]:
-    """Raw, noise and span counts of a span-corrupted example, recomputed from its lengths.
+def _exclusive_cumsum_rows(values: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(values)
+    np.cumsum(values[:, :-1], axis=1, out=out[:, 1:])
+    return out
+
+
+def span_histogram(noise_lengths: np.ndarray, names: tuple[str, ...] = _HISTOGRAM_NAMES) -> dict[str, int]:
+    """``span_len_hist_<k>`` counters of noise run lengths (``k`` capped at :data:`SPAN_LENGTH_HISTOGRAM_CAP`)."""
+    counts = np.bincount(np.minimum(noise_lengths.reshape(-1), SPAN_LENGTH_HISTOGRAM_CAP))
+    return {names[k]: int(n) for k, n in enumerate(counts.tolist()) if n}
+
+
+def check_chunks(block: Block, special: SpecialIds, limit: int, what: str, least: int = 0) -> np.ndarray:
+    """The rows' lengths, after checking that each has ``least`` to ``limit`` tokens of the vocabulary.
 
     Raises:
-        ValueError: lengths that span corruption cannot produce (e.g. a padded example).
+        ValueError: a chunk too short or too long, or an id outside the vocabulary.
     """
-    return dict(_span_counts(inputs_length, targets_length, noise_density, mean_noise_span_length, max_raw))
+    lengths = block.lengths
+    if lengths.size and (int(lengths.max()) > limit or int(lengths.min()) < least):
+        raise ValueError(f"{what} takes chunks of {least} to {limit} tokens, got one of "
+                         f"{int(lengths.max()) if int(lengths.max()) > limit else int(lengths.min())}")
+    if block.tokens.size and ids_out_of_range(block.tokens, special.vocab_size):
+        raise ValueError(f"token ids must be in [0, {special.vocab_size}), got "
+                         f"[{block.tokens.min()}, {block.tokens.max()}]")
+    return lengths
 
 
-@functools.lru_cache(maxsize=4096)
-def _span_counts(
-    inputs_length: int, targets_length: int, noise_density: float, mean_noise_span_length: float, max_raw: int
-) -> tuple[tuple[str, int], ...]:
-    # Pure in its arguments, and nearly every example has the same lengths: cache it.
-    raw = raw_length_from_encoded(inputs_length, targets_length, noise_density, mean_noise_span_length, max_raw)
-    num_noise, num_spans = noise_counts(raw, noise_density, mean_noise_span_length)
-    return (("raw_tokens", raw), ("noise_tokens", num_noise), ("noise_spans", num_spans))
-
-
-_HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
-
-
-def _span_buckets(targets: np.ndarray, eos_at: np.ndarray, is_sentinel) -> list[int]:
-    """Bucket counts (index = capped span length) of the spans of one or more targets rows laid
-    end to end, ``eos_at`` holding each row's last slot (its EOS).
-
-    A span runs from its sentinel to the next sentinel or to its row's EOS, sentinel excluded.
-    ``is_sentinel(targets)`` flags the sentinel positions (a new array).
-    """
-    if targets.shape[0] == 0:
-        return []
-    starts = is_sentinel(targets)
-    starts[eos_at] = False  # an EOS ends its row's last span, whatever its id
-    boundary = starts.copy()
-    boundary[eos_at] = True
-    starts = starts.nonzero()[0]
-    if starts.shape[0] == 0:
-        return []
-    boundaries = boundary.nonzero()[0]
-    lengths = boundaries[boundaries.searchsorted(starts, side="right")]
-    lengths -= starts
-    lengths -= 1
-    np.minimum(lengths, SPAN_LENGTH_HISTOGRAM_CAP, out=lengths)
-    return np.bincount(lengths).tolist()
-
-
-def _last_slot(targets: np.ndarray) -> list[int]:
-    return [targets.shape[0] - 1]
-
-
-def span_length_histogram(targets: np.ndarray, sentinels: np.ndarray) -> dict[str, int]:
-    """``span_len_hist_<k>`` counters from targets (bucket ``SPAN_LENGTH_HISTOGRAM_CAP`` is ">= cap")."""
-    # The usual case: sentinels are consecutive ids, so a range test replaces np.isin.
-    consecutive = len(sentinels) and sentinels[-1] - sentinels[0] == len(sentinels) - 1 and np.all(
-        np.diff(sentinels) == 1)
-    test = _membership_test((sentinels[0], sentinels[-1]) if consecutive else None, sentinels)
-    buckets = _span_buckets(targets, _last_slot(targets), test)
-    return {_HISTOGRAM_NAMES[k]: count for k, count in enumerate(buckets) if count}
-
-
-def _membership_test(bounds: tuple[int, int] | None, values):
-    """``targets -> bool array`` flagging ``values``: a range test when they are exactly the ids
-    ``bounds`` (lowest, highest), else ``np.isin`` (``values`` is only read then)."""
-    if bounds is not None:
-        low, high = bounds
-        return lambda targets: (targets >= low) & (targets <= high)
-    return lambda targets: np.isin(targets, values)
-
-
-def _sentinel_test(special: SpecialIds):
-    """:func:`_membership_test` of ``special.sentinels``, without converting them per call."""
-    bounds = special.sentinel_range()
-    return _membership_test(bounds, None if bounds is not None else special.sentinel_array())
-
-
-def special_span_histogram(targets: np.ndarray, special: SpecialIds) -> list[int]:
-    """Bucket counts of :func:`span_length_histogram` for ``special.sentinels``."""
-    return _span_buckets(targets, _last_slot(targets), _sentinel_test(special))
-
-
-def add_block_span_histograms(counters: dict[str, int], names: Sequence[str], targets_of: list[np.ndarray],
-                              special: SpecialIds) -> None:
-    """Add to ``counters`` the span-length buckets (named ``names[k]``) of all ``targets_of``
-    rows at once, as :func:`special_span_histogram` of each row would."""
-    if not targets_of:
-        return
-    eos_at = np.cumsum([row.shape[0] for row in targets_of]) - 1
-    for length, number in enumerate(_span_buckets(np.concatenate(targets_of), eos_at, _sentinel_test(special))):
-        if number:
-            counters[names[length]] = counters.get(names[length], 0) + number
-
-
-class SpanCorruption:
+class SpanCorruption(Objective):
     """T5 span corruption as an :class:`~transforms.objectives.base.Objective`.
 
     The schema's fixed lengths are the budgets ``config.inputs_length`` and
     ``config.targets_length``. Full chunks fill them exactly (all of T5's table, e.g.
     512/114); an example that comes out shorter (a final partial chunk, or the rare
-    one-slot gap of T5's r = .5 hack) is returned unpadded and the writer pads it with
-    ``special.pad`` up to the schema lengths. :meth:`stats` expects the unpadded example.
+    one-slot gap of T5's r = .5 hack) is padded with ``special.pad`` up to the schema lengths.
 
     Args:
         config: span corruption parameters (T5 defaults when omitted).
@@ -542,97 +350,53 @@ class SpanCorruption:
 
     name = "span_corruption"
     family = "seq2seq"
-    features: frozenset[str] = frozenset()
     required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels"})
 
     def __init__(self, config: SpanCorruptionConfig | None = None) -> None:
         self.config = config if config is not None else SpanCorruptionConfig()
-        self.raw_length = self.config.raw_length
+        self.raw_length = self.fixed_raw_length = self.config.raw_length
         self.inputs_length = self.config.inputs_length
         self.targets_length = self.config.targets_length
         self.num_spans = self.config.full_lengths()[2]
 
-    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
-        """Always ``(raw_length, 0)``; consumes no randomness."""
-        return self.raw_length, 0
+    def build(self, block: Block, special: SpecialIds) -> Built:
+        """Span-corrupt every chunk of ``block`` (each at most ``raw_length`` tokens).
 
-    def build(
-        self,
-        tokens: np.ndarray,
-        rng: np.random.Generator,
-        plan: int,
-        special: SpecialIds,
-        features: dict[str, np.ndarray],
-    ) -> dict[str, Any]:
-        """Span-corrupt ``tokens`` (at most ``raw_length`` of them).
+        Counters: ``examples``, ``raw_tokens``, ``noise_tokens``, ``noise_spans``,
+        ``partial_examples`` (chunks shorter than ``raw_length``), ``inputs_tokens``,
+        ``targets_tokens`` (unpadded), ``padding_tokens``, ``span_len_hist_<k>``.
 
         Raises:
             ValueError: too many tokens or too few sentinels.
         """
-        if len(tokens) > self.raw_length:
-            raise ValueError(f"span_corruption chunk has {len(tokens)} tokens, more than raw_length {self.raw_length}")
-        return span_corruption(tokens, rng, self.config, special)
-
-    def build_many(
-        self,
-        pieces: Sequence[Piece],
-        plans: Sequence[int],
-        rngs: Sequence[np.random.Generator],
-        special: SpecialIds,
-    ) -> BuiltRows:
-        """:meth:`build` and :meth:`stats` (with ``special``) of many chunks at once, rows padded
-        to the schema lengths with ``special.pad`` as the pipeline's builder pads one example
-        (``padding_tokens``): each row is :meth:`build` of its chunk and generator; the
-        columns are laid out and the counters summed once for the block.
-
-        Raises:
-            ValueError: as :meth:`build`.
-        """
-        inputs_of, targets_of = [], []
-        for piece, rng in zip(pieces, rngs, strict=True):
-            example = self.build(piece.tokens, rng, 0, special, {})
-            inputs_of.append(example["inputs"])
-            targets_of.append(example["targets"])
-        count = len(inputs_of)
-        inputs_lengths = np.fromiter(map(len, inputs_of), dtype=np.int64, count=count)
-        targets_lengths = np.fromiter(map(len, targets_of), dtype=np.int64, count=count)
-        counters: dict[str, int] = {}
-        for lengths, times in collections.Counter(zip(inputs_lengths.tolist(), targets_lengths.tolist())).items():
-            add_counters_times(counters, self._length_stats(*lengths), times)
-        add_block_span_histograms(counters, _HISTOGRAM_NAMES, targets_of, special)
-        arrays = {}
-        padding = 0
-        for name, rows, width in (("inputs", inputs_of, self.inputs_length),
-                                  ("targets", targets_of, self.targets_length)):
-            flat, offsets, pads = padded_rows(rows, width, special.pad)
-            arrays[name] = (flat, offsets)
+        lengths = check_chunks(block, special, self.raw_length, "span_corruption")
+        config = self.config
+        inputs_of, targets_of, noise_of, rows_of = [], [], [], []
+        for length, rows in block.by_length():
+            inputs, targets, noise = corrupt_rows(block.matrix(rows, length), block.randoms.rows(rows),
+                                                  config.noise_density, config.mean_noise_span_length, special)
+            inputs_of.append(inputs)
+            targets_of.append(targets)
+            noise_of.append(noise)
+            rows_of.append(rows)
+        arrays, padding, totals = {}, 0, {}
+        for name, parts, width in (("inputs", inputs_of, self.inputs_length),
+                                   ("targets", targets_of, self.targets_length)):
+            values, offsets = in_block_order(block.count, [
+                (rows, part.reshape(-1), np.full(rows.shape[0], part.shape[1])) for rows, part in zip(rows_of, parts)])
+            totals[name] = int(offsets[-1])
+            values, offsets, pads = padded_rows(values, offsets, width, special.pad)
+            arrays[name] = (values, offsets)
             padding += pads
-        if padding:
-            counters["padding_tokens"] = padding
-        return arrays, {}, {}, counters
-
-    def stats(self, example: dict[str, Any], special: SpecialIds | None = None) -> dict[str, int]:
-        """Counters of one example: examples, raw/noise tokens, spans, partial examples.
-
-        Counts are recomputed from the example's lengths (the mask's counts depend only on
-        the chunk length). Passing ``special`` adds the ``span_len_hist_<k>`` histogram,
-        which needs the sentinel ids to find the spans.
-        """
-        counters = self._length_stats(len(example["inputs"]), len(example["targets"]))
-        if special is not None:
-            buckets = special_span_histogram(np.asarray(example["targets"]), special)
-            counters.update({_HISTOGRAM_NAMES[k]: count for k, count in enumerate(buckets) if count})
-        return counters
-
-    def _length_stats(self, inputs_tokens: int, targets_tokens: int) -> dict[str, int]:
-        """Every counter of :meth:`stats` but the histogram: they follow from the two lengths."""
-        counters = span_counters(inputs_tokens, targets_tokens, self.config.noise_density,
-                                 self.config.mean_noise_span_length, self.raw_length)
-        counters["examples"] = 1
-        counters["partial_examples"] = int(counters["raw_tokens"] < self.raw_length)
-        counters["inputs_tokens"] = inputs_tokens
-        counters["targets_tokens"] = targets_tokens
-        return counters
+        noise_tokens = sum(int(noise.sum()) for noise in noise_of)
+        counters = {"examples": block.count, "raw_tokens": int(lengths.sum()), "noise_tokens": noise_tokens,
+                    "noise_spans": sum(int(noise.size) for noise in noise_of),
+                    "partial_examples": int(np.count_nonzero(lengths < self.raw_length)),
+                    "inputs_tokens": totals["inputs"], "targets_tokens": totals["targets"], "padding_tokens": padding}
+        for noise in noise_of:
+            for name, count in span_histogram(noise).items():
+                counters[name] = counters.get(name, 0) + count
+        return Built(arrays, {}, {}, counters)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Fixed-length ``inputs`` and ``targets`` columns."""
@@ -653,3 +417,4 @@ class SpanCorruption:
             "mean_noise_span_length": self.config.mean_noise_span_length,
             "noise_spans": self.num_spans,
         }
+

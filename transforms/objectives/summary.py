@@ -1,7 +1,7 @@
 """Human-meaningful summaries of an objective's integer counters (pure: stdlib and numpy only).
 
-The pipeline sums exact integer counters per split (:mod:`transforms.objectives.counters`,
-the ``stats(example)`` of each objective plus ``chunk_tokens`` and ``padding_tokens`` of
+The pipeline sums exact integer counters per split (:mod:`transforms.objectives.counters`:
+the counters each objective's ``build`` returns for its blocks, plus ``chunk_tokens`` of
 BuildExamples). This module turns such a dict into the shares and means a person checks
 before spending GPU hours: measured noise density, number and mean length of noise spans
 and their histogram, the MLM replacement split, the BART masked share and mean Poisson

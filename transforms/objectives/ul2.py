@@ -22,15 +22,20 @@ Lengths (``I`` = ``inputs_length``, mode token and EOS included in every budget)
 
 Deliberate differences from the appendix code: the mode token is one added special id
 and is budgeted inside ``I`` (the appendix prepends text pieces after sizing, so the
-final trim cuts the tail); the denoiser is drawn per chunk from the chunk's own
-generator before the chunk is cut (no positional ``ds.shard`` round-robin, no stream
+final trim cuts the tail); the denoiser is drawn per chunk from the chunk key's own
+number (:func:`transforms.objectives.layout.plan_uniforms`) before the chunk is cut, by
+inverting the mixture's cumulative weights (no positional ``ds.shard`` round-robin, no stream
 drift at epoch end); the default mixture (R .5, S .25, X .25) is our users' choice, the
 ``paper`` preset samples the seven denoisers uniformly.
+
+Randomness (counter-based, :mod:`transforms.objectives.randoms`): span denoisers draw as
+span corruption does (its noise and keep streams); the S denoiser's suffix length is
+``1 + floor(u * min(T - 1, max_suffix))`` for the row's first number of
+:data:`SUFFIX_STREAM`.
 """
 
 from __future__ import annotations
 
-import collections
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -38,20 +43,18 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import BuiltRows
-from transforms.objectives.common import SpecialIds, index_range
-from transforms.objectives.counters import add_counters_times
-from transforms.objectives.packing import Piece
+from transforms.objectives.base import Block, Built, Objective, in_block_order
+from transforms.objectives.common import SpecialIds
 from transforms.objectives.span_corruption import (
     SPAN_LENGTH_HISTOGRAM_CAP,
     SpanCorruptionConfig,
-    add_block_span_histograms,
-    corrupt_spans,
-    span_counters,
-    special_span_histogram,
+    check_chunks,
+    corrupt_rows,
+    span_histogram,
 )
 
 __all__ = [
+    "SUFFIX_STREAM",
     "DECODER_LAYOUT",
     "ENCODER_DECODER_LAYOUT",
     "PRESETS",
@@ -59,7 +62,6 @@ __all__ = [
     "Denoiser",
     "DenoiserLengths",
     "UL2Config",
-    "apply_denoiser",
     "denoiser_lengths",
     "parse_mixture",
 ]
@@ -68,6 +70,7 @@ ENCODER_DECODER_LAYOUT = "encoder_decoder"
 DECODER_LAYOUT = "decoder"
 _LAYOUTS = (ENCODER_DECODER_LAYOUT, DECODER_LAYOUT)
 _KINDS = ("span", "prefix")
+SUFFIX_STREAM = 3  # after span corruption's noise and keep streams
 _DENOISER_KEYS = frozenset({"name", "mode_token", "kind", "mean_noise_span_length", "noise_density", "weight"})
 
 
@@ -272,13 +275,6 @@ class UL2Config:
                     )
 
 
-def _flat(rows: list[np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows end to end (int32) and their ``len(rows) + 1`` int64 offsets."""
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return (np.concatenate(rows) if rows else np.zeros(0, np.int32)), offsets
-
-
 def _mode_id(denoiser: Denoiser, special: SpecialIds) -> int:
     if denoiser.mode_token not in special.mode_tokens:
         raise ValueError(
@@ -288,66 +284,27 @@ def _mode_id(denoiser: Denoiser, special: SpecialIds) -> int:
     return special.mode_tokens[denoiser.mode_token]
 
 
-def _apply(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    denoiser: Denoiser,
-    lengths: DenoiserLengths,
-    mode: int,
-    special: SpecialIds,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`apply_denoiser` for a checked 1-D chunk and a resolved mode id."""
-    if denoiser.kind == "span":
-        inputs, targets = corrupt_spans(
-            tokens, rng, denoiser.noise_density, denoiser.mean_noise_span_length, special, lead=1
-        )
-        inputs[0] = mode
-        return inputs, targets
-    length = tokens.shape[0]
-    suffix_length = int(rng.integers(1, min(length - 1, lengths.max_suffix) + 1)) if length >= 2 else 0
-    split = length - suffix_length
-    eos = special.eos
-    inputs = np.empty(split + 2, dtype=np.int32)
-    inputs[0] = mode
-    inputs[1:-1] = tokens[:split]
-    inputs[-1] = eos
-    targets = np.empty(suffix_length + 1, dtype=np.int32)
-    targets[:-1] = tokens[split:]
-    targets[-1] = eos
-    return inputs, targets
+def _prefix_rows(tokens: np.ndarray, suffix: np.ndarray, mode: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """S-denoiser rows of one length: ``[mode] prefix </s> suffix </s>``, ``(rows, L + 3)``, and
+    the inputs' lengths (``[mode] prefix </s>``)."""
+    rows, length = tokens.shape
+    split = length - suffix
+    positions = np.arange(length + 3)
+    # each row becomes [mode] tokens[:split] </s> tokens[split:] </s>: length + 3 slots
+    source = np.where(positions <= split[:, None], positions - 1, positions - 2)
+    np.clip(source, 0, length - 1, out=source)
+    row = tokens[np.arange(rows)[:, None], source]
+    row[:, 0] = mode
+    row[np.arange(rows), split + 1] = eos
+    row[:, -1] = eos
+    return row, split + 2
 
 
-def _checked_chunk(tokens: np.ndarray, denoiser: Denoiser, lengths: DenoiserLengths) -> np.ndarray:
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or tokens.shape[0] > lengths.raw_length:
-        raise ValueError(
-            f"denoiser {denoiser.name!r} takes a 1-D chunk of at most {lengths.raw_length} tokens, "
-            f"got shape {tokens.shape}"
-        )
-    return tokens
-
-
-def apply_denoiser(
-    tokens: np.ndarray,
-    rng: np.random.Generator,
-    denoiser: Denoiser,
-    lengths: DenoiserLengths,
-    special: SpecialIds,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Encoder-decoder ``(inputs, targets)`` of one denoiser, mode token first in the inputs.
-
-    Raises:
-        ValueError: too many tokens, a missing mode token or too few sentinels.
-    """
-    tokens = _checked_chunk(tokens, denoiser, lengths)
-    return _apply(tokens, rng, denoiser, lengths, _mode_id(denoiser, special), special)
-
-
-class UL2:
+class UL2(Objective):
     """UL2 as an :class:`~transforms.objectives.base.Objective`.
 
-    ``plan_chunk`` draws the denoiser index (the plan) from the mixture weights and asks
-    for that denoiser's raw length; ``build`` applies it and records its name in the
+    :meth:`plan` draws each chunk's denoiser index (its plan) from the mixture weights and asks
+    for that denoiser's raw length; :meth:`build` applies it and records its name in the
     ``denoiser`` column.
 
     Args:
@@ -355,7 +312,6 @@ class UL2:
     """
 
     name = "ul2"
-    features: frozenset[str] = frozenset()
     required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels", "mode_tokens"})
 
     def __init__(self, config: UL2Config | None = None) -> None:
@@ -368,203 +324,121 @@ class UL2:
         self.seq_len = max(lengths.max_total for lengths in self.lengths)
         self.targets_length = max(lengths.max_targets for lengths in self.lengths)
         weights = np.array([d.weight for d in self.denoisers], dtype=np.float64)
-        self._cumulative = np.cumsum(weights / weights.sum())
+        self._weights = weights / weights.sum()
+        self._cumulative = np.cumsum(self._weights)
         self._raw_lengths = np.array([lengths.raw_length for lengths in self.lengths], dtype=np.int64)
-        self._index = {d.name: i for i, d in enumerate(self.denoisers)}
+        # One denoiser: every chunk has its length and plan 0; otherwise each chunk is planned.
+        self.fixed_raw_length = int(self._raw_lengths[0]) if len(self.denoisers) == 1 else None
+        self._counter_names = tuple(
+            {key: f"denoiser/{d.name}/{key}" for key in ("examples", "raw_tokens", "noise_tokens", "noise_spans",
+                                                          "inputs_tokens", "targets_tokens")}
+            for d in self.denoisers)
         self._histogram_names = tuple(
             tuple(f"denoiser/{d.name}/span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
             for d in self.denoisers
         )
-        self._counter_cache: dict[tuple[int, int, int], dict[str, int]] = {}
 
     @property
     def mode_tokens(self) -> tuple[str, ...]:
         """Distinct mode tokens of the mixture, to add to the tokenizer as special tokens."""
         return tuple(dict.fromkeys(d.mode_token for d in self.denoisers))
 
-    def plan_chunk(self, rng: np.random.Generator) -> tuple[int, int]:
-        """Draw a denoiser index by weight; return ``(its raw length, index)``."""
-        lengths, plans = self.plan_uniforms(np.array([rng.random()]))
-        return int(lengths[0]), int(plans[0])
-
-    def plan_uniforms(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`plan_chunk` for many chunks at once, given each one's draw ``rng.random()``:
-        ``(raw lengths, denoiser indices)``."""
+    def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each chunk's denoiser (the first whose cumulative weight exceeds its number) and raw length."""
         plans = np.minimum(np.searchsorted(self._cumulative, uniforms, side="right"), len(self.denoisers) - 1)
-        return self._raw_lengths[plans], plans
+        return self._raw_lengths[plans], plans.astype(np.int64)
 
-    def build(
-        self,
-        tokens: np.ndarray,
-        rng: np.random.Generator,
-        plan: int,
-        special: SpecialIds,
-        features: dict[str, np.ndarray],
-    ) -> dict[str, Any]:
-        """Apply denoiser ``plan`` to ``tokens`` in the configured layout.
+    @property
+    def raw_lengths(self) -> tuple[int, ...]:
+        return tuple(self._raw_lengths.tolist())
 
-        Raises:
-            ValueError: unknown plan, too many tokens, missing mode token or sentinels.
-        """
-        inputs, targets = self._denoised(tokens, rng, plan, special)
-        denoiser = self.denoisers[plan]
-        if self.config.layout == ENCODER_DECODER_LAYOUT:
-            return {"inputs": inputs, "targets": targets, "denoiser": denoiser.name}
-        prefix_length = inputs.shape[0]
-        total = prefix_length + targets.shape[0]
-        input_ids = np.empty(self.seq_len, dtype=np.int32)
-        input_ids[:prefix_length] = inputs
-        input_ids[prefix_length:total] = targets
-        input_ids[total:] = special.pad
-        return {
-            "input_ids": input_ids,
-            "prefix_length": prefix_length,
-            "doc_lengths": np.array([total], dtype=np.int32),
-            "denoiser": denoiser.name,
-        }
+    @property
+    def mean_raw_length(self) -> float:
+        return float(np.dot(self._weights, self._raw_lengths))
 
-    def build_many(
-        self,
-        pieces: Sequence[Piece],
-        plans: Sequence[int],
-        rngs: Sequence[np.random.Generator],
-        special: SpecialIds,
-    ) -> BuiltRows:
-        """:meth:`build` and :meth:`stats` (with ``special``) of many chunks at once (the
-        pipeline's fast path): each row is :meth:`build` of its chunk, plan and generator;
-        the columns are laid out and the counters summed once for the block.
+    def build(self, block: Block, special: SpecialIds) -> Built:
+        """Apply each chunk's denoiser in the configured layout.
 
-        Returns:
-            The examples' array columns (name -> ``(flat int32 values, int64 row offsets)``),
-            scalar columns (``prefix_length`` of the decoder layout), the ``denoiser`` column,
-            and the sum of the rows' counters.
+        Counters, overall and per denoiser (``denoiser/<name>/<counter>``): examples, raw_tokens,
+        noise_tokens (span noise, or the S suffix), noise_spans, inputs_tokens, targets_tokens;
+        per span denoiser ``denoiser/<name>/span_len_hist_<k>``; the decoder layout adds
+        ``padding_tokens``.
 
         Raises:
-            ValueError: as :meth:`build`.
+            ValueError: an unknown plan, too many tokens, a missing mode token or sentinels.
         """
-        modes: dict[int, int] = {}
-        inputs_of, targets_of = [], []
-        for piece, plan, rng in zip(pieces, plans, rngs, strict=True):
-            inputs, targets = self._denoised(piece.tokens, rng, plan, special, modes)
-            inputs_of.append(inputs)
-            targets_of.append(targets)
-        count = len(inputs_of)
-        inputs_lengths = np.fromiter(map(len, inputs_of), dtype=np.int64, count=count)
-        targets_lengths = np.fromiter(map(len, targets_of), dtype=np.int64, count=count)
+        plans = block.plans
+        if plans.size and (int(plans.min()) < 0 or int(plans.max()) >= len(self.denoisers)):
+            bad = int(plans.min()) if int(plans.min()) < 0 else int(plans.max())
+            raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {bad}")
+        check_chunks(block, special, int(self._raw_lengths.max()), "ul2", least=1)
         counters: dict[str, int] = {}
-        for (plan, inputs_tokens, targets_tokens), times in collections.Counter(
-                zip(plans, inputs_lengths.tolist(), targets_lengths.tolist())).items():
-            add_counters_times(counters, self._length_counters(plan, inputs_tokens, targets_tokens), times)
-        self._add_span_histograms(counters, plans, targets_of, special)
-        strings = {"denoiser": [self.denoisers[plan].name for plan in plans]}
-        if self.config.layout == ENCODER_DECODER_LAYOUT:
-            arrays = {"inputs": _flat(inputs_of, inputs_lengths), "targets": _flat(targets_of, targets_lengths)}
-            return arrays, {}, strings, counters
-        totals = inputs_lengths + targets_lengths
-        if count:
-            counters["padding_tokens"] = count * self.seq_len - int(totals.sum())
-        rows = np.full((count, self.seq_len), special.pad, dtype=np.int32)
-        rows[index_range(self.seq_len) < totals[:, None]] = np.concatenate(
-            [part for pair in zip(inputs_of, targets_of) for part in pair]) if count else 0
-        arrays = {
-            "input_ids": (rows.reshape(-1), np.arange(count + 1, dtype=np.int64) * self.seq_len),
-            "doc_lengths": (totals.astype(np.int32), np.arange(count + 1, dtype=np.int64)),
-        }
-        return arrays, {"prefix_length": inputs_lengths.astype(np.int32)}, strings, counters
-
-    def _denoised(self, tokens: np.ndarray, rng: np.random.Generator, plan: int, special: SpecialIds,
-                  modes: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(inputs, targets)`` of denoiser ``plan`` on ``tokens``; ``modes`` (plan -> mode id),
-        when given, keeps each mode id once looked up.
-
-        Raises:
-            ValueError: unknown plan, too many tokens, missing mode token or sentinels.
-        """
-        if not 0 <= plan < len(self.denoisers):
-            raise ValueError(f"UL2 plan must be a denoiser index in [0, {len(self.denoisers)}), got {plan!r}")
-        denoiser, lengths = self.denoisers[plan], self.lengths[plan]
-        tokens = _checked_chunk(tokens, denoiser, lengths)
-        mode = modes.get(plan) if modes is not None else None
-        if mode is None:
+        parts = []  # (rows, inputs and targets of each row joined: 2-D, inputs lengths, (inputs, targets) or None)
+        for plan in np.unique(plans).tolist():
+            denoiser, lengths = self.denoisers[plan], self.lengths[plan]
             mode = _mode_id(denoiser, special)
-            if modes is not None:
-                modes[plan] = mode
-        return _apply(tokens, rng, denoiser, lengths, mode, special)
-
-    def _add_span_histograms(self, counters: dict[str, int], plans: Sequence[int], targets_of: list[np.ndarray],
-                             special: SpecialIds) -> None:
-        """Add the ``denoiser/<name>/span_len_hist_<k>`` counters :meth:`stats` gives each span
-        example, for many examples: per denoiser, from its rows' targets at once."""
-        by_plan: dict[int, list[np.ndarray]] = {}
-        for plan, targets in zip(plans, targets_of):
-            if self.denoisers[plan].kind == "span":
-                by_plan.setdefault(plan, []).append(targets)
-        for plan, rows in sorted(by_plan.items()):
-            add_block_span_histograms(counters, self._histogram_names[plan], rows, special)
-
-    def _length_counters(self, index: int, inputs_tokens: int, targets_tokens: int) -> dict[str, int]:
-        """Every counter of :meth:`stats` but the histogram, for an example of these lengths.
-
-        They depend only on the denoiser and the two lengths, which repeat from example to
-        example: cached (a ValueError, for lengths the denoiser cannot make, is not).
-        """
-        key = (index, inputs_tokens, targets_tokens)
-        cached = self._counter_cache.get(key)
-        if cached is not None:
-            return cached
-        denoiser, lengths = self.denoisers[index], self.lengths[index]
-        if denoiser.kind == "span":
-            counts = span_counters(
-                inputs_tokens - 1,
-                targets_tokens,
-                denoiser.noise_density,
-                denoiser.mean_noise_span_length,
-                lengths.raw_length,
-            )
-        else:
-            noise = targets_tokens - 1
-            counts = {"raw_tokens": inputs_tokens - 2 + noise, "noise_tokens": noise, "noise_spans": int(noise > 0)}
-        counts["examples"] = 1
-        counts["inputs_tokens"] = inputs_tokens
-        counts["targets_tokens"] = targets_tokens
-        counters = dict(counts)
-        counters.update({f"denoiser/{denoiser.name}/{key}": value for key, value in counts.items()})
-        if len(self._counter_cache) >= 1 << 16:
-            self._counter_cache.clear()
-        self._counter_cache[key] = counters
-        return counters
-
-    def stats(self, example: dict[str, Any], special: SpecialIds | None = None) -> dict[str, int]:
-        """Counters overall and per denoiser (``denoiser/<name>/<counter>``).
-
-        Counters: examples, raw_tokens, noise_tokens (span noise, or the S suffix),
-        noise_spans, inputs_tokens, targets_tokens; all recomputed from the example's
-        lengths and its ``denoiser`` name. The decoder layout adds ``padding_tokens``.
-        Passing ``special`` adds, for span denoisers, the ``denoiser/<name>/span_len_hist_<k>``
-        histogram (it needs the sentinel ids).
-        """
-        index = self._index[example["denoiser"]]
-        decoder = self.config.layout == DECODER_LAYOUT
-        if decoder:
-            inputs_tokens = int(example["prefix_length"])
-            doc_lengths = example["doc_lengths"]
-            total = doc_lengths.sum() if isinstance(doc_lengths, np.ndarray) else np.sum(doc_lengths)
-            targets_tokens = int(total) - inputs_tokens
-        else:
-            inputs_tokens, targets_tokens = len(example["inputs"]), len(example["targets"])
-        counters = dict(self._length_counters(index, inputs_tokens, targets_tokens))
-        if special is not None and self.denoisers[index].kind == "span":
-            if decoder:
-                targets = np.asarray(example["input_ids"])[inputs_tokens : inputs_tokens + targets_tokens]
-            else:
-                targets = np.asarray(example["targets"])
-            names = self._histogram_names[index]
-            for length, count in enumerate(special_span_histogram(targets, special)):
-                if count:
-                    counters[names[length]] = count
-        if decoder:  # rows are padded to seq_len here, not by the writer
-            counters["padding_tokens"] = self.seq_len - inputs_tokens - targets_tokens
-        return counters
+            names = self._counter_names[plan]
+            own = dict.fromkeys(names.values(), 0)
+            for length, rows in block.by_length(np.flatnonzero(plans == plan)):
+                if length > lengths.raw_length:
+                    raise ValueError(f"denoiser {denoiser.name!r} takes chunks of 1 to {lengths.raw_length} tokens, "
+                                     f"got one of {length}")
+                chunk, count = block.matrix(rows, length), rows.shape[0]
+                if denoiser.kind == "span":
+                    inputs, targets, noise = corrupt_rows(chunk, block.randoms.rows(rows), denoiser.noise_density,
+                                                          denoiser.mean_noise_span_length, special, lead=1)
+                    inputs[:, 0] = mode
+                    split = (inputs, targets)
+                    joined = np.concatenate(split, axis=1) if self.config.layout == DECODER_LAYOUT else None
+                    inputs_lengths = np.full(count, inputs.shape[1])
+                    noise_tokens, spans = int(noise.sum()), int(noise.size)
+                    for name, number in span_histogram(noise, self._histogram_names[plan]).items():
+                        counters[name] = counters.get(name, 0) + number
+                else:  # [mode] prefix </s> | suffix </s>
+                    suffix = np.zeros(count, dtype=np.int64)
+                    if length >= 2:
+                        longest = min(length - 1, lengths.max_suffix)
+                        suffix = block.randoms.rows(rows).integers(SUFFIX_STREAM, 1, longest).reshape(-1) + 1
+                    joined, inputs_lengths = _prefix_rows(chunk, suffix, mode, special.eos)
+                    split = None
+                    noise_tokens, spans = int(suffix.sum()), int(np.count_nonzero(suffix))
+                parts.append((rows, joined, inputs_lengths, split))
+                own[names["examples"]] += count
+                own[names["raw_tokens"]] += count * length
+                own[names["noise_tokens"]] += noise_tokens
+                own[names["noise_spans"]] += spans
+                inputs_tokens = int(inputs_lengths.sum())
+                own[names["inputs_tokens"]] += inputs_tokens
+                own[names["targets_tokens"]] += split[1].size if split is not None else joined.size - inputs_tokens
+            for key, name in names.items():
+                counters[key] = counters.get(key, 0) + own[name]
+            counters.update(own)
+        strings = {"denoiser": [self.denoisers[plan].name for plan in plans.tolist()]}
+        if self.config.layout == ENCODER_DECODER_LAYOUT:
+            inputs, targets = [], []
+            for rows, joined, inputs_lengths, split in parts:
+                if split is not None:  # span denoisers: the two 2-D parts as they are
+                    inputs.append((rows, split[0].reshape(-1), inputs_lengths))
+                    targets.append((rows, split[1].reshape(-1), np.full(rows.shape[0], split[1].shape[1])))
+                    continue
+                is_input = (np.arange(joined.shape[1]) < inputs_lengths[:, None]).reshape(-1)
+                flat = joined.reshape(-1)
+                inputs.append((rows, flat[is_input], inputs_lengths))
+                targets.append((rows, flat[~is_input], joined.shape[1] - inputs_lengths))
+            arrays = {"inputs": in_block_order(block.count, inputs), "targets": in_block_order(block.count, targets)}
+            return Built(arrays, {}, strings, counters)
+        # decoder layout: each part's joined rows go straight into the padded rows
+        rows_out = np.full((block.count, self.seq_len), special.pad, dtype=np.int32)
+        prefix = np.zeros(block.count, dtype=np.int32)
+        totals = np.zeros(block.count, dtype=np.int32)
+        for rows, joined, inputs_lengths, _ in parts:
+            rows_out[rows, : joined.shape[1]] = joined
+            prefix[rows] = inputs_lengths
+            totals[rows] = joined.shape[1]
+        counters["padding_tokens"] = block.count * self.seq_len - int(totals.sum())
+        arrays = {"input_ids": (rows_out.reshape(-1), np.arange(block.count + 1, dtype=np.int64) * self.seq_len),
+                  "doc_lengths": (totals, np.arange(block.count + 1, dtype=np.int64))}
+        return Built(arrays, {"prefix_length": prefix}, strings, counters)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""

@@ -1,4 +1,4 @@
-"""Tests of transforms/objectives/common.py: pinned digests, per-example RNGs, SpecialIds.
+"""Tests of transforms/objectives/common.py and layout.py: pinned digests, SpecialIds.
 
 The hex values below pin the hashing: if one changes, every key, split, bucket and shard
 of every dataset changes with it (DESIGN.md section 3), so such a change must be deliberate.
@@ -13,16 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.objectives.common import (
-    SpecialIds,
-    _pool_words,
-    _words,
-    digest,
-    digest_u64,
-    example_rng,
-    first_uniforms,
-    unit_interval,
-)
+from transforms.objectives.common import SpecialIds, digest, digest_u64, unit_interval
+from transforms.objectives.layout import example_digests, plan_uniforms, row_order_key, shard_hash, shard_of
 
 # --- digests --------------------------------------------------------------------------------
 
@@ -73,83 +65,37 @@ def test_digest_properties(data, salt):
     assert 0.0 <= unit_interval(data, salt=salt) < 1.0
 
 
-# --- example_rng ----------------------------------------------------------------------------
+# --- the example digest (layout.py) -------------------------------------------------------
 
 
-def test_example_rng_pinned_streams():
-    # PCG64 raw output of the seeded bit generator: stable across numpy versions.
-    assert example_rng(0, "key").bit_generator.random_raw(3).tolist() == [
-        16628662350969570609,
-        15845274626644801146,
-        7216232634063496693,
-    ]
-    assert example_rng(7, "key", 3).bit_generator.random_raw(3).tolist() == [
-        9023063137421896011,
-        4433048912742159177,
-        11087951999190259012,
-    ]
+def test_one_digest_gives_shard_order_and_noise_key():
+    """Bytes 0-7, 8-23 and 24-31 of blake2b-256(f"{seed}:{key}", person=lmshards-example)."""
+    key = "train-b00001-c000002-d0"
+    full = hashlib.blake2b(f"7:{key}".encode(), digest_size=32, person=b"lmshards-example").digest()
+    digests = example_digests(7, [key])
+    assert int(digests.shard_hashes[0]) == int.from_bytes(full[:8], "little") == shard_hash(7, key)
+    assert digests.orders[0].tobytes() == full[8:24] == row_order_key(7, key)
+    assert int(digests.randoms.keys[0]) == int.from_bytes(full[24:], "little")
+    assert shard_of(7, key, 16) == int.from_bytes(full[:8], "little") % 16
+    # pinned: a change here moves every example of every dataset
+    assert hex(shard_hash(7, key)) == "0x19af44b438085e10"
+    assert row_order_key(7, key).hex() == "f8637f74ee9d172bd2034be6ddd6e998"
 
 
-def test_example_rng_matches_documented_seeding():
-    expected = np.random.default_rng([7, digest_u64("key", salt=b"lmshards-rng"), 3])
-    assert (
-        example_rng(7, "key", 3).bit_generator.random_raw(4).tolist() == expected.bit_generator.random_raw(4).tolist()
-    )
-    # str keys are UTF-8 encoded; extras are taken mod 2**64.
-    assert example_rng(7, b"key", 3).random() == example_rng(7, "key", 3).random()
-    assert example_rng(7, "key", 2**70).random() == example_rng(7, "key", 0).random()
-    assert example_rng(7, "key", -1).random() == example_rng(7, "key", 2**64 - 1).random()
-    assert example_rng(7, "key", np.int64(3)).random() == example_rng(7, "key", 3).random()
+def test_plan_uniforms_come_from_the_chunk_key():
+    chunk = hashlib.blake2b(b"3:train-b00000-c000000", digest_size=8, person=b"lmshards-plan").digest()
+    from transforms.objectives.randoms import Randoms
 
-
-def test_example_rng_independent_of_call_order():
-    keys = [f"example-{i}" for i in range(20)]
-    forward = {k: example_rng(11, k, 1).integers(0, 2**31, 8).tolist() for k in keys}
-    # Draw in reverse order, interleaved with unrelated generators, several times.
-    for _ in range(2):
-        for k in reversed(keys):
-            example_rng(11, "noise").random(100)
-            assert example_rng(11, k, 1).integers(0, 2**31, 8).tolist() == forward[k]
-    assert len({tuple(v) for v in forward.values()}) == len(keys)
-
-
-def test_example_rng_inputs_change_stream():
-    base = example_rng(1, "k", 0).random()
-    assert example_rng(2, "k", 0).random() != base
-    assert example_rng(1, "j", 0).random() != base
-    assert example_rng(1, "k", 1).random() != base
-    assert example_rng(1, "k", 0, 1).random() != base
-
-
-def test_example_rng_rejects_negative_seed():
+    expected = Randoms(np.array([int.from_bytes(chunk, "little")], dtype=np.uint64)).uniforms(0, 1)[0, 0]
+    assert plan_uniforms(3, ["train-b00000-c000000"]).tolist() == [expected]
+    assert plan_uniforms(3, []).tolist() == []
     with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
-        example_rng(-1, "k")
+        plan_uniforms(-1, ["k"])
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        example_digests(-1, ["k"])
 
 
 # --- SpecialIds -----------------------------------------------------------------------------
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6))
-def test_pool_words_are_seed_sequence_mixing(values):
-    words = [w for value in values for w in _words(value)]
-    assert _pool_words(words) == np.random.SeedSequence(values).pool.tolist()
-    arrays = _pool_words([np.array([w, w], dtype=np.uint64) for w in words])  # vectorized: the same per element
-    assert [a.tolist() for a in arrays] == [[w, w] for w in np.random.SeedSequence(values).pool.tolist()]
-
-
-@pytest.mark.parametrize("seed", [0, 1, 1234, 2**32 - 1, 2**32, 2**63 + 5])
-@pytest.mark.parametrize("extra", [(), (0x504C414E,), (0,), (2**40, 3)])
-def test_first_uniforms_are_the_first_draw_of_example_rng(seed, extra):
-    keys = [f"train-b{b:05d}-c{c:06d}" for b in (0, 7, 99999) for c in range(300)] + [b"", b"\x00" * 3, "\u00e9"]
-    expected = [example_rng(seed, key, *extra).random() for key in keys]
-    assert first_uniforms(seed, keys, *extra).tolist() == expected
-    assert first_uniforms(seed, [], *extra).tolist() == []
-
-
-def test_first_uniforms_rejects_negative_seed():
-    with pytest.raises(ValueError, match="seed must be >= 0"):
-        first_uniforms(-1, ["k"])
 
 
 def test_special_array_and_non_special_ids():
@@ -175,6 +121,11 @@ def test_non_special_ids_ignores_missing_role_marker():
     special = SpecialIds(vocab_size=6, pad=-1, eos=-1, mask=2)
     assert special.special_array().tolist() == [-1, 2]
     assert special.non_special_ids().tolist() == [0, 1, 3, 4, 5]
+
+
+def test_ids_of_ranks_skip_the_special_ids():
+    special = SpecialIds(vocab_size=10, pad=0, eos=1, mask=4, all_special=frozenset({7}))
+    assert special.ids_of_ranks(np.arange(6)).tolist() == special.non_special_ids().tolist() == [2, 3, 5, 6, 8, 9]
 
 
 def test_special_ids_defaults_and_frozen():

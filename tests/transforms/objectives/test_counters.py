@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.objectives.counters import add_counters, length_counters, log2_bin, merge_counters
+from transforms.objectives.counters import length_counters, log2_bin, merge_counters
 
 
 def test_log2_bin():
@@ -71,18 +71,6 @@ def test_merged_parts_equal_whole_in_any_order(parts, order):
             for i in range(0, len(shuffled), 2)
         ]
     assert shuffled[0] == whole
-
-
-def test_add_counters_times_is_adding_that_many_times():
-    from transforms.objectives.counters import add_counters_times
-
-    counters = {"examples": 1, "tokens": 7, "doc_tokens_min": 3, "doc_tokens_max": 9, "zero": 0}
-    once: dict[str, int] = {"tokens": 1, "doc_tokens_min": 5, "doc_tokens_max": 4}
-    repeated = dict(once)
-    for _ in range(3):
-        add_counters(repeated, counters)
-    add_counters_times(once, counters, 3)
-    assert once == repeated == {"tokens": 22, "doc_tokens_min": 3, "doc_tokens_max": 9, "examples": 3, "zero": 0}
 
 
 @settings(max_examples=200, deadline=None)

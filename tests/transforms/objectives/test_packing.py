@@ -52,6 +52,16 @@ def test_document_piece_appends_eos_and_features():
     assert piece.features["sentence_starts"].dtype == bool
 
 
+def test_without_a_separator_documents_are_joined_as_they_are():
+    piece = document_piece(np.array([7, 8, 9]), None, {"space_starts": [False, True, True]})
+    assert _lists(piece) == ([7, 8, 9], [3]) and piece.features["space_starts"].tolist() == [False, True, True]
+    documents = [(np.array([10, 11], dtype=np.int32).tobytes(), {"space_starts": np.array([False, True])}),
+                 (np.array([20], dtype=np.int32), {"space_starts": [False]})]
+    joined = concat_documents(documents, None)
+    assert _lists(joined) == ([10, 11, 20], [2, 1])  # T5's reduce_concat_tokens: no EOS, boundaries kept
+    assert joined.features["space_starts"].tolist() == [False, True, False]
+
+
 def test_document_piece_empty_document_is_just_eos():
     assert _lists(document_piece(np.zeros(0, np.int32), 5)) == ([5], [1])
 
@@ -100,14 +110,15 @@ def test_concat_documents_exact():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=12), max_size=8), st.booleans())
-def test_concat_documents_equals_concatenated_document_pieces(documents, as_bytes):
+@given(st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=12), max_size=8), st.booleans(),
+       st.sampled_from([EOS, None]))
+def test_concat_documents_equals_concatenated_document_pieces(documents, as_bytes, eos):
     rng = np.random.default_rng(len(documents))
     arrays = [np.array(ids, dtype=np.int32) for ids in documents]
     features = [{"word_starts": rng.random(len(ids)) < 0.5} for ids in arrays]
     inputs = [(ids.tobytes() if as_bytes else ids, f) for ids, f in zip(arrays, features)]
-    joined = concat_documents(inputs, EOS)
-    expected = concat_pieces([document_piece(ids, EOS, f) for ids, f in zip(arrays, features)])
+    joined = concat_documents(inputs, eos)
+    expected = concat_pieces([document_piece(ids, eos, f) for ids, f in zip(arrays, features)])
     assert _lists(joined) == _lists(expected)
     assert joined.features.keys() == expected.features.keys()
     for name in expected.features:

@@ -6,45 +6,50 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from objective_oracles import assert_fits
 
-from transforms.objectives.common import SpecialIds, example_rng
-from transforms.objectives.prefix_lm import PrefixLM, PrefixLMConfig, draw_prefix_length, prefix_lm
+from transforms.objectives.base import Block, build_example
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.layout import example_digests, example_randoms
+from transforms.objectives.prefix_lm import SPLIT_STREAM, PrefixLM, PrefixLMConfig, prefix_lengths
 
 PAD = 0
 SPECIAL = SpecialIds(vocab_size=1000, pad=PAD, eos=1)
 
 
+def split(tokens, key: str = "k", seq_len: int = 8, doc_lengths=None):
+    return build_example(PrefixLM(PrefixLMConfig(seq_len)), np.asarray(tokens), SPECIAL, example_randoms(0, [key]),
+                         doc_lengths=doc_lengths)
+
+
 def test_golden_split():
-    tokens = np.arange(10, 18)
-    # The split is one draw of integers(1, L) (high exclusive): U[1, L-1] = U[1, 7] here.
-    expected = int(example_rng(0, "k").integers(1, 8))
-    assert 1 <= expected <= 7
-    example = prefix_lm(tokens, example_rng(0, "k"), PrefixLMConfig(8), SPECIAL)
-    assert example["prefix_length"] == expected
-    assert example["input_ids"].tolist() == list(range(10, 18))
-    assert example["input_ids"].dtype == np.int32
+    # The split is 1 + floor(u * (L - 1)) for the row's first number of the split stream: U[1, 7] here.
+    u = float(example_randoms(0, ["k"]).uniforms(SPLIT_STREAM, 1)[0, 0])
+    example, counters = split(np.arange(10, 18))
+    assert example["prefix_length"] == 1 + int(u * 7)
+    assert example["input_ids"].tolist() == list(range(10, 18)) and example["input_ids"].dtype == np.int32
     assert example["doc_lengths"].tolist() == [8] and example["doc_lengths"].dtype == np.int32
+    assert counters == {"examples": 1, "tokens": 8, "prefix_tokens": example["prefix_length"],
+                        "suffix_tokens": 8 - example["prefix_length"], "padding_tokens": 0}
 
 
 def test_two_tokens_always_split_in_the_middle():
     for key in ("a", "b", "c"):
-        assert prefix_lm(np.array([5, 6]), example_rng(0, key), PrefixLMConfig(2), SPECIAL)["prefix_length"] == 1
+        assert split([5, 6], key, 2)[0]["prefix_length"] == 1
 
 
 def test_short_chunk_is_padded_and_split_over_real_tokens():
-    example = prefix_lm(np.array([5, 6, 7]), example_rng(0, "s"), PrefixLMConfig(6), SPECIAL)
+    example, counters = split([5, 6, 7], "s", 6)
     assert example["input_ids"].tolist() == [5, 6, 7, PAD, PAD, PAD]
-    assert example["doc_lengths"].tolist() == [3]
+    assert example["doc_lengths"].tolist() == [3] and counters["padding_tokens"] == 3
     assert 1 <= example["prefix_length"] <= 2
-    assert prefix_lm(np.array([5]), example_rng(0, "s"), PrefixLMConfig(6), SPECIAL)["prefix_length"] == 1
+    assert split([5], "s", 6)[0]["prefix_length"] == 1
 
 
 def test_doc_lengths_pass_through_and_are_checked():
-    objective = PrefixLM(PrefixLMConfig(6))
-    example = objective.build(np.arange(6), example_rng(0, "d"), 0, SPECIAL, {"doc_lengths": np.array([2, 4])})
-    assert example["doc_lengths"].tolist() == [2, 4]
+    assert split(np.arange(6), "d", 6, np.array([2, 4]))[0]["doc_lengths"].tolist() == [2, 4]
     with pytest.raises(ValueError, match="doc_lengths"):
-        objective.build(np.arange(6), example_rng(0, "d"), 0, SPECIAL, {"doc_lengths": np.array([2, 3])})
+        split(np.arange(6), "d", 6, np.array([2, 3]))
 
 
 @pytest.mark.parametrize("seq_len", [1, 0, 8.0, True, "8"])
@@ -55,78 +60,47 @@ def test_config_validation(seq_len):
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="more than seq_len 4"):
-        prefix_lm(np.arange(5), example_rng(0, "e"), PrefixLMConfig(4), SPECIAL)
+    with pytest.raises(ValueError, match="does not fit the fixed length 4"):
+        split(np.arange(5), seq_len=4)
     with pytest.raises(ValueError, match="at least 1 token"):
-        draw_prefix_length(0, example_rng(0, "e"))
+        prefix_lengths(np.array([0]), example_randoms(0, ["e"]))
     with pytest.raises(ValueError, match="1-D"):
-        prefix_lm(np.zeros((2, 2)), example_rng(0, "e"), PrefixLMConfig(4), SPECIAL)
+        split(np.zeros((2, 2), dtype=np.int32), seq_len=4)
 
 
 def test_objective_interface():
     objective = PrefixLM(PrefixLMConfig(16))
     assert (objective.name, objective.family) == ("prefix_lm", "decoder")
-    assert objective.plan_chunk(example_rng(0, "p")) == (16, 0)
+    assert objective.fixed_raw_length == 16 and objective.plan(np.array([0.9]))[0].tolist() == [16]
     assert objective.schema_kwargs() == {"seq_len": 16, "prefix_length": True}
-    assert objective.max_sentinels() == 0
-    assert objective.params()["seq_len"] == 16
-    example = objective.build(np.arange(3, 13), example_rng(0, "x"), 0, SPECIAL, {})
-    counters = objective.stats(example)
-    assert counters["examples"] == 1 and counters["tokens"] == 10 and counters["padding_tokens"] == 6
-    assert counters["prefix_tokens"] + counters["suffix_tokens"] == 10
-    assert all(type(value) is int for value in counters.values())
+    assert objective.max_sentinels() == 0 and objective.params()["seq_len"] == 16
 
 
-@settings(max_examples=200, deadline=None)
-@given(length=st.integers(1, 300), seed=st.integers(0, 2**32))
-def test_split_bounds(length, seed):
-    example = prefix_lm(np.arange(length) + 3, example_rng(seed, "b"), PrefixLMConfig(300), SPECIAL)
-    assert 1 <= example["prefix_length"] <= max(length - 1, 1)
-    assert example["input_ids"][:length].tolist() == list(range(3, length + 3))
-    assert (example["input_ids"][length:] == PAD).all()
+@settings(max_examples=100)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=20), seed=st.integers(0, 2**32))
+def test_a_block_splits_each_row_as_the_documented_draw(lengths, seed):
+    keys = [f"b{i}" for i in range(len(lengths))]
+    randoms = example_digests(seed % 1000, keys).randoms
+    lengths = np.array(lengths)
+    block = Block(np.concatenate([np.arange(n) + 3 for n in lengths]).astype(np.int32),
+                  np.concatenate([[0], np.cumsum(lengths)]), lengths.astype(np.int32), np.arange(lengths.size + 1), {},
+                  np.zeros(lengths.size, np.int64), randoms)
+    built = PrefixLM(PrefixLMConfig(300)).build(block, SPECIAL)
+    prefix = built.scalars["prefix_length"]
+    uniforms = randoms.uniforms(SPLIT_STREAM, 1)[:, 0]
+    assert prefix.tolist() == [1 + int(u * max(n - 1, 1)) for u, n in zip(uniforms, lengths.tolist())]
+    rows = built.arrays["input_ids"][0].reshape(lengths.size, 300)
+    for row, n in enumerate(lengths.tolist()):
+        assert rows[row, :n].tolist() == list(range(3, n + 3)) and not rows[row, n:].any()
+    assert built.counters["prefix_tokens"] == int(prefix.sum())
+    assert built.counters["suffix_tokens"] == int(lengths.sum() - prefix.sum())
 
 
 def test_split_is_uniform():
-    draws = np.array([draw_prefix_length(8, example_rng(1, f"u{i}")) for i in range(14_000)])
-    shares = np.bincount(draws, minlength=8)[1:] / draws.size
-    assert np.abs(shares - 1 / 7).max() < 0.01  # every value of [1, 7] (and nothing else) within 1 point
-    long = np.array([draw_prefix_length(2048, example_rng(2, f"l{i}")) for i in range(10_000)])
+    randoms = example_digests(1, [f"u{i}" for i in range(14_000)]).randoms
+    draws = prefix_lengths(np.full(14_000, 8), randoms)
+    assert draws.min() == 1 and draws.max() == 7
+    assert_fits(np.bincount(draws, minlength=8)[1:], [1 / 7] * 7, "split of 8 tokens")
+    long = prefix_lengths(np.full(10_000, 2048), example_digests(2, [f"l{i}" for i in range(10_000)]).randoms)
     assert long.min() >= 1 and long.max() <= 2047
-    assert abs(long.mean() - 1024) / 1024 < 0.02
-
-
-@settings(max_examples=150, deadline=None)
-@given(seq_len=st.sampled_from([2, 16, 1024]), rows=st.lists(st.lists(st.floats(0.01, 1.0), min_size=1, max_size=4),
-                                                            max_size=10), seed=st.integers(0, 2**32 - 1))
-def test_build_many_equals_build_and_stats_row_by_row(seq_len, rows, seed):
-    """Full and short chunks of one or more documents: the columns and counters of
-    PrefixLM.build + stats one example at a time."""
-    from schemas.examples import example_schema
-    from transforms.objectives.common import example_rngs
-    from transforms.objectives.counters import add_counters
-    from transforms.objectives.packing import Piece
-    from transforms.shard_format import ExampleColumns
-
-    objective = PrefixLM(PrefixLMConfig(seq_len=seq_len))
-    special = SpecialIds(vocab_size=100, pad=0, eos=1)
-    rng = np.random.default_rng(seed)
-    pieces, keys = [], []
-    for index, fractions in enumerate(rows):
-        segments = [max(1, int(seq_len * f / len(fractions))) for f in fractions]
-        while sum(segments) > seq_len:
-            segments.pop()
-        segments = segments or [1]
-        length = sum(segments)
-        pieces.append(Piece(rng.integers(2, 100, length).astype(np.int32), np.array(segments, np.int32)))
-        keys.append(f"k{index}")
-    arrays, scalars, strings, counters = objective.build_many(pieces, [0] * len(keys), example_rngs(8, keys), special)
-    schema = example_schema(objective.family, **objective.schema_kwargs())
-    examples, summed = [], {}
-    for piece, key in zip(pieces, keys):
-        example = objective.build(piece.tokens, example_rng(8, key), 0, special, {"doc_lengths": piece.doc_lengths})
-        add_counters(summed, objective.stats(example))
-        examples.append({**example, "key": key})
-    expected = ExampleColumns.from_examples(examples, schema)
-    got = ExampleColumns(schema, len(keys), arrays, scalars, {"key": keys, **strings})
-    assert got.encode() == expected.encode()
-    assert counters == summed
+    assert_fits(np.bincount((long - 1) // 64, minlength=32), [64 / 2047] * 31 + [63 / 2047], "split of 2048")

@@ -1,4 +1,5 @@
-"""Tests of the UL2 mixture of denoisers: presets, budgets, layouts, mixture shares."""
+"""Tests of the UL2 mixture of denoisers: presets, budgets, layouts, the planned mixture shares,
+and every row of a block against its denoiser applied alone."""
 
 from __future__ import annotations
 
@@ -6,65 +7,65 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from objective_oracles import assert_fits
 
-from transforms.objectives.common import SpecialIds, example_rng
-from transforms.objectives.span_corruption import noise_counts
-from transforms.objectives.ul2 import PRESETS, UL2, Denoiser, UL2Config, denoiser_lengths, parse_mixture
+from transforms.objectives.base import Block, build_example
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.layout import example_digests, example_randoms, plan_uniforms
+from transforms.objectives.span_corruption import SpanCorruption, SpanCorruptionConfig, noise_counts
+from transforms.objectives.ul2 import (
+    PRESETS,
+    SUFFIX_STREAM,
+    UL2,
+    Denoiser,
+    UL2Config,
+    denoiser_lengths,
+    parse_mixture,
+)
 
 PAD, EOS = 0, 1
 SENTINELS = tuple(32099 - k for k in range(200))
 MODES = {"[R]": 32200, "[S]": 32201, "[X]": 32202, "[NLU]": 32203, "[NLG]": 32204, "[S2S]": 32205}
 SPECIAL = SpecialIds(vocab_size=32206, pad=PAD, eos=EOS, sentinels=SENTINELS, mode_tokens=MODES)
-RESERVED = set(SENTINELS) | set(MODES.values()) | {PAD, EOS}
 
 DEFAULT = UL2()
 DECODER = UL2(UL2Config(layout="decoder"))
 
 
-def reassemble(inputs: list[int], targets: list[int]) -> list[int]:
-    """Chunk from span-corrupted inputs/targets (mode token and EOS already removed)."""
-    runs: dict[int, list[int]] = {}
-    for token in targets:
-        if token in SENTINELS:
-            current = runs.setdefault(token, [])
-        else:
-            current.append(token)
-    chunk: list[int] = []
-    for token in inputs:
-        chunk.extend(runs[token] if token in SENTINELS else [token])
-    return chunk
+def denoise(objective: UL2, tokens, plan: int, key: str = "k"):
+    return build_example(objective, np.asarray(tokens, dtype=np.int32), SPECIAL, example_randoms(0, [key]), plan=plan)
 
 
-def check_example(objective: UL2, plan: int, tokens: np.ndarray, example: dict) -> tuple[list[int], list[int]]:
-    """Check one example against the layout and the budgets; return its (inputs, targets)."""
-    denoiser, lengths = objective.denoisers[plan], objective.lengths[plan]
-    assert example["denoiser"] == denoiser.name
+def parts(objective: UL2, example: dict) -> tuple[list[int], list[int]]:
+    """(inputs, targets) of an example in either layout."""
     if objective.config.layout == "decoder":
-        row = example["input_ids"]
+        row, cut = example["input_ids"], example["prefix_length"]
         total = int(example["doc_lengths"].sum())
-        assert row.dtype == np.int32 and len(row) == objective.seq_len and total <= objective.seq_len
-        assert (row[total:] == PAD).all()
-        inputs, targets = row[: example["prefix_length"]].tolist(), row[example["prefix_length"] : total].tolist()
-    else:
-        assert example["inputs"].dtype == np.int32 and example["targets"].dtype == np.int32
-        inputs, targets = example["inputs"].tolist(), example["targets"].tolist()
-    assert len(inputs) <= lengths.max_inputs <= objective.config.inputs_length
-    assert len(targets) <= lengths.max_targets
-    # The mode token comes first and nowhere else; EOS ends both parts.
-    assert inputs[0] == MODES[denoiser.mode_token] and inputs[-1] == EOS and targets[-1] == EOS
-    body, target_body = inputs[1:-1], targets[:-1]
-    assert not set(body + target_body) & set(MODES.values())
+        assert len(row) == objective.seq_len and (row[total:] == PAD).all()
+        return row[:cut].tolist(), row[cut:total].tolist()
+    return example["inputs"].tolist(), example["targets"].tolist()
+
+
+def oracle(objective: UL2, tokens: np.ndarray, plan: int, randoms) -> tuple[list[int], list[int]]:
+    """The denoiser alone: T5 span corruption (its own objective) with the mode token in front,
+    or the S split ``suffix = 1 + floor(u * min(L - 1, max_suffix))`` by hand."""
+    denoiser, lengths = objective.denoisers[plan], objective.lengths[plan]
+    mode = MODES[denoiser.mode_token]
     if denoiser.kind == "span":
-        num_noise, num_spans = noise_counts(len(tokens), denoiser.noise_density, denoiser.mean_noise_span_length)
-        used = [token for token in body if token in SENTINELS]
-        assert used == list(SENTINELS[:num_spans]) == [token for token in target_body if token in SENTINELS]
-        assert len(target_body) == num_noise + num_spans
-        assert reassemble(body, target_body) == tokens.tolist()
-    else:
-        assert not set(body + target_body) & set(SENTINELS)
-        assert body + target_body == tokens.tolist()
-        assert len(body) >= min(1, len(tokens)) and len(target_body) >= min(1, len(tokens) - 1)
-    return inputs, targets
+        config = SpanCorruptionConfig(max(3, lengths.raw_length + 1), denoiser.noise_density,
+                                      denoiser.mean_noise_span_length)
+        span = SpanCorruption(config)
+        span.raw_length = span.fixed_raw_length = lengths.raw_length  # the chunk UL2 sized, the same draws
+        span.inputs_length, span.targets_length = 4 * lengths.raw_length + 8, 4 * lengths.raw_length + 8
+        example, counters = build_example(span, tokens, SPECIAL, randoms)
+        inputs = example["inputs"][: counters["inputs_tokens"]].tolist()
+        return [mode, *inputs], example["targets"][: counters["targets_tokens"]].tolist()
+    length = len(tokens)
+    suffix = 0
+    if length >= 2:
+        suffix = 1 + int(randoms.uniforms(SUFFIX_STREAM, 1)[0, 0] * min(length - 1, lengths.max_suffix))
+    split = length - suffix
+    return [mode, *tokens[:split].tolist(), EOS], [*tokens[split:].tolist(), EOS]
 
 
 # --- presets and lengths ------------------------------------------------------------------------------------------
@@ -114,25 +115,25 @@ def test_lengths_at_512_count_the_mode_token():
 def test_full_chunk_of_each_denoiser(plan):
     lengths = DEFAULT.lengths[plan]
     tokens = np.random.default_rng(plan).integers(3, 31000, size=lengths.raw_length)
-    example = DEFAULT.build(tokens, example_rng(0, f"full{plan}"), plan, SPECIAL, {})
-    inputs, targets = check_example(DEFAULT, plan, tokens, example)
+    example, counters = denoise(DEFAULT, tokens, plan, f"full{plan}")
+    inputs, targets = parts(DEFAULT, example)
     if DEFAULT.denoisers[plan].kind == "span":
         assert (len(inputs), len(targets)) == (512, lengths.max_targets)
     else:
         assert len(inputs) + len(targets) == 514
-    counters = DEFAULT.stats(example)
     name = DEFAULT.denoisers[plan].name
+    assert example["denoiser"] == name
     assert counters["examples"] == counters[f"denoiser/{name}/examples"] == 1
     assert counters["raw_tokens"] == counters[f"denoiser/{name}/raw_tokens"] == lengths.raw_length
     assert all(type(value) is int for value in counters.values())
 
 
 def test_golden_s_denoiser():
-    # S on 6 tokens: suffix length = integers(1, 6) (U[1, 5]); [S] prefix </s> | suffix </s>.
+    # S on 6 tokens: suffix length 1 + floor(u * 5) (U[1, 5]); [S] prefix </s> | suffix </s>.
     objective = UL2(UL2Config(inputs_length=7, mixture=[{"mode_token": "[S]", "kind": "prefix"}]))
-    assert objective.lengths[0].raw_length == 6
-    suffix = int(example_rng(0, "s").integers(1, 6))
-    example = objective.build(np.arange(10, 16), example_rng(0, "s"), 0, SPECIAL, {})
+    assert objective.lengths[0].raw_length == 6 and objective.fixed_raw_length == 6
+    suffix = 1 + int(example_randoms(0, ["s"]).uniforms(SUFFIX_STREAM, 1)[0, 0] * 5)
+    example, _ = denoise(objective, np.arange(10, 16), 0, "s")
     split = 6 - suffix
     assert example["inputs"].tolist() == [MODES["[S]"], *range(10, 10 + split), EOS]
     assert example["targets"].tolist() == [*range(10 + split, 16), EOS]
@@ -143,31 +144,24 @@ def test_golden_span_denoiser_single_span():
     # R(mu=3, r=.15) at inputs 22: the chunk is sized for 21 inputs. T5's helper: T=22 gives
     # n = round(3.3) = 3, s = 1, inputs 22 - 3 + 1 + 1 = 21; T=23 gives n = round(3.45) = 3 and 22 > 21.
     # So 22 raw tokens: 19 clean tokens then one 3-token span at the end, and [R] makes 22 inputs.
-    objective = UL2(
-        UL2Config(
-            inputs_length=22,
-            mixture=[{"mode_token": "[R]", "mean_noise_span_length": 3, "noise_density": 0.15}],
-        )
-    )
-    assert objective.denoisers[0].name == "R(mu=3,r=0.15)"
-    assert objective.lengths[0].raw_length == 22
-    example = objective.build(np.arange(100, 122), example_rng(0, "r"), 0, SPECIAL, {})
+    objective = UL2(UL2Config(inputs_length=22, mixture=[
+        {"mode_token": "[R]", "mean_noise_span_length": 3, "noise_density": 0.15}]))
+    assert objective.denoisers[0].name == "R(mu=3,r=0.15)" and objective.lengths[0].raw_length == 22
+    example, _ = denoise(objective, np.arange(100, 122), 0, "r")
     assert example["inputs"].tolist() == [MODES["[R]"], *range(100, 119), SENTINELS[0], EOS]
     assert example["targets"].tolist() == [SENTINELS[0], 119, 120, 121, EOS]
-    assert len(example["inputs"]) == 22
 
 
 def test_decoder_layout_concatenates_and_pads():
     tokens = np.arange(3, 3 + DEFAULT.lengths[0].raw_length)
-    encoder_decoder = DEFAULT.build(tokens, example_rng(4, "same"), 0, SPECIAL, {})
-    decoder = DECODER.build(tokens, example_rng(4, "same"), 0, SPECIAL, {})
+    encoder_decoder, counters = denoise(DEFAULT, tokens, 0, "same")
+    decoder, decoder_counters = denoise(DECODER, tokens, 0, "same")
     joined = encoder_decoder["inputs"].tolist() + encoder_decoder["targets"].tolist()
     assert decoder["prefix_length"] == 512
     assert decoder["doc_lengths"].tolist() == [len(joined)] == [626]
     assert decoder["input_ids"].tolist() == joined + [PAD] * (1023 - 626)
-    counters = DECODER.stats(decoder)
-    assert counters.pop("padding_tokens") == 1023 - 626
-    assert counters == DEFAULT.stats(encoder_decoder)
+    assert decoder_counters.pop("padding_tokens") == 1023 - 626
+    assert decoder_counters == counters
 
 
 # --- custom mixtures and validation --------------------------------------------------------------------------------
@@ -229,175 +223,91 @@ def test_bad_configs(kwargs, message):
 
 
 def test_targets_budget_caps_the_s_suffix():
-    config = UL2Config(
-        inputs_length=64,
-        targets_length=16,
-        mixture=[
-            {"mode_token": "[S]", "kind": "prefix"},
-            {"mode_token": "[R]", "mean_noise_span_length": 3, "noise_density": 0.15},
-        ],
-    )
+    config = UL2Config(inputs_length=64, targets_length=16, mixture=[
+        {"mode_token": "[S]", "kind": "prefix"},
+        {"mode_token": "[R]", "mean_noise_span_length": 3, "noise_density": 0.15},
+    ])
     objective = UL2(config)
     assert objective.lengths[0].max_suffix == 15 and objective.lengths[1].max_targets <= 16
-    suffixes = []
-    for i in range(3000):
-        example = objective.build(np.arange(3, 66), example_rng(0, f"cap{i}"), 0, SPECIAL, {})
-        check_example(objective, 0, np.arange(3, 66), example)
-        suffixes.append(len(example["targets"]) - 1)
-    assert min(suffixes) == 1 and max(suffixes) == 15
+    count = 3000
+    tokens = np.tile(np.arange(3, 66, dtype=np.int32), count)
+    block = Block(tokens, np.arange(count + 1) * 63, np.full(count, 63, np.int32), np.arange(count + 1), {},
+                  np.zeros(count, np.int64), example_digests(0, [f"cap{i}" for i in range(count)]).randoms)
+    suffixes = np.diff(objective.build(block, SPECIAL).arrays["targets"][1]) - 1
+    assert suffixes.min() == 1 and suffixes.max() == 15
+    assert_fits(np.bincount(suffixes, minlength=16)[1:], [1 / 15] * 15, "suffix lengths")
 
 
 def test_runtime_errors():
     tokens = np.arange(3, 3 + 567)
     with pytest.raises(ValueError, match="mode token '\\[R\\]'"):
-        DEFAULT.build(
-            tokens, example_rng(0, "e"), 0, SpecialIds(vocab_size=32100, pad=0, eos=1, sentinels=SENTINELS), {}
-        )
+        build_example(DEFAULT, tokens, SpecialIds(vocab_size=32100, pad=0, eos=1, sentinels=SENTINELS),
+                      example_randoms(0, ["e"]), plan=0)
     with pytest.raises(ValueError, match="denoiser index in \\[0, 7\\), got 7"):
-        DEFAULT.build(tokens, example_rng(0, "e"), 7, SPECIAL, {})
-    with pytest.raises(ValueError, match="at most 567 tokens"):
-        DEFAULT.build(np.arange(3, 3 + 568), example_rng(0, "e"), 0, SPECIAL, {})
+        denoise(DEFAULT, tokens, 7)
+    with pytest.raises(ValueError, match="1 to 567 tokens, got one of 568"):
+        denoise(DEFAULT, np.arange(3, 3 + 568), 0)
     few = SpecialIds(vocab_size=32206, pad=0, eos=1, sentinels=SENTINELS[:100], mode_tokens=MODES)
     with pytest.raises(ValueError, match="needs 127 sentinel ids"):
-        DEFAULT.build(np.arange(3, 3 + 765), example_rng(0, "e"), 3, few, {})
+        build_example(DEFAULT, np.arange(3, 3 + 765), few, example_randoms(0, ["e"]), plan=3)
 
 
-# --- properties and statistics ---------------------------------------------------------------------------------
+# --- a block against each denoiser alone, and statistics -----------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    plan=st.integers(0, 6),
-    fraction=st.floats(0.0, 1.0),
-    seed=st.integers(0, 2**32),
-    decoder=st.booleans(),
-)
-def test_any_chunk_fits_its_budget(plan, fraction, seed, decoder):
-    objective = DECODER if decoder else DEFAULT
-    length = round(objective.lengths[plan].raw_length * fraction)
-    tokens = np.random.default_rng(seed).integers(3, 31000, size=length)
-    example = objective.build(tokens, example_rng(seed, "prop"), plan, SPECIAL, {})
-    check_example(objective, plan, tokens, example)
-    assert objective.stats(example)["raw_tokens"] == length
+@settings(max_examples=100)
+@given(shares=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=16), seed=st.integers(0, 1000),
+       decoder=st.booleans(), preset=st.sampled_from(["default", "paper"]))
+def test_every_row_of_a_block_is_its_denoiser_alone(shares, seed, decoder, preset):
+    objective = UL2(UL2Config(inputs_length=64, mixture=preset, layout="decoder" if decoder else "encoder_decoder"))
+    chunk_keys = [f"train-c{i}" for i in range(len(shares))]
+    raw_lengths, plans = objective.plan(plan_uniforms(seed, chunk_keys))
+    rng = np.random.default_rng(seed)
+    chunks = [rng.integers(3, 31000, size=max(1, round(raw * share)) if share < 0.6 else raw).astype(np.int32)
+              for raw, share in zip(raw_lengths.tolist(), shares)]
+    randoms = example_digests(seed, [f"{key}-d0" for key in chunk_keys]).randoms
+    lengths = np.array([len(c) for c in chunks])
+    block = Block(np.concatenate(chunks), np.concatenate([[0], np.cumsum(lengths)]), lengths.astype(np.int32),
+                  np.arange(len(chunks) + 1), {}, plans, randoms)
+    built = objective.build(block, SPECIAL)
+    assert built.strings["denoiser"] == [objective.denoisers[p].name for p in plans.tolist()]
+    for row, (chunk, plan) in enumerate(zip(chunks, plans.tolist())):
+        example = {name: values[offsets[row]: offsets[row + 1]] for name, (values, offsets) in built.arrays.items()}
+        example.update({name: int(values[row]) for name, values in built.scalars.items()})
+        assert parts(objective, example) == oracle(objective, chunk, plan, randoms.rows([row]))
+    assert built.counters["raw_tokens"] == int(lengths.sum()) and built.counters["examples"] == len(chunks)
 
 
 @pytest.mark.parametrize("preset", ["default", "paper"])
-def test_mixture_shares_by_example(preset):
+def test_mixture_shares_by_example_are_the_weights(preset):
     objective = UL2(UL2Config(mixture=preset))
     weights = np.array([d.weight for d in objective.denoisers])
-    plans = [objective.plan_chunk(example_rng(9, f"chunk{i}"))[1] for i in range(40_000)]
-    shares = np.bincount(plans, minlength=len(weights)) / len(plans)
-    assert np.abs(shares - weights / weights.sum()).max() < 0.01
+    _, plans = objective.plan(plan_uniforms(9, [f"chunk{i}" for i in range(40_000)]))
+    assert_fits(np.bincount(plans, minlength=len(weights)), weights / weights.sum(), f"{preset} mixture")
 
 
 def test_statistics_of_10000_ul2_examples():
-    totals: dict[str, int] = {}
+    count = 10_000
+    chunk_keys = [f"ul2-{i}" for i in range(count)]
+    raw_lengths, plans = DEFAULT.plan(plan_uniforms(13, chunk_keys))
     base = np.arange(3, 3 + 1004, dtype=np.int32)
-    for i in range(10_000):
-        rng = example_rng(13, f"ul2-{i}")
-        raw_length, plan = DEFAULT.plan_chunk(rng)
-        example = DEFAULT.build(base[:raw_length], rng, plan, SPECIAL, {})
-        for name, value in DEFAULT.stats(example).items():
-            totals[name] = totals.get(name, 0) + value
-    assert totals["examples"] == 10_000
+    block = Block(np.concatenate([base[:n] for n in raw_lengths.tolist()]),
+                  np.concatenate([[0], np.cumsum(raw_lengths)]), raw_lengths.astype(np.int32), np.arange(count + 1),
+                  {}, plans, example_digests(13, chunk_keys).randoms)
+    totals = DEFAULT.build(block, SPECIAL).counters
+    assert totals["examples"] == count
     weights = np.array([d.weight for d in DEFAULT.denoisers])
-    for denoiser, weight in zip(DEFAULT.denoisers, weights / weights.sum(), strict=True):
+    for index, denoiser in enumerate(DEFAULT.denoisers):
         prefix = f"denoiser/{denoiser.name}/"
         examples = totals[prefix + "examples"]
-        assert abs(examples / 10_000 - weight) < 0.01
-        density = totals[prefix + "noise_tokens"] / totals[prefix + "raw_tokens"]
+        assert abs(examples / count - weights[index] / weights.sum()) < 4 * np.sqrt(0.25 / count)
+        raw = DEFAULT.lengths[index].raw_length
         if denoiser.kind == "span":
-            assert abs(density - denoiser.noise_density) < 0.005
-            raw = DEFAULT.lengths[DEFAULT.denoisers.index(denoiser)].raw_length
             num_noise, num_spans = noise_counts(raw, denoiser.noise_density, denoiser.mean_noise_span_length)
-            mean_span = totals[prefix + "noise_tokens"] / totals[prefix + "noise_spans"]
-            assert abs(mean_span - num_noise / num_spans) / (num_noise / num_spans) < 0.05
+            assert totals[prefix + "noise_tokens"] == examples * num_noise  # exact: full chunks
+            assert totals[prefix + "noise_spans"] == examples * num_spans
         else:
-            # S: suffix ~ U[1, 510] of 511 raw tokens, so about half the chunk goes to the targets.
-            assert abs(density - 255.5 / 511) < 0.02
+            # S: suffix ~ U[1, 510] of 511 raw tokens: mean 255.5, sd 147 / sqrt(examples)
+            mean = totals[prefix + "noise_tokens"] / examples
+            assert abs(mean - 255.5) < 4 * 147.2 / np.sqrt(examples)
     assert sum(totals[f"denoiser/{d.name}/raw_tokens"] for d in DEFAULT.denoisers) == totals["raw_tokens"]
-
-
-@pytest.mark.parametrize("preset", ["default", "paper"])
-def test_planning_in_blocks_equals_planning_each_chunk(preset):
-    """The packer plans UL2 chunks in blocks from worked-out first draws; the plans and
-    lengths are those of plan_chunk with each chunk's own plan generator."""
-    from transforms.objectives.layout import plan_rng
-    from transforms.pack import _Planner
-
-    objective = UL2(UL2Config(mixture=preset))
-    planner = _Planner(objective, 17, "train-b00003")
-    lengths = [planner(index) for index in range(700)]  # crosses blocks of 128, 128, 256, 512
-    expected = [objective.plan_chunk(plan_rng(17, planner.key(index))) for index in range(700)]
-    assert list(zip(lengths, planner.plans)) == expected
-    assert len(set(planner.plans)) == len(objective.denoisers)
-    # Knowing the tokens to cut: a first block of 32, then blocks sized to what is left; the
-    # same plans, and not many more planned than the chunks that fit.
-    total = sum(lengths[:500]) + 1
-    sized = _Planner(objective, 17, "train-b00003", total=total)
-    cut = 0
-    while True:
-        length = sized(len(sized.plans))
-        if cut + length > total:
-            break
-        cut += length
-    assert list(zip(lengths, planner.plans))[: len(sized.plans)] == list(
-        zip([length for length, _ in expected], sized.plans))
-    assert len(sized.plans) == 501
-    assert 501 <= len(sized._planned) <= 1.1 * 501 + 80
-
-
-# --- the block path -------------------------------------------------------------------------
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    preset=st.sampled_from(["default", "paper"]),
-    layout=st.sampled_from(["encoder_decoder", "decoder"]),
-    inputs_length=st.sampled_from([16, 64, 512]),
-    rows=st.lists(st.tuples(st.integers(0, 6), st.floats(0.0, 1.0), st.booleans()), min_size=0, max_size=10),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_build_many_equals_build_and_stats_row_by_row(preset, layout, inputs_length, rows, seed):
-    """Full and short chunks of every denoiser, some with sentinel ids among their tokens (the
-    loader may hand raw ids): the rows, the columns and the summed counters of one at a time."""
-    from schemas.examples import example_schema
-    from transforms.objectives.common import example_rngs
-    from transforms.objectives.counters import add_counters
-    from transforms.objectives.packing import Piece
-    from transforms.shard_format import ExampleColumns
-
-    objective = UL2(UL2Config(inputs_length=inputs_length, mixture=preset, layout=layout))
-    rng = np.random.default_rng(seed)
-    pieces, plans, keys = [], [], []
-    for index, (plan, fraction, with_sentinels) in enumerate(rows):
-        plan %= len(objective.denoisers)
-        length = max(1, int(objective.lengths[plan].raw_length * fraction))
-        tokens = rng.integers(2, 32000, length).astype(np.int32)
-        if with_sentinels:
-            tokens[rng.random(length) < 0.1] = SENTINELS[0]
-        pieces.append(Piece(tokens, np.array([length], np.int32)))
-        plans.append(plan)
-        keys.append(f"k{index}")
-    arrays, scalars, strings, counters = objective.build_many(pieces, plans, example_rngs(4, keys), SPECIAL)
-    schema = example_schema(objective.family, **objective.schema_kwargs())
-    got = ExampleColumns(schema, len(keys), arrays, scalars, {"key": keys, **strings})
-    examples, summed = [], {}
-    for piece, plan, key in zip(pieces, plans, keys):
-        example = objective.build(piece.tokens, example_rng(4, key), plan, SPECIAL, {})
-        add_counters(summed, objective.stats(example, SPECIAL))
-        examples.append({**example, "key": key})
-    expected = ExampleColumns.from_examples(examples, schema)
-    assert got.encode() == expected.encode()
-    for name, (flat, offsets) in got.arrays.items():
-        assert flat.dtype == np.int32 and offsets.dtype == np.int64, name
-    assert counters == summed
-
-
-def test_build_many_refuses_an_unknown_plan():
-    from transforms.objectives.common import example_rngs
-    from transforms.objectives.packing import Piece
-
-    with pytest.raises(ValueError, match=r"denoiser index in \[0, 7\), got 7"):
-        DEFAULT.build_many([Piece(np.arange(2, 40, dtype=np.int32), np.array([38]))], [7], example_rngs(0, ["k"]),
-                           SPECIAL)
