@@ -397,6 +397,7 @@ def _static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
             "shard_size_mb": o.shard_size_mb,
             "text_mode": o.text_mode,
             "text_field": o.text_field,
+            "source_field": o.source_field,
             "draws": o.draws,
             "deduplicate": "exact",
             **o.record_policy.to_json(),
@@ -461,6 +462,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     read = pipeline | "ReadCorpus" >> ReadCorpus(
         plan.inputs if plan.inputs is not None else [p for p, _ in plan.files], text_mode=o.text_mode,
         text_field=o.text_field, policy=o.record_policy, split_bytes=max(1, int(o.input_split_mb * 2**20)),
+        source_field=o.source_field,
     )
     tokenized = read["texts"] | "Tokenize" >> Tokenize(
         tokenizer_out,
@@ -518,9 +520,9 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output, lock=lock)
     read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(CountersCombineFn())
-    _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups) | "WriteManifest" >> (
-        WriteManifest(o.output, _static_manifest(plan, argv), lock)
-    )
+    source_stats = tokenized[Tokenize.SOURCES] | "SumSourceStats" >> beam.CombinePerKey(CountersCombineFn())
+    _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,
+         source_stats) | "WriteManifest" >> WriteManifest(o.output, _static_manifest(plan, argv), lock)
 
 
 def run(argv: list[str] | None = None) -> Manifest | None:

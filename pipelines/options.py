@@ -122,6 +122,8 @@ class MaterializeOptions:
     encoder: str = "auto"
     #: show the warnings Beam's workers relay (``--verbose``)
     verbose: bool = False
+    #: JSONL field naming each document's source, for per-source statistics (``--source-field``)
+    source_field: str | None = None
     #: run Beam's construction-time type check (``--pipeline-type-check``)
     pipeline_type_check: bool = False
     #: what ends each document in the packed stream: "eos" or "none" (T5's join)
@@ -379,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--text-mode", choices=TEXT_MODES, default="line",
                     help="documents of text files: one per line, per blank-line paragraph, or per file")
     io.add_argument("--text-field", default="text", help="JSONL field (dotted path) or Parquet column of the text")
+    io.add_argument("--source-field", default=None, metavar="FIELD",
+                    help="JSONL field (dotted path) naming each document's source (a corpus, a language): the "
+                    "manifest and the report then give documents, tokens and lengths per source")
     io.add_argument("--formats", type=_formats, default=("arrow",), help="arrow,webdataset (default: arrow)")
     io.add_argument("--num-shards", type=_positive_int("--num-shards"), default=None,
                     help="train shards (default: sized by --shard-size-mb)")
@@ -578,6 +583,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         encoder=args.encoder,
         verbose=args.verbose,
+        source_field=args.source_field,
         in_one_process=runner_setup.in_one_process,
         pipeline_type_check=args.pipeline_type_check,
         param_sources=sources,

@@ -33,7 +33,7 @@ from transforms.output import RunLock, delete_tree
 from transforms.read import UNVERIFIED_PREFIX
 from transforms.write import TMP_DIR, join_path, write_atomic
 
-__all__ = ["WriteManifest", "hf_dataset_files", "summarize_lengths"]
+__all__ = ["MAX_SOURCES", "WriteManifest", "hf_dataset_files", "source_summary", "summarize_lengths"]
 
 
 def summarize_lengths(counters: dict[str, int], prefix: str) -> dict[str, Any]:
@@ -49,6 +49,30 @@ def summarize_lengths(counters: dict[str, int], prefix: str) -> dict[str, Any]:
         "mean": round(total / count, 4) if count else 0.0,
         "log2_histogram": {f"<{2 ** int(b)}": n for b, n in sorted(hist.items())},
     }
+
+
+#: Sources kept in a split's ``sources`` (the largest by documents); the rest are summed as one.
+MAX_SOURCES = 256
+OTHER_SOURCES = "(other sources)"
+
+
+def source_summary(sources: list, split: str) -> dict[str, Any]:
+    """A split's documents, tokens and length histogram per source (``--source-field``), from
+    ``((split, source), counters)``: the :data:`MAX_SOURCES` largest by documents (then by
+    name), the others summed under :data:`OTHER_SOURCES`. Documents are counted as read,
+    before exact duplicates are dropped."""
+    from transforms.objectives.counters import add_counters
+
+    rows = sorted(((name, counters) for (where, name), counters in sources if where == split),
+                  key=lambda row: (-row[1].get("documents", 0), row[0]))
+    kept, rest = rows[:MAX_SOURCES - 1] if len(rows) > MAX_SOURCES else rows, rows[MAX_SOURCES - 1:]
+    if len(rows) > MAX_SOURCES:
+        other: dict[str, int] = {}
+        for _, counters in rest:
+            add_counters(other, counters)
+        kept = [*kept, (OTHER_SOURCES, other)]
+    return {name: {"documents": counters.get("documents", 0), "tokens": counters.get("doc_tokens_sum", 0),
+                   "document_lengths": summarize_lengths(counters, "doc_tokens")} for name, counters in kept}
 
 
 def hf_dataset_files(split: str, shard_paths: list[str], schema_meta: dict, prefix: str = "") -> dict[str, bytes]:
@@ -80,7 +104,8 @@ class _WriteManifest(beam.DoFn):
     def __init__(self, output, static, lock: RunLock | None = None):
         self._output, self._static, self._lock = output, static, lock
 
-    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups):
+    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,
+                sources=()):
         static = self._static
         splits: dict[str, Any] = {}
         stats: dict[str, Any] = {}
@@ -102,6 +127,7 @@ class _WriteManifest(beam.DoFn):
                 "shards": rows,
             }
             stats[split] = {
+                **({"sources": source_summary(sources, split)} if static["config"].get("source_field") else {}),
                 "document_lengths": summarize_lengths(packing, "doc_tokens"),
                 "objective": dict(sorted(split_stats.items())),
                 "objective_summary": summarize_objective(
@@ -183,7 +209,7 @@ class WriteManifest(beam.PTransform):
         self._output, self._static, self._lock = output, static, lock
 
     def expand(self, inputs):
-        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups = inputs
+        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups, *sources = inputs
         pipeline = shards.pipeline
         return (
             pipeline
@@ -198,5 +224,6 @@ class WriteManifest(beam.PTransform):
                 reasons=beam.pvalue.AsDict(reasons),
                 rejected_files=beam.pvalue.AsList(rejected_files),
                 groups=beam.pvalue.AsSingleton(groups),
+                **({"sources": beam.pvalue.AsList(sources[0])} if sources else {}),
             )
         )

@@ -86,6 +86,8 @@ __all__ = [
     "expand_inputs",
     "iter_file_records",
     "list_inputs",
+    "MISSING_SOURCE",
+    "SourceLabel",
     "empty_file_rejection",
     "record_fields",
     "rejection",
@@ -234,10 +236,12 @@ def _loads_lenient(text: str, exc: ValueError) -> Any:
     return json.loads(text, parse_int=_lenient_int)
 
 
-def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:
+def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy,
+                   source: SourceLabel | None = None) -> Iterator[tuple]:
     """``(line number, text or rejection, repairs made, False)`` per non-blank line.
 
     A line longer than ``max_record_bytes`` is a ``too_long`` rejection, never held whole.
+    ``source``: set to the ``source_field`` value of each record as its text is yielded.
     """
     limit = policy.max_record_bytes
     buffer: RecordBuffer | None = None
@@ -294,6 +298,8 @@ def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy
                 continue
             text = replace_surrogates(text)
             repairs.add(UTF8_REPLACED)
+        if source is not None:
+            source.set_from(obj)
         yield number, text, repairs, False
 
 
@@ -382,12 +388,35 @@ def _finish(
     return [(source, position, piece) for piece in split_text(text, limit)], True
 
 
+class SourceLabel:
+    """The ``--source-field`` value of the record being read (its corpus, language, ...), as a
+    short string: ``(missing)`` where the record lacks the field, at most
+    :data:`SOURCE_CHARS` characters."""
+
+    def __init__(self, field_path: str):
+        self.field_path, self.value = field_path, MISSING_SOURCE
+
+    def set_from(self, obj: dict[str, Any]) -> None:
+        try:
+            value = _text_field(obj, self.field_path)
+        except KeyError:
+            self.value = MISSING_SOURCE
+            return
+        self.value = (value if isinstance(value, str) else json.dumps(value, sort_keys=True))[:SOURCE_CHARS]
+
+
+#: The source of a record without the ``--source-field`` (or of a text or Parquet file's records).
+MISSING_SOURCE = "(missing)"
+#: Longest source name kept (a longer value is cut).
+SOURCE_CHARS = 200
+
+
 def _records_of(path: str, kind: str, stream: Any, text_mode: str, text_field: str, policy: RecordPolicy,
-                task: ReadTask | None = None):
+                task: ReadTask | None = None, source: SourceLabel | None = None):
     if kind == "text":
         return _text_records(path, stream, text_mode, policy)
     if kind == "jsonl":
-        return _jsonl_records(path, stream, text_field, policy)
+        return _jsonl_records(path, stream, text_field, policy, source)
     if task is not None and task.kind == "row_groups":
         return _row_group_records(path, stream, task, text_field, policy)
     return _parquet_records(path, stream, text_field, policy)
@@ -450,8 +479,10 @@ def iter_file_records(
     counters: Counter | None = None,
     verify: bool = True,
     task: ReadTask | None = None,
+    source_field: str | None = None,
 ) -> Iterator[Any]:
-    """Yield ``(source, position, text)`` records and rejected-entry dicts of one file.
+    """Yield ``(source, position, text)`` records and rejected-entry dicts of one file
+    (``(source, position, text, label)`` with ``source_field``).
 
     Decoding, checking and the :class:`~transforms.record_policy.RecordPolicy` happen here:
     every yielded text is non-blank, encodes to UTF-8 and obeys the policy. A compressed
@@ -474,6 +505,9 @@ def iter_file_records(
         task: read only this part of the file (:mod:`transforms.splits`: a byte range, whose
             positions count from its first line, or Parquet row groups); None: all of it.
             Only an uncompressed file is split, so a task is never an archive to verify.
+        source_field: JSONL field (dotted path) naming each record's source; its value is the
+            label of the record (:class:`SourceLabel`: ``(missing)`` where absent, and for the
+            records of text and Parquet files).
     """
     if text_mode not in TEXT_MODES:
         raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
@@ -505,8 +539,9 @@ def iter_file_records(
         opened = contextlib.nullcontext(io.BytesIO(kept)) if kept is not None else \
             open_task(task, record_mode, open_decompressed, counters)
         with opened as stream:
+            label = SourceLabel(source_field) if source_field else None
             for position, value, repairs, piece in _records_of(path, kind, stream, text_mode, text_field, policy,
-                                                               task):
+                                                               task, label):
                 produced += 1
                 if isinstance(value, dict):
                     yield value
@@ -520,6 +555,8 @@ def iter_file_records(
                 elif split:
                     counters["long_documents_split"] += 1
                     counters["split_pieces"] += len(outputs)
+                if label is not None:
+                    outputs = [o if isinstance(o, dict) else (*o, label.value) for o in outputs]
                 yield from outputs
     except (OSError, EOFError, zlib.error, ValueError) as exc:
         yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
@@ -576,10 +613,11 @@ def record_fields(path: str, records: int = 20, max_line_bytes: int = 1 << 20) -
 
 
 class _ReadFile(beam.DoFn):
-    def __init__(self, text_mode: str, text_field: str, policy: RecordPolicy):
+    def __init__(self, text_mode: str, text_field: str, policy: RecordPolicy, source_field: str | None = None):
         self._text_mode = text_mode
         self._text_field = text_field
         self._policy = policy
+        self._source_field = source_field
 
     def setup(self):
         self._records = beam.metrics.Metrics.counter("lmshards", "records_read")
@@ -594,7 +632,7 @@ class _ReadFile(beam.DoFn):
         counters: Counter = Counter()
         for item in iter_file_records(
             path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters,
-            task=task,
+            task=task, source_field=self._source_field,
         ):
             if isinstance(item, dict):
                 beam.metrics.Metrics.counter("lmshards", f"rejected_{item['reason']}").inc()
@@ -606,7 +644,7 @@ class _ReadFile(beam.DoFn):
             else:
                 self._records.inc()
                 counters["documents"] += 1
-                yield item[2]
+                yield (item[2], item[3]) if self._source_field else item[2]
         if listed is not None:
             check_unchanged(listed, "while the run read it")
         if task.kind == "range":
@@ -663,6 +701,8 @@ class ReadCorpus(beam.PTransform):
         text_field: JSON field (dotted path) or Parquet column holding the text.
         policy: invalid UTF-8, NUL byte and long-document policy.
         split_bytes: bytes per read task (``--input-split-mb``).
+        source_field: JSONL field naming each record's source (``--source-field``): the texts
+            then come as ``(text, source)`` pairs (:class:`SourceLabel`).
 
     Returns a :class:`ReadOutputs`: the texts, rejected-entry dicts under :attr:`REJECTED`,
     and one counters dict per task under :attr:`STATS` (``documents``, ``rejected`` and the
@@ -682,6 +722,7 @@ class ReadCorpus(beam.PTransform):
         text_field: str = "text",
         policy: RecordPolicy | None = None,
         split_bytes: int = DEFAULT_SPLIT_BYTES,
+        source_field: str | None = None,
     ):
         super().__init__()
         self._files = list(files)
@@ -689,6 +730,7 @@ class ReadCorpus(beam.PTransform):
         self._text_field = text_field
         self._policy = policy or RecordPolicy()
         self._split_bytes = split_bytes
+        self._source_field = source_field
 
     def expand(self, pbegin):
         read = (
@@ -698,7 +740,7 @@ class ReadCorpus(beam.PTransform):
             | "SplitFiles" >> beam.FlatMap(_tasks_of, text_mode=self._text_mode, split_bytes=self._split_bytes)
             | "SpreadTasks" >> beam.Reshuffle()
             | "ReadRecords"
-            >> beam.ParDo(_ReadFile(self._text_mode, self._text_field, self._policy)).with_outputs(
+            >> beam.ParDo(_ReadFile(self._text_mode, self._text_field, self._policy, self._source_field)).with_outputs(
                 self.REJECTED, self.STATS, self.RELATIVE, self.LINES, main="texts"
             )
         )

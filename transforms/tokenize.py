@@ -51,6 +51,7 @@ from transforms.encoder import (
 )
 from transforms.handoff import wrap
 from transforms.objectives.common import digest, digest_u64, unit_interval
+from transforms.objectives.counters import length_counters
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
@@ -266,6 +267,8 @@ class _TokenizeBatch(beam.DoFn):
 
     def start_bundle(self):
         self._buffer = []
+        self._buffer_sources = []  # the texts' sources (``--source-field``), or empty
+        self._source_lengths = collections.defaultdict(list)  # (split, source) -> document lengths
         self._buffer_chars = 0
         self._pending = collections.deque()
         # Batches ramp up (128, 256, ... texts) so the encoder starts while the first full batch
@@ -273,11 +276,12 @@ class _TokenizeBatch(beam.DoFn):
         self._limit = min(self._batch_size, FIRST_BATCH)
 
     def _submit(self):
-        texts, self._buffer, self._buffer_chars = self._buffer, [], 0
-        self._queue(texts)
+        texts, sources = self._buffer, self._buffer_sources
+        self._buffer, self._buffer_sources, self._buffer_chars = [], [], 0
+        self._queue(texts, sources)
 
-    def _queue(self, texts):
-        self._pending.append((texts, self._pool.submit(self._encode, texts)))
+    def _queue(self, texts, sources=()):
+        self._pending.append((texts, sources, self._pool.submit(self._encode, texts)))
 
     def _encode(self, texts):
         """The batch's ids, and whether ``tokenizers`` had to encode it instead of fastokens."""
@@ -294,7 +298,7 @@ class _TokenizeBatch(beam.DoFn):
                 self._reference = load_encoder("tokenizers", self._tokenizer_bytes.decode("utf-8"))
             return encode_bounded(self._reference, texts, self._pieces), True
 
-    def _emit(self, texts, future):
+    def _emit(self, texts, sources, future):
         batch, fell_back = future.result()
         if fell_back:
             self._fallback_batches.inc()
@@ -316,13 +320,20 @@ class _TokenizeBatch(beam.DoFn):
             key = document_key(text)
             split = assign_split(key, self._validation_fraction)
             tokens += end - start
+            if sources:
+                self._source_lengths[split, sources[index]].append(end - start)
             # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
             yield (split, bucket_of(key, self._num_buckets)), wrap((key, data, features), self._handoff_scope)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         self._progress.add(len(texts), tokens)
 
-    def process(self, text):
+    def process(self, element):
+        if isinstance(element, tuple):  # (text, source) with --source-field
+            text, source = element
+            self._buffer_sources.append(source)
+        else:
+            text = element
         self._buffer.append(text)
         self._buffer_chars += len(text)
         if len(self._buffer) >= self._limit or self._buffer_chars >= BATCH_CHARS:
@@ -335,13 +346,20 @@ class _TokenizeBatch(beam.DoFn):
         # The last texts go out in shrinking batches (halves, down to at most two first batches):
         # the encoder works on the next while this thread emits the one before, and the batch
         # this thread handles alone at the very end is small.
-        texts, self._buffer, self._buffer_chars = self._buffer, [], 0
+        texts, sources = self._buffer, self._buffer_sources
+        self._buffer, self._buffer_sources, self._buffer_chars = [], [], 0
+        done = 0
         for batch in _tail_batches(texts):
-            self._queue(batch)
+            self._queue(batch, sources[done:done + len(batch)])
+            done += len(batch)
             while len(self._pending) > 1:
                 yield from _windowed(self._emit(*self._pending.popleft()))
         while self._pending:
             yield from _windowed(self._emit(*self._pending.popleft()))
+        for (split, source), lengths in sorted(self._source_lengths.items()):
+            counters = {"documents": len(lengths), **length_counters("doc_tokens", np.array(lengths))}
+            yield beam.pvalue.TaggedOutput(Tokenize.SOURCES, GlobalWindows.windowed_value(((split, source), counters)))
+        self._source_lengths.clear()
 
 
 def _tail_batches(texts: list) -> list[list]:
@@ -390,6 +408,8 @@ class Tokenize(beam.PTransform):
     """
 
     REJECTED = "rejected"
+    #: per (split, source) document counters of ``(text, source)`` inputs (``--source-field``)
+    SOURCES = "sources"
 
     def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
                  batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None, handoff_scope=None,
@@ -403,4 +423,4 @@ class Tokenize(beam.PTransform):
                                   progress_seconds, encoder_threads, handoff_scope, encoder)
 
     def expand(self, texts):
-        return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, main="documents")
+        return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, self.SOURCES, main="documents")

@@ -207,3 +207,48 @@ def test_validate_flags_an_empty_split(tmp_path, capsys):
     code = cli(["validate", str(out)])
     out_text = capsys.readouterr().out
     assert code == 1 and "empty" in out_text and "validation" in out_text and "has no examples" in out_text
+
+
+def test_source_field_records_documents_tokens_and_lengths_per_source(tmp_path, capsys):
+    """``--source-field source``: per split, each source's documents, tokens and length histogram;
+    they add up to the split's, and the shards are those of a run without it."""
+    args = ["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--seq-len", "256", "--validation-fraction", "0.1"]
+    assert main([*args, "--output", str(tmp_path / "plain")]) == 0
+    assert main([*args, "--output", str(tmp_path / "sources"), "--source-field", "source"]) == 0
+    capsys.readouterr()
+    manifest = json.loads((tmp_path / "sources" / "manifest.json").read_text())
+    expected = {}
+    for path in sorted((ROOT / "data" / "sample").glob("*.jsonl")):
+        for line in path.open(encoding="utf-8"):
+            expected.setdefault(json.loads(line)["source"], 0)
+            expected[json.loads(line)["source"]] += 1
+    total = {}
+    for split, stats in manifest["stats"].items():
+        sources = stats["sources"]
+        assert sum(s["documents"] for s in sources.values()) == manifest["splits"][split]["documents"]
+        assert sum(s["tokens"] for s in sources.values()) == stats["document_lengths"]["sum"]
+        for name, entry in sources.items():
+            assert entry["document_lengths"]["count"] == entry["documents"]
+            assert sum(entry["document_lengths"]["log2_histogram"].values()) == entry["documents"]
+            total[name] = total.get(name, 0) + entry["documents"]
+    assert total == expected and len(expected) >= 2
+    assert manifest["config"]["source_field"] == "source"
+    from lmshards_testing import file_digests
+
+    plain, with_sources = file_digests(tmp_path / "plain"), file_digests(tmp_path / "sources")
+    assert {k: v for k, v in plain.items() if "/" in k} == {k: v for k, v in with_sources.items() if "/" in k}
+
+
+def test_source_summary_keeps_the_largest_sources_and_sums_the_rest():
+    import numpy as np
+
+    from transforms.manifest import MAX_SOURCES, source_summary
+    from transforms.objectives.counters import length_counters
+
+    sources = [(("train", f"s{i:04d}"), {"documents": i + 1, **length_counters("doc_tokens", np.full(i + 1, 10))})
+               for i in range(MAX_SOURCES + 10)]
+    summary = source_summary(sources, "train")
+    assert len(summary) == MAX_SOURCES and "(other sources)" in summary
+    assert f"s{MAX_SOURCES + 9:04d}" in summary and "s0000" not in summary
+    assert sum(s["documents"] for s in summary.values()) == sum(i + 1 for i in range(MAX_SOURCES + 10))
+    assert summary["(other sources)"]["documents"] == sum(range(1, 12))
