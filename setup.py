@@ -20,6 +20,7 @@ setup(
         "numpy>=1.24",
         "zstandard>=0.21",
         "pyyaml>=6",
+        "tqdm>=4.60",  # the progress bar of an in-process run on a terminal
     ],
     extras_require={
         "torch": ["torch>=2.1"],

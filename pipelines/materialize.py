@@ -85,6 +85,7 @@ from transforms.output import (
 )
 from transforms.pack import CountersCombineFn, Pack
 from transforms.parallel import prestart
+from transforms.progress import PROGRESS
 from transforms.read import ReadCorpus, file_format, iter_file_records, list_inputs, record_fields
 from transforms.tokenize import Tokenize, needs_full_encodings, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
@@ -590,6 +591,8 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
                 release(handoff_scope)
             raise
     failure: tuple[BaseException, bool] | None = None
+    if options.in_one_process:  # every stage runs here: the whole run's progress (workers report their own)
+        PROGRESS.configure(sum(size for _, size in plan.files), options.progress_seconds)
     try:
         if lock is not None:
             tokenizer_bytes = plan.resolved.to_json_bytes()
@@ -607,6 +610,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
             raise
         raise error from (exc if chained else None)
     finally:
+        PROGRESS.close()
         if handoff_scope is not None:
             release(handoff_scope)
         if lock is not None and failure is not None:

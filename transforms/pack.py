@@ -34,6 +34,7 @@ from transforms.objectives.packing import (
     pack_concat,
     pack_none,
 )
+from transforms.progress import PROGRESS
 
 __all__ = ["LAST_CHUNK_MODES", "Pack"]
 
@@ -114,6 +115,9 @@ class _PackBucket(beam.DoFn):
     def __init__(self, objective, mode, seed, eos, group_name="g"):
         self._objective, self._mode, self._seed, self._eos = objective, mode, seed, eos
         self._group_name = group_name
+
+    def start_bundle(self):
+        PROGRESS.stage("packing and building examples")
 
     def process(self, element):
         (split, bucket), grouped = element

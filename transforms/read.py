@@ -65,6 +65,7 @@ import apache_beam as beam
 from transforms.archives import compression_of, open_decompressed, verify_archive
 from transforms.inputs import InputChangedError, InputFile, check_unchanged, list_inputs
 from transforms.line_reader import BLOCK_BYTES, RecordBuffer, iter_lines
+from transforms.progress import PROGRESS
 from transforms.record_policy import BOM, BOM_BYTES, RecordPolicy, has_surrogates, replace_surrogates, split_text
 from transforms.splits import (
     DEFAULT_SPLIT_BYTES,
@@ -623,7 +624,7 @@ class _ReadFile(beam.DoFn):
         self._records = beam.metrics.Metrics.counter("lmshards", "records_read")
 
     def process(self, element):
-        listed, task = _listed_task(element)
+        listed, task, task_bytes = _listed_task(element)
         path = task.path
         # rejections of a range after a file's first have positions counted from its first line
         relative = task.kind == "range" and task.index > 0
@@ -647,6 +648,7 @@ class _ReadFile(beam.DoFn):
                 yield (item[2], item[3]) if self._source_field else item[2]
         if listed is not None:
             check_unchanged(listed, "while the run read it")
+        PROGRESS.add_bytes(task_bytes)
         if task.kind == "range":
             records = counters["documents"] + counters["rejected"]
             yield beam.pvalue.TaggedOutput(ReadCorpus.LINES, (path, (task.index, counters.pop(RANGE_LINES, 0),
@@ -665,24 +667,38 @@ class ReadOutputs(dict):
         return self["texts"]
 
 
-def _listed_task(element) -> tuple[InputFile | None, ReadTask]:
-    """``(the file as listed or None, the task)`` of what :class:`_ReadFile` is given: a pair
-    from :func:`_tasks_of`, an :class:`~transforms.inputs.InputFile`, a task or a bare path."""
+def _listed_task(element) -> tuple[InputFile | None, ReadTask, int]:
+    """``(the file as listed or None, the task, its input bytes)`` of what :class:`_ReadFile` is
+    given: a triple from :func:`_tasks_of`, an :class:`~transforms.inputs.InputFile`, a task or a
+    bare path (0 bytes where unknown: they only feed the progress display)."""
     if isinstance(element, InputFile):
-        return element, ReadTask(element.path)
-    if isinstance(element, tuple) and len(element) == 2 and (element[0] is None or isinstance(element[0], InputFile)):
-        return element[0], as_task(element[1])
-    return None, as_task(element)
+        return element, ReadTask(element.path), element.size
+    if isinstance(element, tuple) and len(element) == 3 and (element[0] is None or isinstance(element[0], InputFile)):
+        return element[0], as_task(element[1]), int(element[2])
+    return None, as_task(element), 0
 
 
-def _tasks_of(element: str | InputFile, text_mode: str, split_bytes: int) -> list[tuple[InputFile | None, ReadTask]]:
-    """The read tasks of one input, each with the file as listed (None for a bare path)."""
+def _tasks_of(element: str | InputFile, text_mode: str,
+              split_bytes: int) -> list[tuple[InputFile | None, ReadTask, int]]:
+    """The read tasks of one input, each with the file as listed (None for a bare path) and the
+    input bytes it covers (for the progress display: a byte range's size, a share of the row
+    groups, the whole file)."""
     listed = element if isinstance(element, InputFile) else None
     path = element.path if listed is not None else element
     kind = file_format(path)
     compressed = compression_of(path) is not None
     tasks = tasks_of(path, kind=kind, compressed=compressed, text_mode=text_mode, split_bytes=split_bytes)
-    return [(listed, task) for task in tasks]
+    size = listed.size if listed is not None else 0
+    groups = max(1, tasks[-1].stop) if tasks and tasks[-1].kind == "row_groups" else 1
+
+    def covered(task: ReadTask) -> int:
+        if task.kind == "range":
+            return task.stop - task.start
+        if task.kind == "row_groups":
+            return size * (task.stop - task.start) // groups
+        return size
+
+    return [(listed, task, covered(task)) for task in tasks]
 
 
 class ReadCorpus(beam.PTransform):

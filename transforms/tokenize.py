@@ -32,7 +32,6 @@ import gc
 import logging
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
@@ -52,6 +51,7 @@ from transforms.encoder import (
 from transforms.handoff import wrap
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.objectives.counters import length_counters
+from transforms.progress import PROGRESS
 from transforms.read import rejection
 from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
@@ -115,28 +115,6 @@ def read_tokenizer_bytes(path: str) -> bytes:
     """Bytes of a tokenizer.json on any Beam filesystem."""
     with FileSystems.open(path) as handle:
         return handle.read()
-
-
-class _Progress:
-    """Prints documents, tokens and tokens/s of this worker to stderr every ``seconds`` (0: never).
-
-    Wall-clock time only decides when a line is printed, never what is written.
-    """
-
-    def __init__(self, seconds: float):
-        self._seconds = seconds
-        self._start = self._last = time.monotonic()
-        self._documents = self._tokens = 0
-
-    def add(self, documents: int, tokens: int) -> None:
-        self._documents += documents
-        self._tokens += tokens
-        now = time.monotonic()
-        if self._seconds and now - self._last >= self._seconds:
-            self._last = now
-            rate = self._tokens / max(now - self._start, 1e-9)
-            print(f"lmshards: tokenized {self._documents:,} documents, {self._tokens:,} tokens, "
-                  f"{rate:,.0f} tokens/s (pid {os.getpid()})", file=sys.stderr, flush=True)
 
 
 class TokenFeatures:
@@ -258,7 +236,8 @@ class _TokenizeBatch(beam.DoFn):
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
         self._fallback_batches = beam.metrics.Metrics.counter("lmshards", "encoder_fallback_batches")
-        self._progress = _Progress(self._progress_seconds)
+        if not PROGRESS.owner:  # a worker process: its own lines (the process that planned the run configured it)
+            PROGRESS.configure(0, self._progress_seconds, owner=False)
 
     def teardown(self):
         pool = getattr(self, "_pool", None)
@@ -326,7 +305,7 @@ class _TokenizeBatch(beam.DoFn):
             yield (split, bucket_of(key, self._num_buckets)), wrap((key, data, features), self._handoff_scope)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
-        self._progress.add(len(texts), tokens)
+        PROGRESS.add(len(texts), tokens)
 
     def process(self, element):
         if isinstance(element, tuple):  # (text, source) with --source-field

@@ -28,6 +28,7 @@ from transforms.handoff import unwrap
 from transforms.objectives.common import digest_u64
 from transforms.objectives.layout import shard_count
 from transforms.output import TMP_DIR, RunLock
+from transforms.progress import PROGRESS
 from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
 
 __all__ = ["REJECTED_PER_SHARD", "SHARD_MARKER", "TMP_DIR", "ShardRowsError", "WriteRejected", "WriteShards",
@@ -92,6 +93,9 @@ class _WriteShard(beam.DoFn):
     def __init__(self, output, schema: ExampleSchema, formats, lock: RunLock | None = None):
         self._output, self._schema, self._formats = output, schema, tuple(formats)
         self._lock = lock
+
+    def start_bundle(self):
+        PROGRESS.stage("writing shards")
 
     def write(self, split: str, index: int, count: int, parts: list) -> dict:
         batch = ExampleBatch.merge_sorted(parts, self._schema)

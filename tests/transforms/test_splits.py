@@ -23,7 +23,7 @@ from transforms.splits import ReadTask, plan_tasks, record_start
 def _read_in_tasks(path, split_bytes, **kwargs):
     """The file's records read task by task, each range's positions shifted by the lines
     before it (what FixLinePositions does in the pipeline); and the tasks."""
-    tasks = [task for _, task in _tasks_of(path, kwargs.get("text_mode", "line"), split_bytes)]
+    tasks = [task for _, task, _ in _tasks_of(path, kwargs.get("text_mode", "line"), split_bytes)]
     items, lines = [], 0
     for task in tasks:
         counters = Counter()
@@ -97,7 +97,7 @@ def test_compressed_and_whole_file_text_stay_whole(tmp_path):
         (0, 100, 0), (100, 200, 1), (200, 250, 2)]
     gz = tmp_path / "big.jsonl.gz"
     gz.write_bytes(gzip.compress(b'{"text": "x"}\n' * 1000))
-    assert _tasks_of(str(gz), "line", 10) == [(None, ReadTask(str(gz)))]
+    assert _tasks_of(str(gz), "line", 10) == [(None, ReadTask(str(gz)), 0)]
 
 
 def _parquet(path, texts, row_group_size):
@@ -151,7 +151,7 @@ def test_parquet_without_the_text_column_is_rejected_once(tmp_path):
 def test_a_range_that_fails_to_read_still_counts_its_lines(tmp_path, mode):
     path = tmp_path / "a.txt"
     path.write_bytes(b"one\n\ntwo\nthree\n\nfour\n" * 20)
-    tasks = [task for _, task in _tasks_of(str(path), mode, 40)]
+    tasks = [task for _, task, _ in _tasks_of(str(path), mode, 40)]
     total = 0
     for task in tasks:
         counters = Counter()
