@@ -1,4 +1,4 @@
-"""Readers of lmshards datasets. Never imports Apache Beam (DESIGN.md section 1).
+"""Readers of lmshards datasets. Never imports Apache Beam (docs/design.md section 1).
 
 - :mod:`loaders.reader`: a minimal numpy reader (shard order, no torch).
 - :class:`ShardedDataset` (:mod:`loaders.dataset`): torch ``IterableDataset`` over a split,

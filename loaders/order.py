@@ -9,7 +9,7 @@ An epoch visits every row of a split exactly once, in this order:
    last one shorter). Block ``q`` is permuted by a generator seeded with ``(seed, epoch, q)``.
    Blocks are larger than shards (by default at least four of the largest shard), so a
    block mixes rows of several shards, while the writer already shuffled rows inside each
-   shard (DESIGN.md section 2, step 5).
+   shard (docs/design.md section 2, step 6).
 
 Position ``p`` of the epoch is ``virtual = q*B + perm_q[p - q*B]`` with ``q = p // B``, then
 the shard holding ``virtual``. Nothing of size ``N`` is ever built: an :class:`EpochOrder`

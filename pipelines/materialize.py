@@ -1,6 +1,6 @@
 """``lmshards materialize``: raw corpus -> packed, sharded pretraining examples.
 
-Pipeline (DESIGN.md section 2)::
+Pipeline (docs/design.md section 2)::
 
     ReadCorpus -> Tokenize -> DropDuplicates -> AssignGroups -> Pack -> BuildExamples -> WriteShards -> WriteManifest
         |            \\-> PlanGroups (tokens per sub-bucket: the groups AssignGroups uses)

@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md section 1, checked in fresh interpreters.
+"""The import rules of docs/design.md section 1, checked in fresh interpreters.
 
 Each case imports every module of some packages while an import hook makes the
 forbidden top-level packages unimportable, so a leak fails here instead of on a

@@ -1,4 +1,4 @@
-"""Document accounting of a run (DESIGN.md section 7), pure functions used by WriteManifest.
+"""Document accounting of a run (docs/design.md section 7), pure functions used by WriteManifest.
 
 The unit is the *document*: a record the reader produced (a non-blank line, a paragraph,
 a file, a JSON line, a Parquet row), a long record split by ``--long-docs split``

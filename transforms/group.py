@@ -1,6 +1,6 @@
 """Between Tokenize and Pack: exact duplicates dropped, documents assigned to pack groups.
 
-Pack groups (DESIGN.md section 2.3) are sized in tokens, so that what one worker holds while
+Pack groups (docs/design.md section 2, step 3) are sized in tokens, so that what one worker holds while
 it packs a group is bounded by configuration, never by the corpus, and the number of groups
 (the parallelism of Pack and BuildExamples) grows with the corpus:
 

@@ -1,4 +1,4 @@
-"""Lines and records of a byte stream in bounded pieces (DESIGN.md section 7).
+"""Lines and records of a byte stream in bounded pieces (docs/design.md section 7).
 
 :func:`iter_lines` reads a stream a block at a time and yields its lines; a line longer
 than a block comes in several pieces, so no line is ever held whole by this layer. Line

@@ -1,6 +1,6 @@
 """ReadCorpus: raw corpus files -> text records, bad records -> rejected entries.
 
-Formats (DESIGN.md section 2.1):
+Formats (docs/design.md section 2, step 1):
 
 - ``.txt``: one document per line (``line``), per blank-line-separated block
   (``paragraph``) or per file (``file``);
@@ -13,7 +13,7 @@ Files are opened through ``FileSystems`` and decompressed here (:mod:`transforms
 so a corrupt archive becomes a rejected entry with a reason instead of a crash inside a
 worker.
 
-Everything read is untrusted (DESIGN.md section 7):
+Everything read is untrusted (docs/design.md section 7):
 
 - **Bounded memory per record.** Lines are read in bounded pieces
   (:mod:`transforms.line_reader`) and no record is held beyond ``max_record_bytes`` (64 MiB

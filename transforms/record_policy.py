@@ -1,5 +1,5 @@
 """What the reader does with imperfect records: invalid UTF-8, NUL bytes, byte-order
-marks and very long documents (DESIGN.md section 7).
+marks and very long documents (docs/design.md section 7).
 
 Pure functions, no Beam: :mod:`transforms.read` applies them to every record of every
 format, so a policy means the same thing for a text line, a JSON object and a Parquet row.

@@ -1,6 +1,6 @@
 """WriteShards and WriteRejected: the file-writing stages.
 
-WriteShards (DESIGN.md section 2.5): the shard of an example is a salted digest of its
+WriteShards (docs/design.md section 2, step 6): the shard of an example is a salted digest of its
 key modulo the split's shard count (decided in BuildExamples, see
 :func:`transforms.objectives.layout.shard_count`); a shard's pieces are grouped, its rows
 sorted by a seeded digest of their key (this is the global shuffle), and written once per

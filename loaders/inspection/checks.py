@@ -13,7 +13,7 @@ Invariants (the objectives issue; references in :mod:`transforms.objectives`):
 - UL2: the recorded denoiser is the one the packer planned from the chunk key;
 - bart: ``<s> ... </s>`` framing, no ``<mask>`` in targets, lengths within their budgets.
 
-Replay: noise is a pure function of ``(seed, example key, chunk)`` (DESIGN.md section 3),
+Replay: noise is a pure function of ``(seed, example key, chunk)`` (docs/design.md section 3),
 so where the chunk can be restored from the example (prefix_lm, mlm without whole words,
 span corruption, UL2) the objective is run again on it, as a block of one
 (:func:`transforms.objectives.base.build_example`), and must give the stored example back

@@ -5,7 +5,7 @@ two small downloads): configuration, objective and its parameters (a UL2 mixture
 denoiser name), tokenizer, document accounting, per split the counts, shard bytes per
 format, document lengths and the objective's statistics (the manifest's summary of its
 exact counters), and last the facts of the run (command line, time, version, inputs,
-encoder), which differ between any two runs and so are reported apart: by DESIGN.md's
+encoder), which differ between any two runs and so are reported apart: by docs/design.md's
 determinism contract the same inputs, config and seed give equal rows everywhere else.
 
 A row is ``(section, key, a, b, status)`` with status ``same``, ``changed``, ``only_a`` or

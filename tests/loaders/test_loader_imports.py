@@ -1,4 +1,4 @@
-"""Import rules of loaders/ (DESIGN.md section 1), checked in fresh interpreters."""
+"""Import rules of loaders/ (docs/design.md section 1), checked in fresh interpreters."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Pure numpy implementations of the pretraining objectives and the helpers both the
 Beam pipeline and the torch loader need (key digests, seeding, packing).
 
-Only numpy and the standard library may be imported here (DESIGN.md section 1).
+Only numpy and the standard library may be imported here (docs/design.md section 1).
 """

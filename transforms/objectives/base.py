@@ -1,5 +1,5 @@
 """The one interface every objective implements, batch first, so that the pipeline, the loader
-and the inspection tools drive any objective the same way (DESIGN.md section 4).
+and the inspection tools drive any objective the same way (docs/design.md section 4).
 
 Flow:
 

@@ -5,7 +5,7 @@ that tells an objective which token ids are special, with lookup tables built on
 counter-based random numbers are :mod:`transforms.objectives.randoms`, keyed by
 :func:`transforms.objectives.layout.example_digests`.
 
-Determinism contract (DESIGN.md section 3): an example's noise is a pure function of
+Determinism contract (docs/design.md section 3): an example's noise is a pure function of
 ``(seed, example key, config)``; nothing here depends on arrival order, process or time.
 """
 

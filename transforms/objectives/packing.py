@@ -1,6 +1,6 @@
 """Packing tokenized documents into chunks (pure numpy).
 
-Modes (DESIGN.md section 2.3):
+Modes (docs/design.md section 2, step 4):
 
 - ``concat``: documents (each followed by EOS) are concatenated in key order and cut
   into chunks whose lengths the objective plans one at a time (fixed for most

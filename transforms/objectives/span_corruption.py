@@ -37,7 +37,7 @@ Deliberate differences:
   (``reduce_concat_tokens``); lmshards' concat packing puts EOS after each document, so EOS
   tokens appear inside inputs and targets (about 0.25 per example of ~60-token documents at
   512 inputs). ``--document-separator none`` joins documents the T5 way.
-- Randomness is counter-based (DESIGN.md section 3): the noise lengths come from stream
+- Randomness is counter-based (docs/design.md section 3): the noise lengths come from stream
   :data:`NOISE_STREAM`, the non-noise lengths from :data:`KEEP_STREAM` of the example's row
   key, so ids differ from T5's bit for bit while the distribution is the same.
 - A final chunk shorter than ``T`` is noised at its own length (counts from its length,

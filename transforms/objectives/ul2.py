@@ -158,7 +158,7 @@ def _span(letter: str, token: str, mu: float, r: float, weight: float) -> Denois
 
 
 PRESETS: dict[str, tuple[Denoiser, ...]] = {
-    # Our users' mixture (DESIGN.md section 4): R .5, S .25, X .25, split equally inside each.
+    # Our users' mixture (docs/design.md section 4): R .5, S .25, X .25, split equally inside each.
     "default": (
         _span("R", "[R]", 3, 0.15, 0.25),
         _span("R", "[R]", 8, 0.15, 0.25),

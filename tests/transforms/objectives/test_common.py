@@ -1,7 +1,7 @@
 """Tests of transforms/objectives/common.py and layout.py: pinned digests, SpecialIds.
 
 The hex values below pin the hashing: if one changes, every key, split, bucket and shard
-of every dataset changes with it (DESIGN.md section 3), so such a change must be deliberate.
+of every dataset changes with it (docs/design.md section 3), so such a change must be deliberate.
 """
 
 from __future__ import annotations
