@@ -62,6 +62,7 @@ from pipelines.options import (
     parse_args,
     resolve_build_stage,
 )
+from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
 from transforms.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
@@ -530,13 +531,10 @@ def run(argv: list[str] | None = None) -> Manifest | None:
     """Run a materialize job; return the manifest it wrote (None for a Dataflow ``--dry_run``).
 
     Raises:
-        ValueError: a configuration error (before any work is done).
+        ConfigError: a configuration error (before any work is done; a ``ValueError``).
+        JobFailedError: the job ran and failed (no manifest written).
     """
     return run_job(argv)[0]
-
-
-class JobFailedError(RuntimeError):
-    """The pipeline started and failed (as opposed to a configuration error)."""
 
 
 #: Values of ``TOKENIZERS_PARALLELISM`` with which the Rust tokenizer encodes a batch on one thread.
@@ -557,28 +555,43 @@ def serial_encoder_warning(options: MaterializeOptions, environ=None) -> str | N
             "(unset it to encode on every core)")
 
 
+def _prepare(argv: list[str] | None):
+    """Parse, plan and check everything before any work; ``(options, plan, dry run, pipeline)``.
+
+    Raises:
+        ConfigError: any problem found here (a ``ValueError`` of a check becomes one).
+    """
+    try:
+        options = parse_args(argv)
+        set_beam_verbosity(options.verbose)
+        # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
+        # (and its pinned dependencies) goes to the workers.
+        options.beam_args = stage_installed_package(options.beam_args)
+        pipeline_options = PipelineOptions(options.beam_args)
+        if not options.pipeline_type_check:
+            # Beam type-checks every transform's hints while the graph is built, for a graph that is
+            # fixed and run by the tests.
+            pipeline_options.view_as(TypeOptions).pipeline_type_check = False
+        FileSystems.set_options(pipeline_options)
+        plan = plan_run(options)
+        warning = serial_encoder_warning(options) if plan.encoder.backend == "tokenizers" else None
+        if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
+            _LOG.warning(warning)
+        dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
+        check_output(options)  # before anything else: it changes nothing
+        _shorten_state_sampling()
+        pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
+    except LmshardsError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return options, plan, dry_run, pipeline
+
+
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
-    options = parse_args(argv)
-    set_beam_verbosity(options.verbose)
-    # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
-    # (and its pinned dependencies) goes to the workers.
-    options.beam_args = stage_installed_package(options.beam_args)
     start = time.monotonic()
-    pipeline_options = PipelineOptions(options.beam_args)
-    if not options.pipeline_type_check:
-        # Beam type-checks every transform's hints while the graph is built: about 0.2 s of a
-        # 0.6 s start-up (measured), for a graph that is fixed and run by the tests.
-        pipeline_options.view_as(TypeOptions).pipeline_type_check = False
-    FileSystems.set_options(pipeline_options)
-    plan = plan_run(options)
-    warning = serial_encoder_warning(options) if plan.encoder.backend == "tokenizers" else None
-    if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
-        _LOG.warning(warning)
-    dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
-    check_output(options)  # before anything else: it changes nothing
-    _shorten_state_sampling()
-    pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
+    options, plan, dry_run, pipeline = _prepare(argv)
     handoff_scope = scope() if options.in_one_process and not dry_run else None
     lock = None if dry_run else RunLock.new(options.output)
     build_pipeline(pipeline, plan, argv, handoff_scope, lock)
@@ -586,9 +599,11 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         # Everything that can be checked has passed: only now is the output locked and the old dataset removed.
         try:
             prepare_output(options, plan.splits, lock)
-        except BaseException:
+        except BaseException as exc:
             if handoff_scope is not None:
                 release(handoff_scope)
+            if isinstance(exc, ValueError) and not isinstance(exc, LmshardsError):
+                raise ConfigError(str(exc)) from exc
             raise
     failure: tuple[BaseException, bool] | None = None
     if options.in_one_process:  # every stage runs here: the whole run's progress (workers report their own)
@@ -839,20 +854,15 @@ def encoder_summary(encoder: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: run and print the summary; errors are one line (exit 2: configuration, 1: job)."""
+    """CLI entry: run and print the summary; an error is one line, its exit status that of its
+    class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed)."""
     try:
         manifest = run(argv)
     except SystemExit as exc:  # argparse has printed its one-line error
         return int(exc.code or 0)
-    except (RejectedFractionError, JobFailedError) as exc:  # the job ran and failed
+    except (LmshardsError, OSError) as exc:  # OSError: a file that cannot be read or written, outside the pipeline
         print(f"lmshards materialize: error: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"lmshards materialize: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a file that cannot be read or written, outside the pipeline
-        print(f"lmshards materialize: error: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc)
     if manifest is None:
         print("dry run: the pipeline was built and validated, nothing was submitted")
         return 0

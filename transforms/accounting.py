@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas.errors import JobFailedError
+
 __all__ = [
     "DEFAULT_MAX_REJECTED_FRACTION",
     "EmptySplitError",
@@ -52,7 +54,7 @@ _REASON_HINTS = {
 }
 
 
-class RejectedFractionError(ValueError):
+class RejectedFractionError(JobFailedError):
     """More documents were rejected than ``--max-rejected-fraction`` allows.
 
     Raised by WriteManifest before it writes anything, so the failed run leaves no
@@ -60,7 +62,7 @@ class RejectedFractionError(ValueError):
     """
 
 
-class UnreconciledCountsError(RuntimeError):
+class UnreconciledCountsError(JobFailedError):
     """The documents, tokens, examples or rows of a run do not add up: some were lost (or
     made up) between stages.
 
@@ -127,7 +129,7 @@ def check_rejected_fraction(counts: dict[str, Any], max_fraction: float | None, 
     )
 
 
-class EmptySplitError(ValueError):
+class EmptySplitError(JobFailedError):
     """A split of the run holds no example: a dataset a training job cannot use.
 
     Raised by WriteManifest before it writes anything; the message is one line naming the split.

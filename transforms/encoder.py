@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from tokenizers import Tokenizer
 
+from schemas.errors import LmshardsError
 from transforms.long_text import PIECE_CHARS, PiecedEncoding, encode_pieces, pieces_are_exact
 
 __all__ = [
@@ -60,7 +61,7 @@ BACKENDS = ("fastokens", "tokenizers")
 ENCODER_CHOICES = ("auto", *BACKENDS)
 
 
-class EncoderUnavailable(RuntimeError):
+class EncoderUnavailable(LmshardsError, RuntimeError):
     """A backend cannot encode with this tokenizer here (not installed, or it refuses the tokenizer)."""
 
 

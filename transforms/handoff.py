@@ -29,6 +29,8 @@ import os
 import threading
 from typing import Any
 
+from schemas.errors import JobFailedError
+
 __all__ = ["ByReference", "HandoffError", "release", "scope", "unwrap", "wrap"]
 
 _STORE: dict[tuple[str, int], Any] = {}
@@ -36,7 +38,7 @@ _LOCK = threading.Lock()
 _COUNTER = itertools.count()
 
 
-class HandoffError(RuntimeError):
+class HandoffError(JobFailedError):
     """A by-reference value was read where it is not stored (another process, or after release)."""
 
 

@@ -25,11 +25,13 @@ from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
+from schemas.errors import JobFailedError
+
 __all__ = ["InputChangedError", "InputFile", "InputListing", "SkippedInput", "check_all_unchanged",
            "check_unchanged", "list_inputs", "stat_input"]
 
 
-class InputChangedError(RuntimeError):
+class InputChangedError(JobFailedError):
     """An input file changed (or vanished) while the run read it. The message is one line naming it."""
 
 

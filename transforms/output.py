@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
+from schemas.errors import ConfigError, JobFailedError
+
 __all__ = ["LAYOUT", "LOCK_NAME", "TMP_DIR", "LockLostError", "OutputLockedError", "RunLock", "acquire_lock",
            "delete_tree", "foreign_files", "list_output", "remove_output_files"]
 
@@ -61,11 +63,11 @@ LAYOUT = re.compile(
 )
 
 
-class OutputLockedError(ValueError):
+class OutputLockedError(ConfigError):
     """Another run (live, or on another host) holds the output's lock. The message is one line."""
 
 
-class LockLostError(RuntimeError):
+class LockLostError(JobFailedError):
     """The output's lock no longer names this run: it must not rename anything into place."""
 
 

@@ -35,6 +35,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
+from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
 from transforms.objectives.base import Block
 from transforms.objectives.counters import add_counters
@@ -305,7 +306,7 @@ def build_task(token: str, blob: bytes, shard_counts: dict[str, int], encoded: t
     return pieces, builder.stats, builder.built
 
 
-class BuildWorkerError(RuntimeError):
+class BuildWorkerError(JobFailedError):
     """A worker process of the build pool failed or died."""
 
 

@@ -5,7 +5,8 @@ reader adds the bytes of each read task as it finishes it, Tokenize its document
 tokens, and a later stage announces itself once when it starts. An in-process runner runs
 every stage in the process that planned the run, so its progress covers the whole input: a
 bar on a terminal (tqdm: percent of the input bytes, tokens/s, ETA), else a line every
-``seconds``. A worker process of a multi-process or Dataflow runner reports only its own
+``seconds``. Nothing is shown before ``seconds`` have passed: a short run stays quiet. A
+worker process of a multi-process or Dataflow runner reports only its own
 share, in lines naming its pid (it does not know the total).
 
 Wall-clock time only decides when something is shown, never what a dataset holds.
@@ -50,6 +51,7 @@ class Progress:
             self.bytes = self.documents = self.tokens = 0
             self.stages: list[str] = []
             self._start = self._last = time.monotonic()
+            self._shown = False  # a line or the bar has been shown
             self._bar = None
             stream = self.stream
             if bar is None:
@@ -59,7 +61,8 @@ class Progress:
                     from tqdm import tqdm
 
                     self._bar = tqdm(total=total_bytes or None, unit="B", unit_scale=True, unit_divisor=1024,
-                                     desc="lmshards: reading", file=stream, dynamic_ncols=True, leave=True)
+                                     desc="lmshards: reading", file=stream, dynamic_ncols=True, leave=True,
+                                     delay=seconds)
                 except ImportError:  # an install without tqdm: lines instead
                     self._bar = None
 
@@ -92,8 +95,12 @@ class Progress:
                 return
             self.stages.append(name)
             if self._bar is not None:
+                self._shown = self._shown or bool(self._bar.n and time.monotonic() - self._start >= self.seconds)
                 self._bar.close()
                 self._bar = None
+            if not self._shown and time.monotonic() - self._start < self.seconds:
+                return  # a short run: nothing shown so far, nothing now
+            self._shown = True
             if self.documents and len(self.stages) == 1:
                 print(self._line(final=True), file=self.stream, flush=True)
             print(f"lmshards: {name}{'' if self.owner else f' (pid {os.getpid()})'}", file=self.stream, flush=True)
@@ -126,7 +133,7 @@ class Progress:
             return
         now = time.monotonic()
         if now - self._last >= self.seconds:
-            self._last = now
+            self._last, self._shown = now, True
             print(self._line(), file=self.stream, flush=True)
 
 

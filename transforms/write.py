@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.build import ExampleBatch
@@ -80,7 +81,7 @@ def _write_and_rename(relative: str, final: str, temp: str, write, lock: RunLock
     return ShardFile(path=relative, bytes=hashing.bytes, sha256=hashing.sha256.hexdigest())
 
 
-class ShardRowsError(RuntimeError):
+class ShardRowsError(JobFailedError):
     """The files of one shard do not hold the same number of rows (a writer fault)."""
 
 

@@ -34,9 +34,11 @@ def test_lines_report_the_share_of_input_bytes_tokens_and_the_later_stages(tmp_p
     final = next(i for i, line in enumerate(lines) if line.startswith("lmshards: tokenized: 100% of 1.2 MB read, "
                                                                        "682 documents, "))
     assert lines[final + 1:final + 3] == ["lmshards: packing and building examples", "lmshards: writing shards"]
-    quiet = _run(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "q"),
-                  "--progress-seconds", "0"], capture_output=True, text=True)
-    assert quiet.returncode == 0 and "lmshards: reading" not in quiet.stderr and "packing" not in quiet.stderr
+    for seconds in ("0", "60"):  # off; or a run shorter than the interval: nothing shown
+        quiet = _run(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / f"q{seconds}"),
+                      "--progress-seconds", seconds], capture_output=True, text=True)
+        assert quiet.returncode == 0 and "lmshards: reading" not in quiet.stderr and "packing" not in quiet.stderr
+        assert "lmshards: tokenized" not in quiet.stderr
 
 
 def test_a_terminal_gets_a_bar(tmp_path):
@@ -44,7 +46,7 @@ def test_a_terminal_gets_a_bar(tmp_path):
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal 120 wide
     try:
         done = _run(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
-                     "--progress-seconds", "1", "--input-split-mb", "0.2"], stdout=subprocess.DEVNULL,
+                     "--progress-seconds", "0.001", "--input-split-mb", "0.2"], stdout=subprocess.DEVNULL,
                     stderr=secondary)
         os.close(secondary)
         chunks = []
