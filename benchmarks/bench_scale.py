@@ -84,7 +84,6 @@ def measure_group(objective: str, group_tokens: int, seq_len: int) -> dict:
     """Peak memory of Pack + Build on one synthetic group (run in a fresh process)."""
     from pipelines.materialize import plan_run
     from pipelines.options import parse_args
-    from transforms.build import BATCH_ROWS, MAX_BUFFERED_ROWS
     from transforms.pack import Pack, _PackBucket
     from transforms.parallel import BuildConfig, ChunkBuilder
 
@@ -93,8 +92,7 @@ def measure_group(objective: str, group_tokens: int, seq_len: int) -> dict:
     plan = plan_run(options)
     special = plan.resolved.special
     pack = _PackBucket(plan.objective, "concat", 0, special.eos)
-    config = BuildConfig(plan.objective, special, plan.schema, 0, 1, batch_rows=BATCH_ROWS,
-                         max_buffered_rows=MAX_BUFFERED_ROWS)
+    config = BuildConfig(plan.objective, special, plan.schema, 0, 1)
     builder = ChunkBuilder(config)
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")  # reset the peak (VmHWM) to what is resident now
@@ -123,7 +121,6 @@ def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
 
     from pipelines.materialize import plan_run
     from pipelines.options import parse_args
-    from transforms.build import BATCH_ROWS, MAX_BUFFERED_ROWS
     from transforms.objectives.packing import document_piece
     from transforms.pack import Pack, _RepackRest
     from transforms.parallel import BuildConfig, ChunkBuilder
@@ -133,8 +130,7 @@ def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
     plan = plan_run(options)
     special = plan.resolved.special
     repack = _RepackRest(plan.objective, "concat", 0, "drop")
-    builder = ChunkBuilder(BuildConfig(plan.objective, special, plan.schema, 0, 1, batch_rows=BATCH_ROWS,
-                                       max_buffered_rows=MAX_BUFFERED_ROWS))
+    builder = ChunkBuilder(BuildConfig(plan.objective, special, plan.schema, 0, 1))
     features = frozenset(plan.objective.features)
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")

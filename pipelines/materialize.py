@@ -323,7 +323,7 @@ SAMPLE_RECORDS, SAMPLE_CHARS = 1000, 1 << 20
 
 def sample_records(options: MaterializeOptions, files: list[tuple[str, int]]) -> tuple[list[str], list[dict]]:
     """The texts and the rejected records among the first records of the first input file,
-    read as the pipeline reads them."""
+    read as the pipeline reads them, at most :data:`SAMPLE_CHARS` characters of text in all."""
     texts: list[str] = []
     rejected: list[dict] = []
     chars = 0
@@ -336,8 +336,16 @@ def sample_records(options: MaterializeOptions, files: list[tuple[str, int]]) ->
         if isinstance(record, dict):
             rejected.append(record)
         else:
-            texts.append(record[2])
-            chars += len(record[2])
+            # A record beyond the budget is cut (at a space where there is one): the probe encodes
+            # the sample with both encoders whole, so the sample itself must stay small.
+            text = record[2][: SAMPLE_CHARS - chars]
+            cut = len(text) < len(record[2])
+            if cut and " " in text[len(text) // 2:]:
+                text = text[: text.rindex(" ")]
+            texts.append(text)
+            chars += len(text)
+            if cut:
+                break
         if len(texts) + len(rejected) >= SAMPLE_RECORDS or chars >= SAMPLE_CHARS:
             break
     return texts, rejected

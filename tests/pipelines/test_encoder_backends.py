@@ -174,3 +174,17 @@ def test_a_tokenizer_with_bpe_dropout_is_refused_since_its_encodings_are_random(
     assert code == 2 and err == [f"lmshards materialize: error: --tokenizer {path}: BPE dropout (model.dropout 0.1) "
                                  "makes every encoding random, so the dataset could not be reproduced; remove it "
                                  "from the tokenizer.json"]
+
+
+def test_the_probe_sample_stays_small_whatever_the_records(tmp_path):
+    """The first record of the first file can be a 64 MiB piece of one long line: the corpus
+    sample the probe encodes (whole, with both encoders) is cut to SAMPLE_CHARS characters."""
+    from pipelines.materialize import SAMPLE_CHARS, sample_records
+    from pipelines.options import parse_args
+
+    line = tmp_path / "line.txt"
+    line.write_text("word " * (SAMPLE_CHARS // 2) + "\n" + "a second document\n", encoding="utf-8")
+    options = parse_args(["--input", str(line), "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o")])
+    texts, rejected = sample_records(options, [(str(line), line.stat().st_size)])
+    assert rejected == [] and len(texts) == 1 and texts[0].startswith("word word")
+    assert SAMPLE_CHARS - 5 <= len(texts[0]) <= SAMPLE_CHARS and texts[0].endswith("word")
