@@ -75,6 +75,7 @@ from loaders.collate_arrays import (
 )
 from loaders.errors import UnsupportedSchemaError
 from loaders.masks import causal_segment_mask, document_segments, resolve_mask_dtype, segment_ids
+from transforms.objectives.common import IGNORE_INDEX
 
 __all__ = [
     "IGNORE_INDEX",
@@ -86,7 +87,6 @@ __all__ = [
     "collator_for",
 ]
 
-IGNORE_INDEX = -100
 DOCUMENT_MODES = ("mask", "position_ids", "none")
 
 

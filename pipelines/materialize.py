@@ -72,6 +72,7 @@ from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGrou
 from transforms.handoff import release, scope, unwrap
 from transforms.inputs import InputChangedError
 from transforms.manifest import WriteManifest
+from transforms.objectives.counters import sum_counters
 from transforms.objectives.registry import make_objective
 from transforms.output import (
     LOCK_NAME,
@@ -84,7 +85,7 @@ from transforms.output import (
     read_lock,
     remove_output_files,
 )
-from transforms.pack import CountersCombineFn, Pack
+from transforms.pack import Pack
 from transforms.parallel import prestart
 from transforms.progress import PROGRESS
 from transforms.read import ReadCorpus, file_format, iter_file_records, list_inputs, record_fields
@@ -458,6 +459,12 @@ def shard_sizing(plan: Plan) -> dict[str, int | None]:
     }
 
 
+def _split_tokens(element):
+    """``((split, sub-bucket), Document)`` -> ``(split, its tokens and EOS)``."""
+    (split, _), document = element
+    return split, unwrap(document).tokens + 1
+
+
 def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None,
                    handoff_scope: str | None = None, lock: RunLock | None = None) -> None:
     """Add the materialize steps to ``pipeline``.
@@ -500,12 +507,12 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     pack_stats = (
         (packing_stats, unique[DropDuplicates.STATS])
         | "AllPackingStats" >> beam.Flatten()
-        | "SumPackingStats" >> beam.CombinePerKey(CountersCombineFn())
+        | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
     )
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (
         tokenized.documents
-        | "DocumentTokens" >> beam.Map(lambda element: (element[0][0], len(unwrap(element[1])[1]) // 4 + 1))
+        | "DocumentTokens" >> beam.Map(_split_tokens)
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)
@@ -522,15 +529,15 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     objective_stats = (
         (build_stats, rest_stats)
         | "AllObjectiveStats" >> beam.Flatten()
-        | "SumObjectiveStats" >> beam.CombinePerKey(CountersCombineFn())
+        | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
     )
     shards = (batches, rest_batches, split_tokens) | "WriteShards" >> WriteShards(
         o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output, lock=lock)
-    read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(CountersCombineFn())
-    source_stats = tokenized[Tokenize.SOURCES] | "SumSourceStats" >> beam.CombinePerKey(CountersCombineFn())
+    read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(sum_counters)
+    source_stats = tokenized[Tokenize.SOURCES] | "SumSourceStats" >> beam.CombinePerKey(sum_counters)
     _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,
          source_stats) | "WriteManifest" >> WriteManifest(o.output, _static_manifest(plan, argv), lock)
 

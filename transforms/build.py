@@ -10,7 +10,7 @@ the builder adds ``chunk_tokens`` (the source tokens the examples were made from
 
 Each example's shard is decided here (:func:`transforms.objectives.layout.example_digests`,
 with the split's shard count from :func:`transforms.objectives.layout.shard_count`), and
-examples leave this stage as :class:`ExampleBatch` elements of one block's rows of one shard
+examples leave this stage as :class:`~transforms.elements.ShardPiece` elements of one block's rows of one shard
 (columnar numpy buffers, one shuffle element instead of hundreds of dicts), each row with its
 row-order key already computed; the counters leave summed, per split, on the
 :attr:`BuildExamples.STATS` output. Blocks depend on bundles, but nothing written does: the
@@ -33,14 +33,13 @@ from transforms.parallel import (
     TASK_TOKENS,
     BuildConfig,
     ChunkBuilder,
-    ExampleBatch,
     PooledBuilder,
     decode_chunks,
     encode_chunks,
     example_key,
 )
 
-__all__ = ["BuildExamples", "ExampleBatch", "example_key"]
+__all__ = ["BuildExamples", "example_key"]
 
 
 class _Build(beam.DoFn):
@@ -60,7 +59,7 @@ class _Build(beam.DoFn):
         self._counts: dict[str, int] = {}
 
     def process(self, chunk, split_tokens):
-        split = chunk[0]
+        split = chunk.split
         count = self._counts.get(split)
         if count is None:
             count = self._counts[split] = shard_count(split, split_tokens.get(split, 0), **self._sizing)
@@ -90,7 +89,7 @@ class _BlockChunks(beam.DoFn):
 
     def process(self, chunk):
         self._chunks.append(chunk)
-        self._tokens += len(chunk[3])
+        self._tokens += len(chunk.piece)
         if self._tokens >= TASK_TOKENS:
             yield self._block()
 
@@ -105,7 +104,7 @@ class _BlockChunks(beam.DoFn):
 
 
 class BuildExamples(beam.PTransform):
-    """``(split, chunk_key, plan, Piece)`` -> ``((split, shard, shard count), encoded ExampleBatch)``.
+    """:class:`~transforms.elements.Chunk` -> ``((split, shard, shard count), encoded ShardPiece)``.
 
     Args:
         objective: object implementing :class:`transforms.objectives.base.Objective`.

@@ -116,8 +116,7 @@ class _PlanCombineFn(beam.CombineFn):
 
 def _bucket_tokens(element):
     bucket, document = element
-    ids = unwrap(document)[1]
-    return bucket, (len(ids) // 4 if isinstance(ids, bytes) else len(ids)) + 1
+    return bucket, unwrap(document).tokens + 1
 
 
 class PlanGroups(beam.PTransform):
@@ -181,18 +180,19 @@ class KeepOneCombineFn(beam.CombineFn):
 
 
 def _key_by_document(element):
-    return unwrap(element[1])[0], element
+    return unwrap(element[1]).key, element
 
 
 def _unique(element):
-    _, (document, copies) = element
+    _, (element, copies) = element
     if copies > 1:
-        yield beam.pvalue.TaggedOutput(DropDuplicates.STATS, (document[0][0], {"duplicates": copies - 1}))
-    yield document
+        (split, _), _ = element
+        yield beam.pvalue.TaggedOutput(DropDuplicates.STATS, (split, {"duplicates": copies - 1}))
+    yield element
 
 
 class DropDuplicates(beam.PTransform):
-    """``((split, bucket), (key, ids, features))`` documents -> the same, one per key.
+    """``((split, bucket), Document)`` elements -> the same, one per document key.
 
     Returns a ``DoOutputsTuple``: the unique documents as main output, and under
     :attr:`STATS` one ``(split, {"duplicates": n})`` element per key that had ``n`` more

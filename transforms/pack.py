@@ -22,8 +22,9 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 
+from transforms.elements import Chunk
 from transforms.handoff import unwrap
-from transforms.objectives.counters import length_counters, merge_counters
+from transforms.objectives.counters import length_counters
 from transforms.objectives.layout import plan_uniforms
 from transforms.objectives.packing import (
     ConcatPacker,
@@ -123,10 +124,10 @@ class _PackBucket(beam.DoFn):
         (split, bucket), grouped = element
         docs = [unwrap(document) for document in grouped]
         del grouped
-        docs.sort(key=lambda d: d[0])
-        kept = [(ids, features) for _, ids, features in docs]
+        docs.sort(key=lambda document: document.key)
+        kept = [(document.ids, document.features) for document in docs]
+        lengths = [document.tokens for document in docs]
         del docs
-        lengths = [len(ids) // 4 if isinstance(ids, bytes) else len(ids) for ids, _ in kept]
         stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
         total = sum(lengths) + (len(lengths) if self._eos is not None else 0)  # separators included
         prefix = f"{split}-{self._group_name}{bucket:05d}"
@@ -134,7 +135,7 @@ class _PackBucket(beam.DoFn):
             planner = _Planner(self._objective, self._seed, prefix, total=total)
             packer = ConcatPacker(kept, self._eos, planner)
             for index, chunk in enumerate(packer):
-                yield split, planner.key(index), planner.plans[index], chunk
+                yield Chunk(split, planner.key(index), planner.plans[index], chunk)
             rest = packer.rest
             yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total - len(rest)}))
             if len(rest):
@@ -147,7 +148,7 @@ class _PackBucket(beam.DoFn):
             yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": packed}))
             for index in range(len(full)):
                 chunk, full[index] = full[index], None
-                yield split, f"{prefix}-c{index:06d}", 0, chunk
+                yield Chunk(split, f"{prefix}-c{index:06d}", 0, chunk)
             if rest:
                 yield beam.pvalue.TaggedOutput(Pack.REST, (split, (bucket, rest)))
         else:
@@ -155,7 +156,7 @@ class _PackBucket(beam.DoFn):
             index = 0
             for piece in _pieces(kept, self._eos):
                 for chunk in pack_none([piece], length):
-                    yield split, f"{prefix}-c{index:06d}", 0, chunk
+                    yield Chunk(split, f"{prefix}-c{index:06d}", 0, chunk)
                     index += 1
 
 
@@ -173,10 +174,10 @@ class _RepackRest(beam.DoFn):
             planner = _Planner(self._objective, self._seed, prefix)
             chunks, final = pack_concat(concat_pieces(pieces), planner)
             for index, chunk in enumerate(chunks):
-                yield split, planner.key(index), planner.plans[index], chunk
+                yield Chunk(split, planner.key(index), planner.plans[index], chunk)
             if len(final) and self._last_chunk == "pad":
                 index = len(chunks)
-                yield split, planner.key(index), planner.plans[index], final
+                yield Chunk(split, planner.key(index), planner.plans[index], final)
             else:
                 dropped = len(final)
         else:
@@ -184,7 +185,7 @@ class _RepackRest(beam.DoFn):
             if rest:
                 full.append(concat_pieces(rest))
             for index, chunk in enumerate(full):
-                yield split, f"{prefix}-c{index:06d}", 0, chunk
+                yield Chunk(split, f"{prefix}-c{index:06d}", 0, chunk)
         stats = {"dropped_tokens": dropped, "packed_tokens": total - dropped}
         yield beam.pvalue.TaggedOutput(Pack.STATS, (split, stats))
 
@@ -192,7 +193,7 @@ class _RepackRest(beam.DoFn):
 class Pack(beam.PTransform):
     """Group documents by pack group, pack chunks, re-pack remainders.
 
-    Input: ``((split, group), (key, ids, features))`` documents, one per key.
+    Input: ``((split, group), Document)`` elements, one per document key.
 
     Args:
         objective: the objective (plans chunk lengths).
@@ -203,8 +204,8 @@ class Pack(beam.PTransform):
         last_chunk: ``drop`` or ``pad`` the split's final partial chunk (concat).
         group_name: the letter of a group in chunk keys (``g``; ``b`` for ``--num-buckets``).
 
-    Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of ``(split, chunk_key,
-    plan, Piece)``, kept apart because flattening them would make the runner encode every
+    Returns ``((bucket chunks, re-packed chunks), stats)``: two PCollections of
+    :class:`~transforms.elements.Chunk`, kept apart because flattening them would make the runner encode every
     chunk (consumers apply the same transform to each), and ``(split, counters)`` elements
     (several per split: sum them):
     ``documents``, ``doc_tokens_*`` (document lengths), ``packed_tokens``
@@ -239,22 +240,3 @@ class Pack(beam.PTransform):
         )
         stats = (packed[self.STATS], repacked[self.STATS]) | "AllPackStats" >> beam.Flatten()
         return (packed.chunks, repacked.chunks), stats
-
-
-class CountersCombineFn(beam.CombineFn):
-    """Merge counter dicts (see :mod:`transforms.objectives.counters`)."""
-
-    def create_accumulator(self):
-        return {}
-
-    def add_input(self, accumulator, counters):
-        return merge_counters(accumulator, counters)
-
-    def merge_accumulators(self, accumulators):
-        out = {}
-        for acc in accumulators:
-            out = merge_counters(out, acc)
-        return out
-
-    def extract_output(self, accumulator):
-        return dict(sorted(accumulator.items()))

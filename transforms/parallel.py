@@ -1,5 +1,5 @@
 """The work of :class:`transforms.build.BuildExamples` without Beam: chunks -> encoded
-:class:`ExampleBatch` pieces and summed counters, in this process or in worker processes.
+:class:`~transforms.elements.ShardPiece` elements and summed counters, in this process or in worker processes.
 
 Beam's in-process runner runs the stage that packs chunks and applies the objective on one
 thread, so on a machine with cores to spare the objective can run beside it:
@@ -37,11 +37,12 @@ import numpy as np
 
 from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
+from transforms.elements import Chunk, ShardPiece
 from transforms.objectives.base import Block
 from transforms.objectives.counters import add_counters
 from transforms.objectives.layout import example_digests
 from transforms.objectives.packing import Piece
-from transforms.shard_format import ExampleColumns, MergedColumns
+from transforms.shard_format import ExampleColumns
 
 __all__ = [
     "BLOCK_ROWS",
@@ -50,7 +51,6 @@ __all__ = [
     "BuildConfig",
     "BuildWorkerError",
     "ChunkBuilder",
-    "ExampleBatch",
     "PooledBuilder",
     "build_task",
     "decode_chunks",
@@ -80,68 +80,6 @@ def example_key(chunk_key: str, draw: int) -> str:
     return f"{chunk_key}-d{draw}"
 
 
-def _order_of(orders: np.ndarray) -> np.ndarray:
-    """Stable ascending order of ``(n, 16)`` uint8 keys compared bytewise."""
-    high = orders[:, :8].copy().view(">u8").reshape(-1)
-    low = orders[:, 8:].copy().view(">u8").reshape(-1)
-    return np.lexsort((low, high))
-
-
-class ExampleBatch:
-    """Rows of one split on their way to the shard writers.
-
-    Attributes:
-        orders: ``(n, 16)`` uint8 row-order keys (:func:`transforms.objectives.layout.row_order_key`).
-        shard_hashes: ``(n,)`` uint64; a row's shard is ``shard_hashes % num_shards``.
-        chunk_tokens: ``(n,)`` int64 source tokens of each row.
-        columns: the rows' :class:`~transforms.shard_format.ExampleColumns`.
-    """
-
-    __slots__ = ("orders", "shard_hashes", "chunk_tokens", "columns")
-
-    def __init__(self, orders, shard_hashes, chunk_tokens, columns: ExampleColumns):
-        self.orders, self.shard_hashes, self.chunk_tokens, self.columns = orders, shard_hashes, chunk_tokens, columns
-
-    @property
-    def count(self) -> int:
-        return self.columns.count
-
-    @classmethod
-    def merge_sorted(cls, parts: list[ExampleBatch], schema: ExampleSchema) -> ExampleBatch:
-        """The rows of all ``parts`` in ascending order of their order keys (bytewise, like sorting
-        ``bytes``); their token values stay in the parts until written (:class:`MergedColumns`)."""
-        if not parts:
-            return cls(np.zeros((0, 16), np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.int64),
-                       ExampleColumns.from_examples([], schema))
-        orders = np.concatenate([p.orders for p in parts])
-        order = _order_of(orders)
-        part = np.repeat(np.arange(len(parts)), [p.count for p in parts])[order]
-        starts = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([p.count for p in parts], out=starts[1:])
-        row = order - starts[part]
-        return cls(
-            orders[order],
-            np.concatenate([p.shard_hashes for p in parts])[order],
-            np.concatenate([p.chunk_tokens for p in parts])[order],
-            MergedColumns([p.columns for p in parts], part, row, schema),
-        )
-
-    def encode(self) -> tuple:
-        """Bytes, ints, lists and dicts only: Beam's default coder handles them without pickling."""
-        return (self.orders.tobytes(), self.shard_hashes.tobytes(), self.chunk_tokens.tobytes(),
-                self.columns.encode())
-
-    @classmethod
-    def decode(cls, encoded: tuple, schema: ExampleSchema) -> ExampleBatch:
-        orders, hashes, tokens, columns = encoded
-        return cls(
-            np.frombuffer(orders, dtype=np.uint8).reshape(-1, 16),
-            np.frombuffer(hashes, dtype=np.uint64),
-            np.frombuffer(tokens, dtype=np.int64),
-            ExampleColumns.decode(columns, schema),
-        )
-
-
 class BuildConfig:
     """What building a chunk's examples takes besides the chunk and its split's shard count.
 
@@ -152,7 +90,7 @@ class BuildConfig:
         seed: global seed.
         draws: independent noisings per chunk.
         block_rows: rows (chunks times draws) per block the objective builds at once (default
-            :data:`BLOCK_ROWS`); each block leaves as one ExampleBatch per shard it touches.
+            :data:`BLOCK_ROWS`); each block leaves as one ShardPiece per shard it touches.
     """
 
     def __init__(self, objective, special, schema: ExampleSchema, seed: int, draws: int, *,
@@ -187,13 +125,13 @@ class ChunkBuilder:
 
     def __init__(self, config: BuildConfig):
         self._config = config
-        self._waiting: list[tuple] = []  # (chunk, shard count)
+        self._waiting: list[tuple[Chunk, int]] = []
         self.stats: dict[str, dict[str, int]] = {}
         self.built = 0
 
-    def add(self, chunk: tuple, shard_count: int) -> list[tuple]:
-        """Take ``chunk`` = ``(split, chunk_key, plan, Piece)``; return the
-        ``((split, shard, shard count), encoded ExampleBatch)`` pieces of a block it completes."""
+    def add(self, chunk: Chunk, shard_count: int) -> list[tuple]:
+        """Take ``chunk``; return the ``((split, shard, shard count), encoded ShardPiece)``
+        elements of a block it completes."""
         self._waiting.append((chunk, shard_count))
         if len(self._waiting) * self._config.draws >= self._config.block_rows:
             return self._build()
@@ -209,10 +147,10 @@ class ChunkBuilder:
         out = []
         for split, count, chunks in _by_split(block):
             rows = [(chunk, draw) for chunk in chunks for draw in range(config.draws)]
-            keys = [example_key(chunk[1], draw) for chunk, draw in rows]
+            keys = [example_key(chunk.key, draw) for chunk, draw in rows]
             digests = example_digests(config.seed, keys)
-            pieces = [chunk[3] for chunk, _ in rows]
-            examples = Block.of_rows(pieces, [chunk[2] for chunk, _ in rows], digests.randoms)
+            pieces = [chunk.piece for chunk, _ in rows]
+            examples = Block.of_rows(pieces, [chunk.plan for chunk, _ in rows], digests.randoms)
             built = config.objective.build(examples, config.special)
             strings = {"key": keys, **built.strings}
             columns = ExampleColumns(config.schema, len(keys), built.arrays, built.scalars, strings)
@@ -225,26 +163,26 @@ class ChunkBuilder:
 
 
 def _shard_pieces(split: str, count: int, digests, columns: ExampleColumns, chunk_tokens: np.ndarray) -> list[tuple]:
-    """The rows of a block as one ``((split, shard, count), encoded ExampleBatch)`` piece per shard."""
+    """The rows of a block as one ``((split, shard, count), encoded ShardPiece)`` element per shard."""
     hashes, orders = digests.shard_hashes, np.ascontiguousarray(digests.orders)
     shards = hashes % np.uint64(count)
     present = np.unique(shards).tolist()
     out = []
     for shard in present:
         if len(present) == 1:  # every row: no copy
-            batch = ExampleBatch(orders, hashes, chunk_tokens, columns)
+            batch = ShardPiece(orders, hashes, chunk_tokens, columns)
         else:
             rows = np.flatnonzero(shards == shard)
-            batch = ExampleBatch(orders[rows], hashes[rows], chunk_tokens[rows], columns.take(rows))
+            batch = ShardPiece(orders[rows], hashes[rows], chunk_tokens[rows], columns.take(rows))
         out.append(((split, shard, count), batch.encode()))
     return out
 
 
-def _by_split(block: list[tuple]) -> list[tuple[str, int, list[tuple]]]:
+def _by_split(block: list[tuple[Chunk, int]]) -> list[tuple[str, int, list[Chunk]]]:
     """``(split, shard count, chunks)`` of a block of ``(chunk, shard count)``, by split name."""
-    by_split: dict[str, tuple[int, list[tuple]]] = {}
+    by_split: dict[str, tuple[int, list[Chunk]]] = {}
     for chunk, shard_count in block:
-        by_split.setdefault(chunk[0], (shard_count, []))[1].append(chunk)
+        by_split.setdefault(chunk.split, (shard_count, []))[1].append(chunk)
     return [(split, count, chunks) for split, (count, chunks) in sorted(by_split.items())]
 
 
@@ -252,17 +190,17 @@ _CONFIGS: collections.OrderedDict[str, BuildConfig] = collections.OrderedDict()
 _CONFIGS_KEPT = 8
 
 
-def encode_chunks(chunks: list[tuple]) -> tuple:
-    """``(split, chunk_key, plan, Piece)`` chunks as a few lists and one array per column:
+def encode_chunks(chunks: list[Chunk]) -> tuple:
+    """Chunks as a few lists and one array per column:
     pickling a task then costs about a copy of its tokens instead of 15 us per chunk (and
     as much again to unpickle) for its small arrays. :func:`decode_chunks` inverts it."""
-    pieces = [chunk[3] for chunk in chunks]
+    pieces = [chunk.piece for chunk in chunks]
     names = sorted(pieces[0].features) if pieces else []
     if not pieces or any(sorted(piece.features) != names for piece in pieces):
         return ("chunks", chunks)  # no chunk, or chunks with different features: as they are
     return (
         "columns",
-        [chunk[0] for chunk in chunks], [chunk[1] for chunk in chunks], [chunk[2] for chunk in chunks],
+        [chunk.split for chunk in chunks], [chunk.key for chunk in chunks], [chunk.plan for chunk in chunks],
         [piece.tokens.shape[0] for piece in pieces], [piece.doc_lengths.shape[0] for piece in pieces],
         np.concatenate([piece.tokens for piece in pieces]).astype(np.int32, copy=False),
         np.concatenate([piece.doc_lengths for piece in pieces]).astype(np.int32, copy=False),
@@ -270,7 +208,7 @@ def encode_chunks(chunks: list[tuple]) -> tuple:
     )
 
 
-def decode_chunks(encoded: tuple) -> list[tuple]:
+def decode_chunks(encoded: tuple) -> list[Chunk]:
     """The chunks of :func:`encode_chunks` (their arrays are slices of one array per column)."""
     if encoded[0] == "chunks":
         return encoded[1]
@@ -281,7 +219,7 @@ def decode_chunks(encoded: tuple) -> list[tuple]:
     for split, key, plan, end, segment_end in zip(splits, keys, plans, ends, segment_ends):
         piece = Piece(tokens[start:end], doc_lengths[segment_start:segment_end],
                       {name: flags[start:end] for name, flags in features.items()})
-        chunks.append((split, key, plan, piece))
+        chunks.append(Chunk(split, key, plan, piece))
         start, segment_start = end, segment_end
     return chunks
 
@@ -301,7 +239,7 @@ def build_task(token: str, blob: bytes, shard_counts: dict[str, int], encoded: t
     builder = ChunkBuilder(config)
     pieces = []
     for chunk in decode_chunks(encoded):
-        pieces.extend(builder.add(chunk, shard_counts[chunk[0]]))
+        pieces.extend(builder.add(chunk, shard_counts[chunk.split]))
     pieces.extend(builder.finish())
     return pieces, builder.stats, builder.built
 
@@ -322,7 +260,7 @@ class PooledBuilder:
     def __init__(self, config: BuildConfig, processes: int):
         self._config, self._processes = config, processes
         self._inline = ChunkBuilder(config)
-        self._pending: list[tuple] = []
+        self._pending: list[Chunk] = []
         self._pending_tokens = 0
         self._shard_counts: dict[str, int] = {}
         self._in_flight: collections.deque[Future] = collections.deque()
@@ -330,10 +268,10 @@ class PooledBuilder:
         self.stats: dict[str, dict[str, int]] = {}
         self.built = 0
 
-    def add(self, chunk: tuple, shard_count: int) -> list[tuple]:
-        self._shard_counts[chunk[0]] = shard_count
+    def add(self, chunk: Chunk, shard_count: int) -> list[tuple]:
+        self._shard_counts[chunk.split] = shard_count
         self._pending.append(chunk)
-        self._pending_tokens += len(chunk[3]) * self._config.draws
+        self._pending_tokens += len(chunk.piece) * self._config.draws
         if self._pending_tokens < TASK_TOKENS:
             return []
         out = []
@@ -358,7 +296,7 @@ class PooledBuilder:
     def finish(self) -> list[tuple]:
         out = []
         for chunk in self._pending:
-            out.extend(self._inline.add(chunk, self._shard_counts[chunk[0]]))
+            out.extend(self._inline.add(chunk, self._shard_counts[chunk.split]))
         self._pending, self._pending_tokens = [], 0
         out.extend(self._inline.finish())
         self._merge(self._inline.stats, self._inline.built)

@@ -39,6 +39,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.elements import Document
 from transforms.encoder import (
     EncoderUnavailable,
     encode_bounded,
@@ -302,7 +303,7 @@ class _TokenizeBatch(beam.DoFn):
             if sources:
                 self._source_lengths[split, sources[index]].append(end - start)
             # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
-            yield (split, bucket_of(key, self._num_buckets)), wrap((key, data, features), self._handoff_scope)
+            yield (split, bucket_of(key, self._num_buckets)), wrap(Document(key, data, features), self._handoff_scope)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         PROGRESS.add(len(texts), tokens)

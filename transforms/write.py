@@ -24,7 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
-from transforms.build import ExampleBatch
+from transforms.elements import ShardPiece
 from transforms.handoff import unwrap
 from transforms.objectives.common import digest_u64
 from transforms.objectives.layout import shard_count
@@ -99,7 +99,7 @@ class _WriteShard(beam.DoFn):
         PROGRESS.stage("writing shards")
 
     def write(self, split: str, index: int, count: int, parts: list) -> dict:
-        batch = ExampleBatch.merge_sorted(parts, self._schema)
+        batch = ShardPiece.merge_sorted(parts, self._schema)
 
         def write_format(fmt: str) -> tuple[ShardFile, int]:
             writer, rows = WRITERS[fmt], []
@@ -126,7 +126,7 @@ class _WriteShard(beam.DoFn):
 
     def process(self, element):
         (split, index, count), pieces = element
-        parts = [ExampleBatch.decode(unwrap(p), self._schema) for p in pieces if p is not SHARD_MARKER]
+        parts = [ShardPiece.decode(unwrap(p), self._schema) for p in pieces if p is not SHARD_MARKER]
         yield self.write(split, index, count, parts)
 
 
@@ -141,7 +141,7 @@ class WriteShards(beam.PTransform):
     """Shard pieces -> written shard files; outputs one ShardInfo dict per shard.
 
     Input: ``(pieces, ..., split_tokens)``: one or more PCollections of ``((split, shard,
-    count), encoded ExampleBatch)`` elements from :class:`transforms.build.BuildExamples`,
+    count), encoded ShardPiece)`` elements from :class:`transforms.build.BuildExamples`,
     and the ``(split, document tokens)`` they were sized with.
 
     All pieces and one marker per shard index of every split (:data:`SHARD_MARKER`, so that

@@ -27,11 +27,9 @@ from typing import Any
 import numpy as np
 
 from schemas.examples import example_schema
-from transforms.objectives.common import SpecialIds
+from transforms.objectives.common import IGNORE_INDEX, SpecialIds
 
 __all__ = ["IGNORE_INDEX", "Anatomy", "ObjectiveView", "take_apart"]
-
-IGNORE_INDEX = -100
 
 
 class ObjectiveView:

@@ -18,6 +18,7 @@ import pytest
 from lmshards_testing import ROOT, file_digests, run_with_blocked_imports
 
 import transforms.parallel as parallel
+from transforms.elements import Chunk, ShardPiece
 from transforms.objectives.base import Objective
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.packing import Piece
@@ -134,8 +135,8 @@ def _config(objective=None, draws=2):
 
 def _chunks(count):
     rng = np.random.default_rng(0)
-    return [("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
-             Piece(rng.integers(2, 1000, 32, dtype=np.int32), np.array([20, 12], np.int32)))
+    return [Chunk("train" if i % 7 else "validation", f"x-b00000-c{i:06d}", 0,
+                  Piece(rng.integers(2, 1000, 32, dtype=np.int32), np.array([20, 12], np.int32)))
             for i in range(count)]
 
 
@@ -143,7 +144,7 @@ def _rows(pieces, schema):
     """(shard, order key, row bytes) of every row of the pieces: equal however they were batched."""
     rows = []
     for shard, encoded in pieces:
-        batch = parallel.ExampleBatch.decode(encoded, schema)
+        batch = ShardPiece.decode(encoded, schema)
         for i in range(batch.count):
             row = batch.columns.take(np.array([i]))
             rows.append((shard, batch.orders[i].tobytes(), repr(row.encode())))
@@ -153,7 +154,7 @@ def _rows(pieces, schema):
 def _build(builder, chunks):
     pieces = []
     for chunk in chunks:
-        pieces += builder.add(chunk, 4 if chunk[0] == "train" else 1)
+        pieces += builder.add(chunk, 4 if chunk.split == "train" else 1)
     return pieces + builder.finish()
 
 
@@ -199,8 +200,8 @@ def _objective_chunks(name: str, count: int = 70):
         tokens[rng.random(length) < 0.05] = 1  # EOS between packed documents
         features = {"word_starts": rng.random(length) < 0.6, "space_starts": rng.random(length) < 0.4,
                     "sentence_starts": rng.random(length) < 0.1}
-        chunks.append(("train" if i % 7 else "validation", key, plan,
-                       Piece(tokens, np.array([length], np.int32), features)))
+        chunks.append(Chunk("train" if i % 7 else "validation", key, plan,
+                            Piece(tokens, np.array([length], np.int32), features)))
     return objective, special, chunks
 
 
@@ -224,9 +225,9 @@ def test_rows_and_counters_do_not_depend_on_how_chunks_fall_into_blocks(name, dr
 
 def test_tasks_carry_chunks_as_columns():
     rng = np.random.default_rng(2)
-    chunks = [(("train", "validation")[i % 2], f"k{i}", i % 3,
-               Piece(rng.integers(0, 1000, n, dtype=np.int32), np.array([n - 1, 1], np.int32),
-                     {"word_starts": rng.random(n) < 0.5, "sentence_starts": rng.random(n) < 0.1}))
+    chunks = [Chunk(("train", "validation")[i % 2], f"k{i}", i % 3,
+                    Piece(rng.integers(0, 1000, n, dtype=np.int32), np.array([n - 1, 1], np.int32),
+                          {"word_starts": rng.random(n) < 0.5, "sentence_starts": rng.random(n) < 0.1}))
               for i, n in enumerate([5, 1, 9, 3])]
 
     def plain(chunks):
@@ -236,9 +237,9 @@ def test_tasks_carry_chunks_as_columns():
     encoded = parallel.encode_chunks(chunks)
     assert encoded[0] == "columns" and encoded[6].dtype == np.int32 and encoded[8]["word_starts"].dtype == bool
     decoded = parallel.decode_chunks(pickle.loads(pickle.dumps(encoded)))
-    assert plain(decoded) == plain(chunks)
+    assert plain(decoded) == plain(chunks) and all(isinstance(chunk, Chunk) for chunk in decoded)
     assert all(piece.tokens.dtype == np.int32 and piece.doc_lengths.dtype == np.int32 for *_, piece in decoded)
-    mixed = [*chunks, ("train", "k9", 0, Piece(np.arange(3, dtype=np.int32), np.array([3], np.int32)))]
+    mixed = [*chunks, Chunk("train", "k9", 0, Piece(np.arange(3, dtype=np.int32), np.array([3], np.int32)))]
     assert parallel.encode_chunks(mixed)[0] == "chunks"  # chunks with different features travel as they are
     assert plain(parallel.decode_chunks(pickle.loads(pickle.dumps(parallel.encode_chunks(mixed))))) == plain(mixed)
     assert parallel.decode_chunks(parallel.encode_chunks([])) == []
@@ -252,9 +253,9 @@ def test_pooled_bart_equals_the_inline_builder(monkeypatch):
     special = SpecialIds(vocab_size=1000, pad=1, eos=2, bos=0, mask=3)
     objective = make_objective("bart", {"seq_len": 34})
     rng = np.random.default_rng(3)
-    chunks = [(split, key, plan, Piece(piece.tokens, piece.doc_lengths,
-                                       {"space_starts": rng.random(32) < 0.7, "sentence_starts": rng.random(32) < 0.1}))
-              for split, key, plan, piece in _chunks(80)]
+    features = [{"space_starts": rng.random(32) < 0.7, "sentence_starts": rng.random(32) < 0.1} for _ in range(80)]
+    chunks = [chunk._replace(piece=Piece(chunk.piece.tokens, chunk.piece.doc_lengths, flags))
+              for chunk, flags in zip(_chunks(80), features)]
     schema = example_schema(objective.family, **objective.schema_kwargs())
     config = parallel.BuildConfig(objective, special, schema, seed=3, draws=1, block_rows=5)
     inline = parallel.ChunkBuilder(config)
@@ -304,7 +305,7 @@ class _Failing(Objective):
 def test_a_failing_worker_fails_the_stage_with_a_clear_error(monkeypatch, how, message):
     monkeypatch.setattr(parallel, "TASK_TOKENS", 200)
     chunks = _chunks(100)
-    chunks[50][3].tokens[0] = 999
+    chunks[50].piece.tokens[0] = 999
     pooled = parallel.PooledBuilder(_config(_Failing(how)), 1)
     with pytest.raises(parallel.BuildWorkerError) as exc:
         _build(pooled, chunks)

@@ -144,6 +144,7 @@ SMALL_AGGREGATES = {
     "SumObjectiveStats": "counters per split",
     "SumPackingStats": "counters per split",
     "SumReadStats": "counters",
+    "SumSourceStats": "counters per (split, source) of --source-field: as many keys as sources, not documents",
     "WriteRejected/CountReasons": "a count per reason",
     "WriteRejected/CountRejected": "a count",
 }

@@ -512,7 +512,7 @@ def test_duplicates_are_dropped_before_the_shuffle_into_pack(tmp_path, monkeypat
 
     def recording(self, element):
         documents = list(element[1])
-        seen.extend(handoff.unwrap(document)[0] for document in documents)
+        seen.extend(handoff.unwrap(document).key for document in documents)
         yield from process(self, (element[0], documents))
 
     monkeypatch.setattr(_PackBucket, "process", recording)

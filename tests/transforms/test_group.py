@@ -8,6 +8,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transforms.elements import Document
 from transforms.group import (
     SUB_BUCKETS,
     DropDuplicates,
@@ -21,7 +22,7 @@ from transforms.group import (
 
 def _document(split, bucket, key, tokens=(5, 6)):
     data = bytes(bytearray(b"".join(t.to_bytes(4, "little") for t in tokens)))
-    return (split, bucket), (key, data, {})
+    return (split, bucket), Document(key, data, {})
 
 
 def test_keep_one_counts_every_copy_whatever_the_merges():

@@ -70,8 +70,7 @@ import numpy as np
 
 from transforms.objectives.base import Block, Built, Objective
 from transforms.objectives.common import SpecialIds, ids_out_of_range, index_range
-from transforms.objectives.mlm import random_ids
-from transforms.objectives.randoms import Randoms, first_distinct
+from transforms.objectives.randoms import Randoms, first_distinct, random_ids
 
 __all__ = ["MASK_LENGTHS", "Bart", "BartConfig", "poisson_span_cdf", "sentence_permutation", "span_lengths"]
 

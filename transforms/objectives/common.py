@@ -1,7 +1,8 @@
 """Helpers shared by every objective and by both sides of the project.
 
-Owns: stable digests of keys (never Python's ``hash()``) and the :class:`SpecialIds` record
-that tells an objective which token ids are special, with lookup tables built once. The
+Owns: stable digests of keys (never Python's ``hash()``), the :class:`SpecialIds` record
+that tells an objective which token ids are special, with lookup tables built once, and
+:data:`IGNORE_INDEX`, the label of a position without loss. The
 counter-based random numbers are :mod:`transforms.objectives.randoms`, keyed by
 :func:`transforms.objectives.layout.example_digests`.
 
@@ -16,7 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SpecialIds", "digest", "digest_u64", "ids_out_of_range", "index_range", "unit_interval"]
+__all__ = ["IGNORE_INDEX", "SpecialIds", "digest", "digest_u64", "ids_out_of_range", "index_range", "unit_interval"]
+
+#: The label of a position that carries no loss (PyTorch's ``CrossEntropyLoss`` default, HF's -100):
+#: what MLM stores in ``labels`` and the collators put where nothing is predicted.
+IGNORE_INDEX = -100
 
 
 def digest(data: bytes | str, *, salt: bytes = b"", size: int = 16) -> bytes:

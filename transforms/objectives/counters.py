@@ -3,14 +3,19 @@
 A counters dict maps names to ints. Names ending in ``_min`` / ``_max`` combine with
 min / max, names containing ``hist_`` are histogram bins, everything else is summed.
 Floats are never accumulated, so merged statistics are byte-identical whatever the
-order in which a runner combines partial results.
+order in which a runner combines partial results: :func:`sum_counters` is the combiner of
+every statistics stream of the pipeline (``beam.CombinePerKey(sum_counters)``; Beam calls
+it on inputs, on partial sums and on both together, which suits an operation that is
+associative and commutative).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import numpy as np
 
-__all__ = ["add_counters", "log2_bin", "merge_counters", "length_counters"]
+__all__ = ["add_counters", "log2_bin", "merge_counters", "length_counters", "sum_counters"]
 
 
 _SUM, _MIN, _MAX = 0, 1, 2
@@ -49,6 +54,14 @@ def merge_counters(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     out = dict(a)
     add_counters(out, b)
     return out
+
+
+def sum_counters(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Counter dicts combined into one, its names sorted (the pipeline's statistics combiner)."""
+    total: dict[str, int] = {}
+    for counters in parts:
+        add_counters(total, counters)
+    return dict(sorted(total.items()))
 
 
 def log2_bin(length: int) -> int:

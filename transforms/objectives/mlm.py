@@ -57,13 +57,11 @@ from typing import Any
 import numpy as np
 
 from transforms.objectives.base import Block, Built, Objective
-from transforms.objectives.common import SpecialIds, ids_out_of_range
-from transforms.objectives.randoms import Randoms, first_distinct
+from transforms.objectives.common import IGNORE_INDEX, SpecialIds, ids_out_of_range
+from transforms.objectives.randoms import Randoms, first_distinct, random_ids
 
 __all__ = ["IDS_STREAM", "IGNORE_INDEX", "MLM", "SELECT_STREAM", "SPLIT_STREAM", "MLMConfig", "exact_split",
-           "random_ids", "round_half_up", "selection_budget"]
-
-IGNORE_INDEX = -100
+           "round_half_up", "selection_budget"]
 SELECT_STREAM, SPLIT_STREAM, IDS_STREAM, ORDER_STREAM = 1, 2, 3, 4
 
 
@@ -147,24 +145,6 @@ def exact_split(counts: np.ndarray, ratios: tuple[float, ...], uniforms: np.ndar
     cuts = np.minimum(cuts.astype(np.int64), counts[:, None])
     cuts[:, -1] = counts
     return np.diff(cuts, axis=1, prepend=0)
-
-
-def random_ids(randoms: Randoms, stream: int, counts: np.ndarray, special: SpecialIds) -> np.ndarray:
-    """``counts[r]`` uniform random non-special ids for each row ``r``, rows end to end (int32).
-
-    Raises:
-        ValueError: every id of the vocabulary is special.
-    """
-    counts = np.asarray(counts, dtype=np.int64)
-    most = int(counts.max(initial=0))
-    if most == 0:
-        return np.zeros(0, dtype=np.int32)
-    n_free = special.non_special_ranks()[0]
-    if n_free <= 0:
-        raise ValueError(f"no non-special id in a vocabulary of {special.vocab_size} ids")
-    rows = np.flatnonzero(counts)
-    ranks = randoms.rows(rows).integers(stream, most, n_free)
-    return special.ids_of_ranks(ranks[np.arange(most) < counts[rows, None]])
 
 
 def _word_order_selection(candidate_row: np.ndarray, starts: np.ndarray, budget: np.ndarray,

@@ -31,7 +31,9 @@ Samplers on top (each exact in distribution up to float64 resolution):
 - :func:`random_order`: a uniformly random permutation per row, by sorting distinct random keys;
 - :func:`compositions`: uniformly random compositions of a total into positive parts (T5's
   ``random_spans_noise_mask`` draws every composition with equal probability): ``parts - 1``
-  distinct cut points among the ``total - 1`` gaps.
+  distinct cut points among the ``total - 1`` gaps;
+- :func:`random_ids`: uniform random token ids that are not special (the random replacements
+  of MLM and BART).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ import math
 
 import numpy as np
 
-__all__ = ["GOLDEN", "Randoms", "compositions", "first_distinct", "mix64", "random_order"]
+from transforms.objectives.common import SpecialIds
+
+__all__ = ["GOLDEN", "Randoms", "compositions", "first_distinct", "mix64", "random_ids", "random_order"]
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -301,3 +305,21 @@ def compositions(randoms: Randoms, stream: int, total: int, parts: int) -> np.nd
     bounds[:, 1:-1] = cuts + 1
     bounds[:, -1] = total
     return np.diff(bounds, axis=1)
+
+
+def random_ids(randoms: Randoms, stream: int, counts: np.ndarray, special: SpecialIds) -> np.ndarray:
+    """``counts[r]`` uniform random non-special ids for each row ``r``, rows end to end (int32).
+
+    Raises:
+        ValueError: every id of the vocabulary is special.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    most = int(counts.max(initial=0))
+    if most == 0:
+        return np.zeros(0, dtype=np.int32)
+    n_free = special.non_special_ranks()[0]
+    if n_free <= 0:
+        raise ValueError(f"no non-special id in a vocabulary of {special.vocab_size} ids")
+    rows = np.flatnonzero(counts)
+    ranks = randoms.rows(rows).integers(stream, most, n_free)
+    return special.ids_of_ranks(ranks[np.arange(most) < counts[rows, None]])

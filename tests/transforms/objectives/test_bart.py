@@ -19,8 +19,7 @@ from transforms.objectives.bart import Bart, BartConfig, poisson_span_cdf, span_
 from transforms.objectives.base import Block, build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_digests, example_randoms
-from transforms.objectives.mlm import random_ids
-from transforms.objectives.randoms import first_distinct
+from transforms.objectives.randoms import first_distinct, random_ids
 
 # ids 0..3 special (<s>, <pad>, </s>, <mask>), 4..59 ordinary
 SPECIAL = SpecialIds(vocab_size=60, pad=1, eos=2, bos=0, mask=3)

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.objectives.counters import length_counters, log2_bin, merge_counters
+from transforms.objectives.counters import length_counters, log2_bin, merge_counters, sum_counters
 
 
 def test_log2_bin():
@@ -71,6 +71,26 @@ def test_merged_parts_equal_whole_in_any_order(parts, order):
             for i in range(0, len(shuffled), 2)
         ]
     assert shuffled[0] == whole
+
+
+def test_sum_counters_combines_parts_sums_and_nothing():
+    parts = [{"n": 2, "len_min": 5, "len_max": 9}, {"n": 1, "len_min": 3}, {"len_max": 12, "b": 0}]
+    whole = {"b": 0, "len_max": 12, "len_min": 3, "n": 3}
+    assert sum_counters(parts) == whole and list(sum_counters(parts)) == sorted(whole)
+    assert sum_counters([sum_counters(parts[:2]), parts[2]]) == whole  # partial sums combine again
+    assert sum_counters([]) == {}
+
+
+def test_sum_counters_is_the_beam_combiner_of_every_stats_stream():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    # More elements per key than Beam's buffer of a callable combiner (10): partial sums are combined again.
+    elements = [("train", {"tokens": i, "len_max": i}) for i in range(40)] + [("validation", {"tokens": 7})]
+    with TestPipeline(runner="FnApiRunner") as p:
+        summed = p | beam.Create(elements) | beam.CombinePerKey(sum_counters)
+        assert_that(summed, equal_to([("train", {"len_max": 39, "tokens": 780}), ("validation", {"tokens": 7})]))
 
 
 @settings(max_examples=200, deadline=None)

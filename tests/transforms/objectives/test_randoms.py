@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from objective_oracles import assert_fits, chi_square, chi_square_bound
 
+from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_digests, example_randoms, plan_uniforms
-from transforms.objectives.randoms import Randoms, compositions, first_distinct, mix64, random_order
+from transforms.objectives.randoms import Randoms, compositions, first_distinct, mix64, random_ids, random_order
 
 MASK = (1 << 64) - 1
 
@@ -178,3 +179,11 @@ def test_random_orders_are_permutations_and_uniform():
     assert len(seen) == 24
     statistic, df = chi_square(list(seen.values()), [500.0] * 24)
     assert statistic < chi_square_bound(df)
+
+
+def test_random_ids_are_uniform_over_non_special_ids():
+    special = SpecialIds(vocab_size=12, pad=0, eos=5, mask=11, all_special=frozenset({6, 7}))
+    draws = random_ids(example_digests(0, [f"r{i}" for i in range(2000)]).randoms, 9, np.full(2000, 30), special)
+    allowed = special.non_special_ids()
+    assert set(np.unique(draws).tolist()) == set(allowed.tolist())
+    assert_fits(np.bincount(draws, minlength=12)[allowed], [1 / allowed.size] * allowed.size, "random ids")

@@ -1,0 +1,123 @@
+"""What flows between the stages of the pipeline (docs/design.md section 2), named.
+
+- :class:`Document`: a tokenized document, from Tokenize through the pack-group shuffle to
+  Pack, keyed by ``(split, sub-bucket)`` and then ``(split, pack group)``.
+- :class:`Chunk`: a packed chunk, from Pack to BuildExamples.
+- :class:`ShardPiece`: the examples of one block bound for one shard, from BuildExamples to
+  WriteShards (keyed by ``(split, shard, shard count)``), crossing the shuffle encoded
+  (:meth:`ShardPiece.encode`).
+
+Shuffle keys stay plain tuples: Beam encodes them deterministically without pickling.
+This module imports no Beam, so that build workers can use it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from schemas.examples import ExampleSchema
+from transforms.objectives.packing import Piece
+from transforms.shard_format import ExampleColumns, MergedColumns
+
+__all__ = ["Chunk", "Document", "ShardPiece"]
+
+
+class Document(NamedTuple):
+    """A tokenized document.
+
+    Attributes:
+        key: the 16-byte digest of its text (:func:`transforms.tokenize.document_key`); also the
+            order documents are packed in.
+        ids: its token ids as int32 bytes (raw bytes cross a shuffle far cheaper than pickled
+            arrays), or an int32 array.
+        features: per-token feature name (``word_starts``, ...) -> one bool per token.
+    """
+
+    key: bytes
+    ids: bytes | np.ndarray
+    features: dict[str, np.ndarray]
+
+    @property
+    def tokens(self) -> int:
+        """Number of token ids."""
+        return len(self.ids) // 4 if isinstance(self.ids, bytes) else len(self.ids)
+
+
+class Chunk(NamedTuple):
+    """A packed chunk, ready for the objective.
+
+    Attributes:
+        split: ``train`` or ``validation``.
+        key: the chunk key (``train-g00012-c000034``: pack group 12, chunk 34).
+        plan: the objective's plan of the chunk (UL2's denoiser; 0 for other objectives).
+        piece: its tokens, document lengths and features.
+    """
+
+    split: str
+    key: str
+    plan: int
+    piece: Piece
+
+
+def _order_of(orders: np.ndarray) -> np.ndarray:
+    """Stable ascending order of ``(n, 16)`` uint8 keys compared bytewise."""
+    high = orders[:, :8].copy().view(">u8").reshape(-1)
+    low = orders[:, 8:].copy().view(">u8").reshape(-1)
+    return np.lexsort((low, high))
+
+
+class ShardPiece:
+    """Rows of one split on their way to the shard writers.
+
+    Attributes:
+        orders: ``(n, 16)`` uint8 row-order keys (:func:`transforms.objectives.layout.row_order_key`).
+        shard_hashes: ``(n,)`` uint64; a row's shard is ``shard_hashes % num_shards``.
+        chunk_tokens: ``(n,)`` int64 source tokens of each row.
+        columns: the rows' :class:`~transforms.shard_format.ExampleColumns`.
+    """
+
+    __slots__ = ("orders", "shard_hashes", "chunk_tokens", "columns")
+
+    def __init__(self, orders, shard_hashes, chunk_tokens, columns: ExampleColumns):
+        self.orders, self.shard_hashes, self.chunk_tokens, self.columns = orders, shard_hashes, chunk_tokens, columns
+
+    @property
+    def count(self) -> int:
+        return self.columns.count
+
+    @classmethod
+    def merge_sorted(cls, parts: list[ShardPiece], schema: ExampleSchema) -> ShardPiece:
+        """The rows of all ``parts`` in ascending order of their order keys (bytewise, like sorting
+        ``bytes``); their token values stay in the parts until written (:class:`MergedColumns`)."""
+        if not parts:
+            return cls(np.zeros((0, 16), np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.int64),
+                       ExampleColumns.from_examples([], schema))
+        orders = np.concatenate([p.orders for p in parts])
+        order = _order_of(orders)
+        part = np.repeat(np.arange(len(parts)), [p.count for p in parts])[order]
+        starts = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.count for p in parts], out=starts[1:])
+        row = order - starts[part]
+        return cls(
+            orders[order],
+            np.concatenate([p.shard_hashes for p in parts])[order],
+            np.concatenate([p.chunk_tokens for p in parts])[order],
+            MergedColumns([p.columns for p in parts], part, row, schema),
+        )
+
+    def encode(self) -> tuple:
+        """Bytes, ints, lists and dicts only: Beam's default coder handles them without pickling."""
+        return (self.orders.tobytes(), self.shard_hashes.tobytes(), self.chunk_tokens.tobytes(),
+                self.columns.encode())
+
+    @classmethod
+    def decode(cls, encoded: tuple, schema: ExampleSchema) -> ShardPiece:
+        orders, hashes, tokens, columns = encoded
+        return cls(
+            np.frombuffer(orders, dtype=np.uint8).reshape(-1, 16),
+            np.frombuffer(hashes, dtype=np.uint64),
+            np.frombuffer(tokens, dtype=np.int64),
+            ExampleColumns.decode(columns, schema),
+        )
