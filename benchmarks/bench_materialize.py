@@ -154,12 +154,18 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
-def measure(spec: dict) -> dict:
+def measure(spec: dict, env: dict[str, str] | None = None, root: str = ROOT) -> dict:
     """Run one measurement (``{"kind": "ceiling", "corpus", "tokenizer", "method"}``,
     ``{"kind": "materialize", "args"}`` or ``{"kind": "hf_idiom", "corpus", "tokenizer",
-    "seq_len"}``) in a fresh Python process; its result dict."""
+    "seq_len"}``) in a fresh Python process; its result dict.
+
+    ``env``: variables added to the process's environment; ``root``: the checkout whose code
+    runs (its ``benchmarks.bench_materialize``; default this one)."""
+    environ = {**child_env(), **(env or {})}
+    if root != ROOT:
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-m", "benchmarks.bench_materialize", "--child", json.dumps(spec)],
-                          cwd=ROOT, env=child_env(), capture_output=True, text=True)
+                          cwd=root, env=environ, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines or not lines[-1].startswith(_RESULT):
         raise SystemExit(f"measurement {spec} failed (exit {done.returncode}):\n"

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import datetime
 import difflib
-import gc
 import json
 import logging
 import os
@@ -62,6 +61,7 @@ from pipelines.options import (
     parse_args,
     resolve_build_stage,
 )
+from pipelines.runner_tuning import RunnerTuning
 from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.examples import example_schema
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
@@ -69,7 +69,6 @@ from transforms.accounting import EmptySplitError, RejectedFractionError, Unreco
 from transforms.build import BuildExamples
 from transforms.encoder import EncoderChoice, choose_encoder
 from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
-from transforms.handoff import release, scope, unwrap
 from transforms.inputs import InputChangedError
 from transforms.manifest import WriteManifest
 from transforms.objectives.counters import sum_counters
@@ -86,7 +85,6 @@ from transforms.output import (
     remove_output_files,
 )
 from transforms.pack import Pack
-from transforms.parallel import prestart
 from transforms.progress import PROGRESS
 from transforms.read import ReadCorpus, file_format, iter_file_records, list_inputs, record_fields
 from transforms.tokenize import Tokenize, needs_full_encodings, read_tokenizer_bytes
@@ -462,18 +460,19 @@ def shard_sizing(plan: Plan) -> dict[str, int | None]:
 def _split_tokens(element):
     """``((split, sub-bucket), Document)`` -> ``(split, its tokens and EOS)``."""
     (split, _), document = element
-    return split, unwrap(document).tokens + 1
+    return split, document.tokens + 1
 
 
 def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None,
-                   handoff_scope: str | None = None, lock: RunLock | None = None) -> None:
+                   tuning: RunnerTuning | None = None, lock: RunLock | None = None) -> None:
     """Add the materialize steps to ``pipeline``.
 
-    ``handoff_scope``: hand token arrays and example batches across the shuffles by
-    reference, under this scope (:mod:`transforms.handoff`; only for a runner that runs every
-    stage in this process); None copies them through the runner. ``lock``: the run's lock,
-    checked by every writer before it renames a file into place.
+    ``tuning``: what differs for the run's runner (:mod:`pipelines.runner_tuning`: documents,
+    chunks and example batches handed over by reference on the in-process runner); None: the
+    plain graph. ``lock``: the run's lock, checked by every writer before it renames a file
+    into place.
     """
+    tuning = tuning or RunnerTuning(in_one_process=False)
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
     read = pipeline | "ReadCorpus" >> ReadCorpus(
@@ -489,13 +488,13 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         batch_size=o.batch_size,
         progress_seconds=o.progress_seconds,
         encoder_threads=o.encoder_threads,
-        handoff_scope=handoff_scope,
         encoder=plan.encoder.backend,
     )
+    documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
     # Pack groups are planned from every document's tokens while duplicates are dropped; each
     # unique document then goes to its group (with --num-buckets its bucket is its group).
-    groups = tokenized.documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
-    unique = tokenized.documents | "DropDuplicates" >> DropDuplicates()
+    groups = documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
+    unique = documents | "DropDuplicates" >> DropDuplicates()
     documents = unique.documents
     if o.num_buckets is None:
         documents = documents | "AssignGroups" >> AssignGroups(groups)
@@ -516,22 +515,17 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)
-    # The objective runs on both chunk outputs of Pack apart (flattening them would make Beam's
-    # local runner encode every chunk); their example batches meet in WriteShards' one shuffle.
-    settings = dict(seed=o.seed, draws=o.draws, sizing=sizing, processes=o.build_processes,
-                    handoff_scope=handoff_scope)
-    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, **settings,
-                          separate=o.build_stage == "separate")
-    build_repacked = BuildExamples(plan.objective, plan.resolved.special, plan.schema, **settings)
     bucket_chunks, repacked_chunks = chunks
-    batches, build_stats = (bucket_chunks, split_tokens) | "BuildExamples" >> build
-    rest_batches, rest_stats = (repacked_chunks, split_tokens) | "BuildRepackedExamples" >> build_repacked
-    objective_stats = (
-        (build_stats, rest_stats)
-        | "AllObjectiveStats" >> beam.Flatten()
-        | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
+    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
+                          sizing=sizing, separate=o.build_stage == "separate")
+    all_chunks = (
+        (tuning.hand_over(bucket_chunks, "HandOverChunks"), tuning.hand_over(repacked_chunks, "HandOverRest"))
+        | "AllChunks" >> beam.Flatten()
     )
-    shards = (batches, rest_batches, split_tokens) | "WriteShards" >> WriteShards(
+    batches, build_stats = (all_chunks, split_tokens) | "BuildExamples" >> build
+    batches = tuning.hand_over(batches, "HandOverExamples", values_only=True)
+    objective_stats = build_stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
+    shards = (batches, split_tokens) | "WriteShards" >> WriteShards(
         o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
@@ -594,7 +588,6 @@ def _prepare(argv: list[str] | None):
             _LOG.warning(warning)
         dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
         check_output(options)  # before anything else: it changes nothing
-        _shorten_state_sampling()
         pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
     except LmshardsError:
         raise
@@ -607,16 +600,15 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     start = time.monotonic()
     options, plan, dry_run, pipeline = _prepare(argv)
-    handoff_scope = scope() if options.in_one_process and not dry_run else None
+    tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run)
     lock = None if dry_run else RunLock.new(options.output)
-    build_pipeline(pipeline, plan, argv, handoff_scope, lock)
+    build_pipeline(pipeline, plan, argv, tuning, lock)
     if lock is not None:
         # Everything that can be checked has passed: only now is the output locked and the old dataset removed.
         try:
             prepare_output(options, plan.splits, lock)
         except BaseException as exc:
-            if handoff_scope is not None:
-                release(handoff_scope)
+            tuning.release()
             if isinstance(exc, ValueError) and not isinstance(exc, LmshardsError):
                 raise ConfigError(str(exc)) from exc
             raise
@@ -627,10 +619,9 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         if lock is not None:
             tokenizer_bytes = plan.resolved.to_json_bytes()
             write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
-            prestart(options.build_processes)  # the workers start while Beam does
         with _quiet_logs_of(RejectedFractionError), _quiet_logs_of(UnreconciledCountsError), \
                 _quiet_logs_of(EmptySplitError), _quiet_logs_of(InputChangedError), _quiet_logs_of(LockLostError), \
-                _quiet_logs_of(OSError), _frozen_heap():
+                _quiet_logs_of(OSError):
             result = pipeline.run()
             result.wait_until_finish()
     except BaseException as exc:
@@ -641,8 +632,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         raise error from (exc if chained else None)
     finally:
         PROGRESS.close()
-        if handoff_scope is not None:
-            release(handoff_scope)
+        tuning.release()
         if lock is not None and failure is not None:
             _clean_failed_run(options.output, lock, keep_rejected=isinstance(failure[0], RejectedFractionError))
     if dry_run:
@@ -669,51 +659,6 @@ def _job_error(exc: BaseException) -> tuple[BaseException, bool]:
             return JobFailedError(message), False
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return JobFailedError(f"the pipeline failed: {type(exc).__name__}: {first}"), True
-
-
-@contextlib.contextmanager
-def _frozen_heap():
-    """Keep the objects that exist when the pipeline starts (modules, Beam's and the graph's)
-    out of the garbage collector's full passes while it runs.
-
-    The in-process runner holds its stages' data in this process, so full collections come
-    during the run; each traversed every object of the process, Beam's hundreds of
-    thousands included: about 80 ms each, two of them in a 60 MB run (0.16 s of its 11 s,
-    measured). Frozen, those objects are skipped; what the run makes is collected as usual.
-    Left alone when something in this process froze objects already (:func:`gc.freeze` has
-    no undo of one caller's freeze alone).
-    """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-#: Longest sleep of Beam's state-sampler thread, in ms (Beam's default: 200).
-STATE_SAMPLING_MS = 20
-
-
-def _shorten_state_sampling() -> None:
-    """Make Beam's state sampler sleep at most :data:`STATE_SAMPLING_MS` between samples.
-
-    Every bundle starts a sampler thread (it times the steps) and joins it at the end; the
-    thread sleeps up to 200 ms between samples, so each long bundle ended with up to 200 ms
-    of idle waiting (about 0.4 s per run of the in-process runner, measured). Sampling more
-    often only makes those timings finer. Affects bundles run in this process; a Beam
-    version without this constructor default is left alone.
-    """
-    try:
-        from apache_beam.runners.worker import statesampler
-
-        init = statesampler.StateSampler.__init__
-        if init.__defaults__ and len(init.__defaults__) == 1 and isinstance(init.__defaults__[0], int):
-            init.__defaults__ = (min(init.__defaults__[0], STATE_SAMPLING_MS),)
-    except (ImportError, AttributeError):
-        pass
 
 
 _BEAM_SUFFIX = re.compile(r"\s*\[while running [^\]]*\]\s*$")

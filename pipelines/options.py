@@ -31,7 +31,7 @@ from transforms.record_policy import (
 )
 
 __all__ = ["BUILD_STAGES", "FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args",
-           "estimated_groups", "resolve_build_processes", "resolve_build_stage", "resolve_encoder_threads",
+           "estimated_groups", "resolve_build_stage", "resolve_encoder_threads",
            "worker_flags"]
 
 FORMATS = ("arrow", "webdataset")
@@ -111,8 +111,6 @@ class MaterializeOptions:
     input_split_mb: float = 64.0
     #: most tokens of a pack group (None with ``--num-buckets``)
     pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
-    #: worker processes that build examples beside the in-process runner's thread (0: none)
-    build_processes: int = 0
     #: ``fused`` (the objective runs where chunks are packed), ``separate`` (a stage of its own) or
     #: ``auto`` (until :func:`resolve_build_stage` decides)
     build_stage: str = "auto"
@@ -218,8 +216,8 @@ def _usable_cores() -> int:
     return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
-#: Objectives whose examples are copies of their chunks: sending a chunk to a build worker and
-#: its example back costs as much as building it (measured: clm, 60 MB, no faster with 2).
+#: Objectives whose examples are copies of their chunks: spreading the chunks over other workers
+#: costs as much as building them there.
 _COPYING_OBJECTIVES = ("clm",)
 
 
@@ -253,23 +251,6 @@ class RunnerSetup:
                    multi_processing=direct.direct_running_mode == "multi_processing",
                    num_workers=direct.direct_num_workers or 0,
                    experiments=tuple(options.view_as(DebugOptions).experiments or ()))
-
-
-def resolve_build_processes(value: int | str, setup: RunnerSetup, objective: str | None = None) -> int:
-    """``--build-processes``: ``auto`` is the number of usable cores when the runner runs the
-    pipeline in this process and there is more than one, else 0 (workers of
-    ``--direct_running_mode=multi_processing`` or Dataflow are processes already; clm's
-    examples are copies of its chunks); a number is taken as given."""
-    if value != "auto":
-        return int(value)
-    if objective in _COPYING_OBJECTIVES or setup.runner not in IN_PROCESS_RUNNERS or setup.multi_processing:
-        return 0
-    from transforms.parallel import FORKSERVER
-
-    if not FORKSERVER:
-        return 0
-    cores = _usable_cores()
-    return cores if cores > 1 else 0  # one core: a worker would only take turns with the stage
 
 
 def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
@@ -474,10 +455,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where the objective runs: fused with packing, or separate (its own stage, chunks "
                      f"spread over every worker); default auto: separate on Dataflow when the corpus makes fewer "
                      f"than {SEPARATE_BELOW_GROUPS} pack groups (not for clm), else fused; never changes the output")
-    run.add_argument("--build-processes", type=_auto_or_count("--build-processes", "processes", 0), default="auto",
-                     metavar="N",
-                     help="worker processes that apply the objective beside the in-process runner (0: none; "
-                     "default auto: one per usable core in-process, 0 for multi_processing, Dataflow and clm)")
     return parser
 
 
@@ -578,7 +555,6 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_rejected_fraction=args.max_rejected_fraction,
         max_record_bytes=args.max_record_bytes,
         unverified_zstd=args.unverified_zstd,
-        build_processes=resolve_build_processes(args.build_processes, runner_setup, args.objective),
         build_stage=args.build_stage,  # resolved once the inputs are listed (materialize.plan_run)
         encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
         encoder=args.encoder,

@@ -17,9 +17,7 @@ row-order key already computed; the counters leave summed, per split, on the
 writer sorts every shard's rows by their order key, and counters are integers that add up in
 any order.
 
-The per-chunk work itself is :class:`transforms.parallel.ChunkBuilder` (no Beam). With
-``processes`` > 0 (``--build-processes``) a pool of worker processes runs it beside the
-stage's own thread (:class:`transforms.parallel.PooledBuilder`), with the same output.
+The per-chunk work itself is :class:`transforms.parallel.ChunkBuilder` (no Beam).
 """
 
 from __future__ import annotations
@@ -27,13 +25,11 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.handoff import wrap
 from transforms.objectives.layout import shard_count
 from transforms.parallel import (
     TASK_TOKENS,
     BuildConfig,
     ChunkBuilder,
-    PooledBuilder,
     decode_chunks,
     encode_chunks,
     example_key,
@@ -43,19 +39,15 @@ __all__ = ["BuildExamples", "example_key"]
 
 
 class _Build(beam.DoFn):
-    def __init__(self, objective, special, schema, seed, draws, sizing, processes, handoff_scope=None):
-        self._handoff_scope = handoff_scope
+    def __init__(self, objective, special, schema, seed, draws, sizing):
         self._config = BuildConfig(objective, special, schema, seed, draws)
-        self._sizing, self._processes = sizing, processes
+        self._sizing = sizing
 
     def setup(self):
         self._examples = beam.metrics.Metrics.counter("lmshards", "examples")
 
     def start_bundle(self):
-        if self._processes:
-            self._builder = PooledBuilder(self._config, self._processes)
-        else:
-            self._builder = ChunkBuilder(self._config)
+        self._builder = ChunkBuilder(self._config)
         self._counts: dict[str, int] = {}
 
     def process(self, chunk, split_tokens):
@@ -63,16 +55,11 @@ class _Build(beam.DoFn):
         count = self._counts.get(split)
         if count is None:
             count = self._counts[split] = shard_count(split, split_tokens.get(split, 0), **self._sizing)
-        for piece in self._builder.add(chunk, count):
-            yield self._handoff(piece)
-
-    def _handoff(self, piece):
-        shard, encoded = piece
-        return shard, wrap(encoded, self._handoff_scope)
+        yield from self._builder.add(chunk, count)
 
     def finish_bundle(self):
         for piece in self._builder.finish():
-            yield GlobalWindows.windowed_value(self._handoff(piece))
+            yield GlobalWindows.windowed_value(piece)
         self._examples.inc(self._builder.built)
         for split, stats in sorted(self._builder.stats.items()):
             yield beam.pvalue.TaggedOutput(BuildExamples.STATS, GlobalWindows.windowed_value((split, stats)))
@@ -115,11 +102,6 @@ class BuildExamples(beam.PTransform):
         sizing: keyword arguments of :func:`transforms.objectives.layout.shard_count` after ``split`` and
             ``tokens`` (``num_shards``, ``tokens_per_example``, ``draws``, ``bytes_per_example``,
             ``shard_bytes``).
-        processes: worker processes that build the examples beside the stage's own thread
-            (:class:`transforms.parallel.PooledBuilder`); 0 builds them in the stage. The
-            output is the same either way.
-        handoff_scope: wrap each encoded batch in a :class:`~transforms.handoff.ByReference` of
-            this scope (only where every stage runs in this process); None emits it as it is.
         separate: run the objective in a stage of its own: the chunks are gathered into blocks
             and spread over the workers by a shuffle (``Reshuffle``) first, so that building
             is not bound to the workers that packed the chunks (one per pack group). The
@@ -134,15 +116,13 @@ class BuildExamples(beam.PTransform):
 
     STATS = "stats"
 
-    def __init__(self, objective, special, schema, *, seed: int, draws: int = 1, sizing: dict, processes: int = 0,
-                 handoff_scope: str | None = None, separate: bool = False):
+    def __init__(self, objective, special, schema, *, seed: int, draws: int = 1, sizing: dict,
+                 separate: bool = False):
         super().__init__()
         self._separate = separate
         if draws < 1:
             raise ValueError(f"--draws {draws}: must be >= 1")
-        if processes < 0:
-            raise ValueError(f"--build-processes {processes}: must be >= 0")
-        self._fn = _Build(objective, special, schema, seed, draws, sizing, processes, handoff_scope)
+        self._fn = _Build(objective, special, schema, seed, draws, sizing)
 
     def expand(self, inputs):
         chunks, split_tokens = inputs

@@ -36,8 +36,6 @@ from typing import Any
 
 import apache_beam as beam
 
-from transforms.handoff import unwrap
-
 __all__ = ["DEFAULT_PACK_GROUP_TOKENS", "SUB_BUCKETS", "AssignGroups", "DropDuplicates", "KeepOneCombineFn",
            "PlanGroups", "group_of", "plan_groups", "plan_summary"]
 
@@ -116,7 +114,7 @@ class _PlanCombineFn(beam.CombineFn):
 
 def _bucket_tokens(element):
     bucket, document = element
-    return bucket, unwrap(document).tokens + 1
+    return bucket, document.tokens + 1
 
 
 class PlanGroups(beam.PTransform):
@@ -180,7 +178,7 @@ class KeepOneCombineFn(beam.CombineFn):
 
 
 def _key_by_document(element):
-    return unwrap(element[1]).key, element
+    return element[1].key, element
 
 
 def _unique(element):

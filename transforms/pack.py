@@ -23,7 +23,6 @@ import apache_beam as beam
 import numpy as np
 
 from transforms.elements import Chunk
-from transforms.handoff import unwrap
 from transforms.objectives.counters import length_counters
 from transforms.objectives.layout import plan_uniforms
 from transforms.objectives.packing import (
@@ -122,7 +121,7 @@ class _PackBucket(beam.DoFn):
 
     def process(self, element):
         (split, bucket), grouped = element
-        docs = [unwrap(document) for document in grouped]
+        docs = list(grouped)
         del grouped
         docs.sort(key=lambda document: document.key)
         kept = [(document.ids, document.features) for document in docs]

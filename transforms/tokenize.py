@@ -28,10 +28,8 @@ gigabytes. A text that encodes to no token is rejected with reason ``no_tokens``
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
@@ -49,7 +47,6 @@ from transforms.encoder import (
     offset_ends,
     pieces_are_exact_for,
 )
-from transforms.handoff import wrap
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.objectives.counters import length_counters
 from transforms.progress import PROGRESS
@@ -58,8 +55,8 @@ from transforms.text_rules import byte_positions, sentence_start_chars, token_fl
 from transforms.tokenizer_utils import byte_level_lengths, tokenizer_from_bytes
 from transforms.word_starts import ByteLevelWords, space_start_flags, space_start_table, word_start_flags
 
-__all__ = ["BATCH_SIZE", "SDK_WORKER_MAIN", "TokenFeatures", "Tokenize", "assign_split", "bucket_of", "document_key",
-           "freeze_worker_heap", "needs_full_encodings", "read_tokenizer_bytes"]
+__all__ = ["BATCH_SIZE", "TokenFeatures", "Tokenize", "assign_split", "bucket_of", "document_key",
+           "needs_full_encodings", "read_tokenizer_bytes"]
 
 BATCH_SIZE = 2048
 #: A batch is also sent once its texts hold this many characters (bounds memory for long documents).
@@ -71,30 +68,6 @@ _LOG = logging.getLogger("lmshards")
 #: The environment variables the Rust encoders' thread pools are sized by: ``tokenizers``' (rayon)
 #: and fastokens' (its own pool; the count includes the calling thread).
 ENCODER_THREADS_ENV = ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS")
-
-
-#: The module a Beam SDK worker process runs as ``__main__`` (the portable runners' subprocess
-#: workers, Dataflow's harness).
-SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
-
-
-def freeze_worker_heap() -> bool:
-    """In a Beam SDK worker process, freeze its objects as they are when its first Tokenize
-    starts (Beam's modules, the worker's machinery), so that later full garbage collections
-    skip them; return whether it froze them.
-
-    Nothing else is touched: the process of a materialize run freezes its own objects for
-    as long as its pipeline runs (:func:`pipelines.materialize._frozen_heap`), and any other
-    process belongs to somebody else. A worker lives as long as its job, so the freeze is not
-    undone. Measured with 2 multi-processing workers on 60 MB: clm 12.1 s -> 11.6 s, bart
-    14.6 s -> 14.0 s (two runs each).
-    """
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if getattr(spec, "name", None) != SDK_WORKER_MAIN or gc.get_freeze_count():
-        return False
-    gc.freeze()
-    return True
 
 
 def document_key(text: str) -> bytes:
@@ -195,8 +168,7 @@ class _TokenizeBatch(beam.DoFn):
     """
 
     def __init__(self, tokenizer_path, features, validation_fraction, num_buckets, batch_size, progress_seconds,
-                 encoder_threads=None, handoff_scope=None, encoder="tokenizers"):
-        self._handoff_scope = handoff_scope
+                 encoder_threads=None, encoder="tokenizers"):
         self._tokenizer_path = tokenizer_path
         self._features = frozenset(features)
         self._validation_fraction = validation_fraction
@@ -207,7 +179,6 @@ class _TokenizeBatch(beam.DoFn):
         self._backend = encoder
 
     def setup(self):
-        freeze_worker_heap()
         if self._encoder_threads:
             for name in ENCODER_THREADS_ENV:
                 # The Rust encoders size their thread pools from these on their first batch in the
@@ -303,7 +274,7 @@ class _TokenizeBatch(beam.DoFn):
             if sources:
                 self._source_lengths[split, sources[index]].append(end - start)
             # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
-            yield (split, bucket_of(key, self._num_buckets)), wrap(Document(key, data, features), self._handoff_scope)
+            yield (split, bucket_of(key, self._num_buckets)), Document(key, data, features)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         PROGRESS.add(len(texts), tokens)
@@ -381,8 +352,6 @@ class Tokenize(beam.PTransform):
         encoder: the backend, ``fastokens`` or ``tokenizers`` (the reference; the default),
             as :func:`transforms.encoder.choose_encoder` decided for the job. A worker where it
             cannot load fails.
-        handoff_scope: wrap each value in a :class:`~transforms.handoff.ByReference` of this
-            scope (only where every stage runs in this process); None emits it as it is.
 
     Texts that encode to nothing go to the :attr:`REJECTED` output.
     """
@@ -392,15 +361,14 @@ class Tokenize(beam.PTransform):
     SOURCES = "sources"
 
     def __init__(self, tokenizer_path, *, features=frozenset(), validation_fraction=0.0, num_buckets=64,
-                 batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None, handoff_scope=None,
-                 encoder="tokenizers"):
+                 batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None, encoder="tokenizers"):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"--batch-size {batch_size}: must be >= 1")
         if encoder not in ("fastokens", "tokenizers"):
             raise ValueError(f"encoder {encoder!r}: expected fastokens or tokenizers")
         self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size,
-                                  progress_seconds, encoder_threads, handoff_scope, encoder)
+                                  progress_seconds, encoder_threads, encoder)
 
     def expand(self, texts):
         return texts | "Encode" >> beam.ParDo(self._fn).with_outputs(self.REJECTED, self.SOURCES, main="documents")

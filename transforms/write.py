@@ -25,7 +25,6 @@ from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.elements import ShardPiece
-from transforms.handoff import unwrap
 from transforms.objectives.common import digest_u64
 from transforms.objectives.layout import shard_count
 from transforms.output import TMP_DIR, RunLock
@@ -126,7 +125,7 @@ class _WriteShard(beam.DoFn):
 
     def process(self, element):
         (split, index, count), pieces = element
-        parts = [ShardPiece.decode(unwrap(p), self._schema) for p in pieces if p is not SHARD_MARKER]
+        parts = [ShardPiece.decode(p, self._schema) for p in pieces if p is not SHARD_MARKER]
         yield self.write(split, index, count, parts)
 
 

@@ -17,7 +17,6 @@ from lmshards_testing import ROOT, encode_documents, file_digests, materialize
 
 from loaders import open_dataset
 from schemas.manifest import Manifest
-from transforms import handoff
 from transforms.tokenize import assign_split, bucket_of, document_key
 
 SEQ_LEN = 128
@@ -227,35 +226,40 @@ def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, 
         assert on_disk.deterministic_view() == reference.deterministic_view(), name
 
 
-def test_in_process_runs_hand_tokens_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset, sample_glob,
-                                                                  tokenizer_path):
-    """The in-process runner gets token arrays and example batches by reference (the shuffles
-    copy no bytes), writes the bytes the copying runners write, and releases them when done;
-    other runners never get a reference."""
+def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
+                                                                            sample_glob, tokenizer_path):
+    """The in-process runner gets documents, chunks and example batches by reference (the
+    shuffles copy no bytes), writes the bytes the copying runners write, and releases them when
+    done; other runners never get a reference."""
+    from pipelines import runner_tuning
     from pipelines.options import parse_args
-    from transforms.handoff import ByReference
+    from pipelines.runner_tuning import RunnerTuning
+    from transforms.objectives.packing import Piece
 
     reference_out, reference = clm_dataset
-    documents, batches = set(), []
-    reduce = ByReference.__reduce__
+    handed = []
+    release = RunnerTuning.release
 
-    def counting(self):
-        if len(self.value) == 3:  # (key, token bytes, features)
-            documents.add(self.value[0])
-        else:  # an encoded example batch
-            batches.append(len(self.value[0]) // 16)
-        return reduce(self)
+    def recording(self):
+        handed.extend(runner_tuning._STORE.get(self.scope, {}).values())
+        release(self)
 
-    monkeypatch.setattr(ByReference, "__reduce__", counting)
+    monkeypatch.setattr(RunnerTuning, "release", recording)
     out = tmp_path / "by-reference"
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
-    # Every document and every example batch went by reference (the runner pickles an element
+    # Every document, chunk and example batch went by reference (the runner pickles an element
     # more than once: its grouping re-encodes, its size estimates sample).
+    documents = {value[0] for value in handed if len(value) == 3}
+    chunks = {value[1] for value in handed if len(value) == 4 and isinstance(value[3], Piece)}
+    batch_rows = sum(len(value[0]) // 16 for value in {id(v): v for v in handed}.values()
+                     if len(value) == 4 and not isinstance(value[3], Piece))
+    examples = sum(info["examples"] for info in manifest.splits.values())
     assert len(documents) == manifest.counts["documents_written"] + manifest.counts["duplicates"]
-    assert sum(info["examples"] for info in manifest.splits.values()) <= sum(batches)
-    assert not handoff._STORE
+    assert len(chunks) == examples  # one draw: an example per chunk
+    assert examples <= batch_rows
+    assert not runner_tuning._STORE
     base = _base_args(sample_glob, tokenizer_path)
     assert parse_args(["--output", "o", *base]).in_one_process
     for beam_args in (["--direct_running_mode=multi_processing"], ["--runner", "DataflowRunner"],
@@ -284,43 +288,6 @@ def test_beam_type_check_is_off_unless_asked_for_and_never_changes_bytes(tmp_pat
     assert manifest.deterministic_view() == reference.deterministic_view()
     materialize(tmp_path / "unchecked", *_base_args(sample_glob, tokenizer_path))
     assert checked == [True, False]
-
-
-def test_the_run_keeps_older_objects_out_of_full_collections_and_undoes_that_after(tmp_path, monkeypatch,
-                                                                                  clm_dataset, sample_glob,
-                                                                                  tokenizer_path):
-    """While the pipeline runs, the objects made before it are frozen (full collections skip
-    them); afterwards nothing stays frozen. A freeze somebody else made is left as it is."""
-    import gc
-
-    import transforms.write as write
-
-    reference_out, reference = clm_dataset
-    seen = []
-    atomic = write.write_atomic
-
-    def spying(root, relative, writer, lock=None):
-        seen.append(gc.get_freeze_count())
-        return atomic(root, relative, writer, lock)
-
-    monkeypatch.setattr(write, "write_atomic", spying)
-    assert gc.get_freeze_count() == 0
-    out = tmp_path / "frozen"
-    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
-    assert seen and min(seen) > 1000  # every shard, rejected-record file and manifest write
-    assert gc.get_freeze_count() == 0
-    assert file_digests(out) == file_digests(reference_out)
-    assert manifest.deterministic_view() == reference.deterministic_view()
-    seen.clear()
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        materialize(tmp_path / "frozen-before", *_base_args(sample_glob, tokenizer_path))
-        # frozen objects may die, none is added (the run's own freeze adds hundreds of thousands)
-        assert seen and max(seen) <= frozen
-        assert 0 < gc.get_freeze_count() <= frozen
-    finally:
-        gc.unfreeze()
 
 
 def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, monkeypatch, clm_dataset, sample_glob,
@@ -512,7 +479,7 @@ def test_duplicates_are_dropped_before_the_shuffle_into_pack(tmp_path, monkeypat
 
     def recording(self, element):
         documents = list(element[1])
-        seen.extend(handoff.unwrap(document).key for document in documents)
+        seen.extend(document.key for document in documents)
         yield from process(self, (element[0], documents))
 
     monkeypatch.setattr(_PackBucket, "process", recording)

@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 import pytest
 from lmshards_testing import ROOT, TOKENIZER, file_digests, materialize
 
+from pipelines import runner_tuning
 from pipelines.materialize import main
 from schemas.manifest import Manifest
-from transforms import handoff
 from transforms.record_policy import split_text
 
 BIG_DOC_CHARS = 10_000_000
@@ -284,7 +284,7 @@ def test_max_rejected_fraction_fails_the_job_without_a_manifest(hostile, capfd):
     assert match.group(7) == str(out / "rejected" / "rejected.jsonl")
     assert not (out / "manifest.json").exists()
     assert (out / "rejected" / "rejected.jsonl").exists()
-    assert not handoff._STORE  # a failed run releases what it handed over by reference too
+    assert not runner_tuning._STORE  # a failed run releases what it handed over by reference too
 
 
 # --- configuration errors -------------------------------------------------------------------

@@ -10,7 +10,6 @@ from transforms.accounting import EmptySplitError, RejectedFractionError, Unreco
 from transforms.encoder import EncoderUnavailable
 from transforms.inputs import InputChangedError
 from transforms.output import LockLostError, OutputLockedError
-from transforms.parallel import BuildWorkerError
 from transforms.write import ShardRowsError
 
 
@@ -21,7 +20,6 @@ from transforms.write import ShardRowsError
     (InputChangedError, JobFailedError, 1),
     (LockLostError, JobFailedError, 1),
     (ShardRowsError, JobFailedError, 1),
-    (BuildWorkerError, JobFailedError, 1),
     (OutputLockedError, ConfigError, 2),
     (ShardIntegrityError, DatasetError, 1),
     (EncoderUnavailable, LmshardsError, 1),

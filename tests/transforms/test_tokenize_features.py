@@ -162,30 +162,3 @@ def test_a_bundle_ends_in_batches_that_halve(count, sizes):
     batches = _tail_batches(texts)
     assert [len(batch) for batch in batches] == sizes
     assert [text for batch in batches for text in batch] == texts
-
-
-def test_only_a_beam_worker_process_freezes_its_heap(monkeypatch):
-    """Tokenize's setup freezes the garbage collector's view of a Beam SDK worker process (one
-    that runs ``sdk_worker_main``), once; any other process is left alone."""
-    import gc
-    import importlib.machinery
-    import sys
-    import types
-
-    from transforms.tokenize import SDK_WORKER_MAIN, freeze_worker_heap
-
-    assert gc.get_freeze_count() == 0
-    _documents(str(PROJECT_TOKENIZER))  # setup in this (pytest's) process
-    assert gc.get_freeze_count() == 0
-    assert not freeze_worker_heap()
-    worker_main = types.ModuleType("__main__")
-    worker_main.__spec__ = importlib.machinery.ModuleSpec(SDK_WORKER_MAIN, None)
-    monkeypatch.setitem(sys.modules, "__main__", worker_main)
-    try:
-        assert freeze_worker_heap()
-        frozen = gc.get_freeze_count()
-        assert frozen > 1000
-        assert not freeze_worker_heap()  # frozen already: nothing more
-        assert gc.get_freeze_count() <= frozen
-    finally:
-        gc.unfreeze()

@@ -1,0 +1,125 @@
+"""Runner tuning: the one place where the materialize job differs by runner.
+
+:func:`pipelines.materialize.build_pipeline` asks :class:`RunnerTuning` what to do; no
+transform takes an argument for a runner, and nothing here patches a library. What is in
+this module was measured to pay at least 5 % of a whole run on the benchmark corpus, in
+every one of at least five interleaved pairs of runs with and without it, on the runner it
+is active for; everything else that was once tuned for one runner is gone. The figures are
+in ``benchmarks/README.md`` ("Runner tuning, measured (issue 22)").
+
+**By-reference handoff (FnApiRunner in_memory only).** That runner runs every stage in
+this process, yet moves each element between stages as encoded bytes: the producing bundle
+encodes it, the runner decodes it to group it and encodes it again per group, the consuming
+bundle decodes it once more. For the token arrays of a corpus, its chunks and its example
+batches, that is much of a run. :meth:`RunnerTuning.hand_over` turns each value into an
+instance of a subclass of its own tuple type (:func:`shared`), which every transform reads
+as the tuple it is. Beam's default coder (``FastPrimitivesCoder``) encodes a type it does
+not know by pickling it, and pickling such a value stores it in this process (under the
+run's scope) and writes only a token; unpickling the token gives the very object back, so
+no bytes are copied on the way. A token read in another process, or after its run released
+it, fails with :class:`HandoffError` rather than yield wrong data. Stored values stay until
+:meth:`RunnerTuning.release` at the end of the run: Beam may decode an element more than
+once (``--direct_runner_bundle_repeat`` replays bundles). They are the values the runner
+would otherwise hold as bytes, so this adds no copies, only keeps them until the run ends.
+Other runners run stages in other processes (multi_processing's workers, Dataflow's), where
+a token means nothing: they get the values as they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from typing import Any
+
+import apache_beam as beam
+
+from schemas.errors import JobFailedError
+
+__all__ = ["HandoffError", "RunnerTuning", "shared"]
+
+_STORE: dict[str, dict[int, Any]] = {}  # scope -> token -> value
+_LOCK = threading.Lock()
+_COUNTER = itertools.count()
+_SHARED_TYPES: dict[type, type] = {}
+
+
+class HandoffError(JobFailedError):
+    """A by-reference value was read where it is not stored (another process, or after release)."""
+
+
+def _resolve(pid: int, scope: str, token: int) -> Any:
+    if pid != os.getpid():
+        raise HandoffError(
+            f"a value handed over by reference in process {pid} was read in process {os.getpid()}: "
+            "by-reference handoff only works with Beam's in-process runner"
+        )
+    try:
+        return _STORE[scope][token]
+    except KeyError:
+        raise HandoffError(f"by-reference value {token} of run {scope} is no longer stored") from None
+
+
+def _reduce_by_reference(self):
+    token = next(_COUNTER)
+    with _LOCK:
+        values = _STORE.get(self.handoff_scope)
+        if values is None:
+            raise HandoffError(f"by-reference values of run {self.handoff_scope} were released")
+        values[token] = self
+    return _resolve, (os.getpid(), self.handoff_scope, token)
+
+
+def _shared_type(cls: type) -> type:
+    """The subclass of tuple type ``cls`` (a plain tuple or a NamedTuple) that pickles by reference."""
+    shared_type = _SHARED_TYPES.get(cls)
+    if shared_type is None:
+        # No __slots__: an instance carries its run's scope in its __dict__.
+        shared_type = _SHARED_TYPES[cls] = type(f"Shared{cls.__name__.capitalize()}", (cls,),
+                                                {"__reduce__": _reduce_by_reference, "__module__": __name__})
+    return shared_type
+
+
+def shared(value: tuple, scope: str) -> tuple:
+    """``value`` (a tuple, or a NamedTuple) as an equal tuple of a subclass of its type that
+    pickles by reference under ``scope`` (an open :class:`RunnerTuning` scope)."""
+    if not isinstance(value, tuple):
+        raise TypeError(f"only tuples are handed over by reference, not {type(value).__name__}")
+    handed = tuple.__new__(_shared_type(type(value)), value)
+    handed.handoff_scope = scope
+    return handed
+
+
+def _share_value(element: tuple, scope: str) -> tuple:
+    key, value = element
+    return key, shared(value, scope)
+
+
+class RunnerTuning:
+    """What :func:`~pipelines.materialize.build_pipeline` does for the runner of a run.
+
+    Args:
+        in_one_process: the runner runs every stage in this process (FnApiRunner in_memory:
+            :attr:`pipelines.options.MaterializeOptions.in_one_process`); only then are values
+            handed over by reference.
+    """
+
+    def __init__(self, in_one_process: bool):
+        self.scope: str | None = None
+        if in_one_process:
+            self.scope = f"{os.getpid()}-{next(_COUNTER)}"
+            with _LOCK:
+                _STORE[self.scope] = {}
+
+    def hand_over(self, elements: beam.PCollection, label: str, *, values_only: bool = False) -> beam.PCollection:
+        """``elements`` (tuples; with ``values_only``, ``(key, tuple)`` pairs whose keys the runner
+        groups by and must see as they are), handed over by reference where this run does that."""
+        if self.scope is None:
+            return elements
+        return elements | label >> beam.Map(_share_value if values_only else shared, self.scope)
+
+    def release(self) -> None:
+        """Drop every value this run handed over (the run is over: nothing reads them again)."""
+        if self.scope is not None:
+            with _LOCK:
+                _STORE.pop(self.scope, None)

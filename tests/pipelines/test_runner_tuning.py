@@ -1,0 +1,115 @@
+"""Runner tuning (pipelines.runner_tuning): values handed over by reference across Beam's
+in-process shuffles, read by the transforms as the tuples they are."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from typing import NamedTuple
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+from lmshards_testing import ROOT
+
+from pipelines import runner_tuning
+from pipelines.runner_tuning import HandoffError, RunnerTuning, shared
+
+
+class _Named(NamedTuple):
+    key: bytes
+    ids: bytes
+
+
+def test_pickling_stores_the_value_and_writes_only_a_token():
+    tuning = RunnerTuning(in_one_process=True)
+    ids = np.arange(1_000_000, dtype=np.int32).tobytes()
+    try:
+        value = shared((b"key", ids), tuning.scope)
+        assert value == (b"key", ids) and isinstance(value, tuple)
+        blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        assert len(blob) < 200  # a token, not 4 MB
+        back = pickle.loads(blob)
+        assert back is value  # the same object: no copy
+        assert pickle.loads(blob) is value  # read again (a replayed bundle)
+        assert pickle.loads(pickle.dumps(back)) is value  # re-encoded, as the runner's grouping does
+    finally:
+        tuning.release()
+
+
+def test_a_named_tuple_stays_one_with_its_fields():
+    tuning = RunnerTuning(in_one_process=True)
+    try:
+        value = shared(_Named(b"k", b"ids"), tuning.scope)
+        assert isinstance(value, _Named) and value.key == b"k" and value.ids == b"ids" and value == (b"k", b"ids")
+        assert pickle.loads(pickle.dumps(value)) is value
+    finally:
+        tuning.release()
+    with pytest.raises(TypeError, match="only tuples"):
+        shared([b"k"], tuning.scope)
+
+
+def test_release_drops_the_values_of_its_run_only():
+    first, second = RunnerTuning(in_one_process=True), RunnerTuning(in_one_process=True)
+    blob_first = pickle.dumps(shared((b"first",), first.scope))
+    blob_second = pickle.dumps(shared((b"second",), second.scope))
+    first.release()
+    assert first.scope not in runner_tuning._STORE
+    with pytest.raises(HandoffError, match="no longer stored"):
+        pickle.loads(blob_first)
+    assert pickle.loads(blob_second) == (b"second",)
+    second.release()
+    with pytest.raises(HandoffError, match="no longer stored"):
+        pickle.loads(blob_second)
+
+
+def test_other_runners_get_the_values_as_they_are():
+    tuning = RunnerTuning(in_one_process=False)
+    assert tuning.scope is None
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
+        elements = pipeline | beam.Create([(1, (b"a",))])
+        assert tuning.hand_over(elements, "HandOver", values_only=True) is elements
+    tuning.release()
+
+
+def test_a_token_read_in_another_process_fails_clearly():
+    tuning = RunnerTuning(in_one_process=True)
+    try:
+        blob = pickle.dumps(shared((b"payload",), tuning.scope))
+        done = subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
+                              input=blob, capture_output=True, cwd=ROOT)
+        assert done.returncode != 0
+        assert "HandoffError" in done.stderr.decode()
+        assert "only works with Beam's in-process runner" in done.stderr.decode()
+    finally:
+        tuning.release()
+
+
+@pytest.mark.parametrize("beam_args", [[], ["--direct_runner_bundle_repeat=1"]], ids=["once", "bundle_repeat"])
+def test_values_cross_a_real_group_by_key_of_the_in_process_runner_without_a_copy(beam_args):
+    """The values a GroupByKey hands on are the very objects handed over (no bytes copied),
+    read as plain tuples, also when the runner replays every bundle."""
+    tuning = RunnerTuning(in_one_process=True)
+
+    def produce(index):
+        yield index % 3, (index, np.full(100_000, index, dtype=np.int32).tobytes())
+
+    def consume(element):
+        key, values = element
+        stored = list(runner_tuning._STORE[tuning.scope].values())
+        for index, ids in values:  # a plain tuple to the consumer
+            yield key, index, any(s[1] is ids for s in stored), len(ids)
+
+    expected = [(i % 3, i, True, 400_000) for i in range(12)]
+    try:
+        with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *beam_args])) as pipeline:
+            produced = pipeline | beam.Create(range(12)) | beam.FlatMap(produce)
+            got = (tuning.hand_over(produced, "HandOver", values_only=True) | beam.GroupByKey()
+                   | beam.FlatMap(consume))
+            assert_that(got, equal_to(expected))
+    finally:
+        tuning.release()
+    assert tuning.scope not in runner_tuning._STORE
