@@ -112,6 +112,17 @@ def ceiling(tokenizer_path: str, texts: list[str], batch_size: int = 512, repeat
     return tokens / best, tokens
 
 
+def default_tokenizer(texts: list[str]) -> str:
+    """The benchmarks' tokenizer: a 32k byte-level BPE with 128 sentinels and the UL2 mode
+    tokens, trained on the first half of ``texts`` once and cached."""
+    tokenizer = os.path.join(CACHE, "bpe32k.json")
+    if not os.path.exists(tokenizer):
+        trained = train_tokenizer(texts[: len(texts) // 2], vocab_size=32000, num_sentinels=128,
+                                  extra_tokens=("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]"))
+        trained.save(tokenizer)
+    return tokenizer
+
+
 def objective_args(objective: str, seq_len: int) -> list[str]:
     if objective in ("span_corruption", "ul2"):
         return ["--objective", objective, "--inputs-length", "512"]
@@ -154,26 +165,29 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
-def measure(spec: dict, env: dict[str, str] | None = None, root: str = ROOT) -> dict:
+def measure(spec: dict, env: dict[str, str] | None = None, root: str = ROOT,
+            module: str = "benchmarks.bench_materialize") -> dict:
     """Run one measurement (``{"kind": "ceiling", "corpus", "tokenizer", "method"}``,
     ``{"kind": "materialize", "args"}`` or ``{"kind": "hf_idiom", "corpus", "tokenizer",
     "seq_len"}``) in a fresh Python process; its result dict.
 
     ``env``: variables added to the process's environment; ``root``: the checkout whose code
-    runs (its ``benchmarks.bench_materialize``; default this one)."""
+    runs (default this one); ``module``: the benchmark whose ``--child`` runs it (one that
+    prints its result after :data:`RESULT_PREFIX`, as this one does)."""
     environ = {**child_env(), **(env or {})}
     if root != ROOT:
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_materialize", "--child", json.dumps(spec)],
+    done = subprocess.run([sys.executable, "-m", module, "--child", json.dumps(spec)],
                           cwd=root, env=environ, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines or not lines[-1].startswith(_RESULT):
+    if done.returncode != 0 or not lines or not lines[-1].startswith(RESULT_PREFIX):
         raise SystemExit(f"measurement {spec} failed (exit {done.returncode}):\n"
                          f"{done.stdout[-2000:]}{done.stderr[-4000:]}")
-    return json.loads(lines[-1][len(_RESULT):])
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
 
 
-_RESULT = "bench-result "
+#: What a measuring child prints before its result's JSON, on its last line.
+RESULT_PREFIX = "bench-result "
 
 
 def line(label: str, rate: float, ceilings: tuple[float, float], extra: str = "") -> None:
@@ -203,18 +217,12 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.child:
-        print(_RESULT + json.dumps(_child(json.loads(args.child))), flush=True)
+        print(RESULT_PREFIX + json.dumps(_child(json.loads(args.child))), flush=True)
         return
     corpus = args.corpus or corpus_of(args.megabytes)
     texts = load_texts(corpus)
     size = sum(len(t.encode("utf-8")) for t in texts) / 2**20
-    tokenizer = args.tokenizer
-    if tokenizer is None:
-        tokenizer = os.path.join(CACHE, "bpe32k.json")
-        if not os.path.exists(tokenizer):
-            trained = train_tokenizer(texts[: len(texts) // 2], vocab_size=32000, num_sentinels=128,
-                                      extra_tokens=("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]"))
-            trained.save(tokenizer)
+    tokenizer = args.tokenizer or default_tokenizer(texts)
     print(f"corpus: {corpus}: {len(texts):,} documents, {size:.1f} MB of text; tokenizer {tokenizer}")
     print(f"cores: {os.cpu_count()}; columns: tokens/s, ratio to the fastokens ceiling, ratio to the tokenizers "
           "ceiling")
