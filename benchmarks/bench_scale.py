@@ -59,10 +59,12 @@ def _objective_args(objective: str, seq_len: int) -> list[str]:
     return ["--objective", objective, "--seq-len", str(seq_len)]
 
 
-def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0) -> list[tuple]:
+def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0) -> list:
     """Documents of about ``tokens`` tokens in all (EOS included), as Tokenize emits them:
-    ``(16-byte key, int32 ids as bytes, {feature: bool array})``."""
+    :class:`transforms.elements.Document` (16-byte key, int32 ids as bytes, {feature: bool array})."""
     import numpy as np
+
+    from transforms.elements import Document
 
     rng = np.random.default_rng(seed)
     mu = np.log(MEAN_TOKENS) - SIGMA**2 / 2
@@ -75,15 +77,15 @@ def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0)
             flags["word_starts"] = rng.random(length) < 0.75
         if "sentence_starts" in features:
             flags["sentence_starts"] = rng.random(length) < 0.05
-        documents.append((rng.bytes(16), ids.tobytes(), flags))
+        documents.append(Document(rng.bytes(16), ids.tobytes(), flags))
         total += length + 1
     return documents
 
 
 def measure_group(objective: str, group_tokens: int, seq_len: int) -> dict:
     """Peak memory of Pack + Build on one synthetic group (run in a fresh process)."""
-    from pipelines.materialize import plan_run
     from pipelines.options import parse_args
+    from pipelines.plan import plan_run
     from transforms.pack import Pack, _PackBucket
     from transforms.parallel import BuildConfig, ChunkBuilder
 
@@ -119,8 +121,8 @@ def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
     shorter than a chunk, as Pack leaves them) and building their examples (a fresh process)."""
     import numpy as np
 
-    from pipelines.materialize import plan_run
     from pipelines.options import parse_args
+    from pipelines.plan import plan_run
     from transforms.objectives.packing import document_piece
     from transforms.pack import Pack, _RepackRest
     from transforms.parallel import BuildConfig, ChunkBuilder

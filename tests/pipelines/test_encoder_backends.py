@@ -179,8 +179,8 @@ def test_a_tokenizer_with_bpe_dropout_is_refused_since_its_encodings_are_random(
 def test_the_probe_sample_stays_small_whatever_the_records(tmp_path):
     """The first record of the first file can be a 64 MiB piece of one long line: the corpus
     sample the probe encodes (whole, with both encoders) is cut to SAMPLE_CHARS characters."""
-    from pipelines.materialize import SAMPLE_CHARS, sample_records
     from pipelines.options import parse_args
+    from pipelines.plan import SAMPLE_CHARS, sample_records
 
     line = tmp_path / "line.txt"
     line.write_text("word " * (SAMPLE_CHARS // 2) + "\n" + "a second document\n", encoding="utf-8")

@@ -497,8 +497,8 @@ def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_p
                                                                             tokenizer_path):
     """TOKENIZERS_PARALLELISM=false (training scripts set it; the tokenizer sets it itself after
     a fork) keeps the Rust encoder on one thread: a run that would use several says so."""
-    from pipelines.materialize import serial_encoder_warning
     from pipelines.options import parse_args
+    from pipelines.plan import serial_encoder_warning
 
     base = ["--output", "o", *_base_args(sample_glob, tokenizer_path)]
     in_process = parse_args(base)

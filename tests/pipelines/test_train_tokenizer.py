@@ -194,8 +194,8 @@ def test_an_existing_output_is_kept_unless_overwrite(tmp_path, capsys):
 def test_the_defaults_serve_every_built_in_objective_without_adding_tokens(tmp_path):
     """train-tokenizer's defaults, then materialize's plan for each objective and UL2 preset at
     their default lengths: nothing is missing, so no --add-special-tokens is needed."""
-    from pipelines.materialize import plan_run
     from pipelines.options import parse_args
+    from pipelines.plan import plan_run
     from transforms.objectives.registry import OBJECTIVES
 
     out = tmp_path / "tok.json"

@@ -1,0 +1,332 @@
+"""Everything ``lmshards materialize`` decides before its pipeline runs: the :class:`Plan`.
+
+Every check that can be made before any work is made here and fails in one line naming the
+flag (:class:`schemas.errors.ConfigError`): unknown flags (with a did-you-mean), a bad
+objective or parameter, a missing or invalid tokenizer, missing special tokens or sentinels,
+inputs that match nothing, a record field the corpus does not have. The first records of the
+first input are read once (:func:`sample_records`) for the encoder's parity probe and the
+text-field check. The plan also holds what the graph needs up front: the resolved tokenizer,
+the objective, the example schema, the splits and the shard sizing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import json
+import logging
+import os
+import re
+import sys
+from typing import Any
+
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    _BeamArgumentParser,
+)
+
+from pipelines import __version__
+from pipelines.options import (
+    MaterializeOptions,
+    RunnerSetup,
+    build_parser,
+    estimated_groups,
+    resolve_build_stage,
+)
+from schemas.examples import example_schema
+from transforms.encoder import EncoderChoice, choose_encoder
+from transforms.group import SUB_BUCKETS
+from transforms.objectives.registry import make_objective
+from transforms.read import file_format, iter_file_records, list_inputs, record_fields
+from transforms.tokenize import needs_full_encodings, read_tokenizer_bytes
+from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
+
+__all__ = ["Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args", "check_text_field", "plan_encoder", "plan_run",
+           "sample_records", "serial_encoder_warning", "shard_sizing", "static_manifest"]
+
+_LOG = logging.getLogger("lmshards")
+
+
+class Plan:
+    """Everything decided before the pipeline starts."""
+
+    def __init__(self, options: MaterializeOptions, objective, resolved: ResolvedTokenizer, files, schema,
+                 inputs=None, skipped=(), encoder: EncoderChoice | None = None):
+        self.options = options
+        self.objective = objective
+        self.resolved = resolved
+        self.files = files  #: ``(path, bytes)`` of every input file
+        self.inputs = list(inputs) if inputs is not None else None  #: the same as InputFile (with mtimes)
+        self.skipped = list(skipped)  #: glob matches that are not files (SkippedInput)
+        self.schema = schema
+        #: the encoder backend every worker uses (decided here, probed against tokenizers)
+        self.encoder = encoder or EncoderChoice(options.encoder, "tokenizers")
+        self.splits = ["train", "validation"] if options.validation_fraction > 0 else ["train"]
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    seen = set()
+    for cls in PipelineOptions.__subclasses__():
+        if str(cls) not in seen:
+            seen.add(str(cls))
+            cls._add_argparse_args(parser)
+    return parser
+
+
+def _suggestion(flag: str, beam_flags: list[str]) -> str:
+    """``; did you mean --seq-len?`` for a mistyped flag (ours first), else an empty string."""
+    ours = [option for option in build_parser()._option_string_actions if option.startswith("--")]
+    for candidates in (ours, beam_flags):
+        close = difflib.get_close_matches(flag, candidates, n=1, cutoff=0.75)
+        if close:
+            return f"; did you mean {close[0]}?"
+    prefixed = sorted(option for option in ours if option.startswith(flag) and len(flag) > 2)
+    if prefixed:  # a prefix abbreviation, which lmshards does not accept
+        return f"; did you mean {' or '.join(prefixed)}? (flags are not abbreviated)"
+    return ""
+
+
+def check_beam_args(beam_args: list[str]) -> None:
+    """Fail on flags neither we nor Beam know (Beam itself only logs and drops them), with a
+    suggestion for a typo, and on stray positional arguments (an unquoted glob the shell
+    expanded into several file names: only the first would be read)."""
+    parser = _beam_parser()
+    _, unknown = parser.parse_known_args(beam_args)
+    flags = [a for a in unknown if a.startswith("-")]
+    if flags:
+        flag = flags[0].split("=", 1)[0]
+        beam_flags = [option for option in parser._option_string_actions if option.startswith("--")]
+        raise ValueError(f"unknown option {flag} (not an lmshards or Apache Beam flag){_suggestion(flag, beam_flags)}")
+    if unknown:
+        shown = " ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+        raise ValueError(f"unexpected argument{'s' if len(unknown) > 1 else ''} {shown}: an unquoted glob? The shell "
+                         "expands --input data/*.jsonl into several names and only the first is read; quote it "
+                         "(--input 'data/*.jsonl') or repeat --input for each file")
+    if PipelineOptions(beam_args).view_as(DirectOptions).direct_running_mode == "multi_threading":
+        raise ValueError(
+            "--direct_running_mode=multi_threading: not supported: Beam's multi-threading mode drops elements "
+            "of long bundles (reproduced with a plain Beam pipeline, Beam 2.77); use in_memory (the default) "
+            "or multi_processing"
+        )
+
+
+def _naming_the_flag(message: str, options: MaterializeOptions) -> str:
+    """Prefix an objective error with the flag (or config file) that set the parameter."""
+    if message.startswith("-"):
+        return message
+    named = []  # (where the message names the parameter, where the user set it)
+    for name, source in options.param_sources.items():
+        found = re.search(rf"\b{re.escape(name)}\b", message)
+        if found:
+            named.append((found.start(), source))
+    return f"{min(named)[1] if named else f'--objective {options.objective}'}: {message}"
+
+
+def plan_run(options: MaterializeOptions) -> Plan:
+    """Validate the configuration and resolve the tokenizer, without writing anything."""
+    check_beam_args(options.beam_args)
+    try:
+        objective = make_objective(options.objective, options.objective_params)
+    except ValueError as exc:
+        raise ValueError(_naming_the_flag(str(exc), options)) from exc
+    if options.seed < 0:
+        raise ValueError(f"--seed {options.seed}: must be >= 0")
+    try:
+        data = read_tokenizer_bytes(options.tokenizer)
+    except Exception as exc:
+        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc})") from exc
+    tokenizer = tokenizer_from_bytes(data, options.tokenizer)
+    dropout = json.loads(tokenizer.to_str()).get("model", {}).get("dropout")
+    if dropout:
+        raise ValueError(f"--tokenizer {options.tokenizer}: BPE dropout (model.dropout {dropout}) makes every encoding "
+                         "random, so the dataset could not be reproduced; remove it from the tokenizer.json")
+    required = set(objective.required_specials)
+    if options.packing != "concat" or options.last_chunk == "pad":
+        required.add("pad")
+    try:
+        resolved = resolve_special_tokens(
+            tokenizer,
+            required=required,
+            overrides=options.special_tokens,
+            num_sentinels=objective.max_sentinels(),
+            mode_tokens=objective.mode_tokens,
+            add_missing=options.add_special_tokens,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
+    listing = list_inputs(options.inputs, file_format)
+    groups = estimated_groups([(f.path, f.size) for f in listing.files], options.pack_group_tokens,
+                              options.num_buckets)
+    options.build_stage = resolve_build_stage(options.build_stage, RunnerSetup.from_beam_args(options.beam_args),
+                                              options.objective, groups)
+    schema = example_schema(objective.family, **objective.schema_kwargs())
+    files = [(f.path, f.size) for f in listing.files]
+    texts, rejected = sample_records(options, files)
+    if files:
+        check_text_field(options, files[0][0], texts, rejected)
+    encoder = plan_encoder(options, resolved, objective.features, texts)
+    return Plan(options, objective, resolved, files, schema, listing.files, listing.skipped, encoder)
+
+
+#: The corpus sample read before the pipeline starts (the encoder's parity probe, the text-field
+#: check): the first records of the first input file, up to this many records or characters.
+SAMPLE_RECORDS, SAMPLE_CHARS = 1000, 1 << 20
+
+
+def sample_records(options: MaterializeOptions, files: list[tuple[str, int]]) -> tuple[list[str], list[dict]]:
+    """The texts and the rejected records among the first records of the first input file,
+    read as the pipeline reads them, at most :data:`SAMPLE_CHARS` characters of text in all."""
+    texts: list[str] = []
+    rejected: list[dict] = []
+    chars = 0
+    if not files:
+        return texts, rejected
+    # Not verified: a sample must not decompress a whole archive (the pipeline verifies every file).
+    records = iter_file_records(files[0][0], text_mode=options.text_mode, text_field=options.text_field,
+                                policy=options.record_policy, verify=False)
+    for record in records:
+        if isinstance(record, dict):
+            rejected.append(record)
+        else:
+            # A record beyond the budget is cut (at a space where there is one): the probe encodes
+            # the sample with both encoders whole, so the sample itself must stay small.
+            text = record[2][: SAMPLE_CHARS - chars]
+            cut = len(text) < len(record[2])
+            if cut and " " in text[len(text) // 2:]:
+                text = text[: text.rindex(" ")]
+            texts.append(text)
+            chars += len(text)
+            if cut:
+                break
+        if len(texts) + len(rejected) >= SAMPLE_RECORDS or chars >= SAMPLE_CHARS:
+            break
+    return texts, rejected
+
+
+def check_text_field(options: MaterializeOptions, path: str, texts: list[str], rejected: list[dict]) -> None:
+    """Fail before any work when no record at the start of the first file has ``--text-field``:
+    every document of the run would be rejected.
+
+    Raises:
+        ValueError: naming the field, the file and the fields its records have.
+    """
+    if texts or not rejected or any(r["reason"] != "missing_text_field" for r in rejected):
+        return
+    fields = record_fields(path)
+    seen = f"; fields seen: {', '.join(fields)}" if fields else ""
+    raise ValueError(f"--text-field {options.text_field}: no record has the field {options.text_field!r} "
+                     f"(the first {len(rejected):,} of {path}){seen}")
+
+
+def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, features,
+                 documents: list[str]) -> EncoderChoice:
+    """``--encoder``: the backend the workers use; ``auto`` falls back to tokenizers with a
+    one-line warning when fastokens is not importable or its parity probe fails.
+
+    Raises:
+        ValueError: ``--encoder fastokens`` where it cannot be used (:func:`choose_encoder`).
+    """
+    if options.encoder == "tokenizers":
+        return EncoderChoice(options.encoder, "tokenizers")
+    tokenizer_bytes = resolved.to_json_bytes()
+    needs_full = needs_full_encodings(tokenizer_from_bytes(tokenizer_bytes, options.tokenizer), features)
+    choice = choose_encoder(options.encoder, tokenizer_bytes.decode("utf-8"), needs_full=needs_full,
+                            documents=[] if needs_full else documents)
+    if choice.reason and (choice.probe.get("result") in ("mismatch", "error") or "not importable" in choice.reason):
+        _LOG.warning("lmshards: encoding with tokenizers: %s", choice.reason)
+    return choice
+
+
+#: Values of ``TOKENIZERS_PARALLELISM`` with which the Rust tokenizer encodes a batch on one thread.
+_SERIAL_TOKENIZERS = frozenset({"", "off", "false", "f", "no", "n", "0"})
+
+
+def serial_encoder_warning(options: MaterializeOptions, environ=None) -> str | None:
+    """The warning to give when ``TOKENIZERS_PARALLELISM`` keeps the encoder on one thread
+    where it would use several (set by training scripts to quiet the tokenizer's fork warning,
+    and by the tokenizer itself in a process that forked after encoding in parallel); else None."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("TOKENIZERS_PARALLELISM")
+    if value is None or value.strip().lower() not in _SERIAL_TOKENIZERS:
+        return None
+    if not options.in_one_process and (options.encoder_threads or 1) <= 1:
+        return None  # workers of one encoder thread each: nothing is lost
+    return (f"TOKENIZERS_PARALLELISM={value} in the environment: the Rust encoder runs on one thread "
+            "(unset it to encode on every core)")
+
+
+def static_manifest(plan: Plan, argv: list[str] | None) -> dict[str, Any]:
+    o = plan.options
+    resolved = plan.resolved
+    special = resolved.special
+    return {
+        "splits": plan.splits,
+        "formats": list(o.formats),
+        "objective": {"name": plan.objective.name, "family": plan.objective.family, "params": plan.objective.params()},
+        "config": {
+            "seed": o.seed,
+            "packing": o.packing,
+            "last_chunk": o.last_chunk,
+            "document_separator": o.document_separator,
+            "num_buckets": o.num_buckets,
+            "pack_group_tokens": o.pack_group_tokens,
+            "sub_buckets": None if o.num_buckets else SUB_BUCKETS,
+            "validation_fraction": o.validation_fraction,
+            "formats": list(o.formats),
+            "num_shards": o.num_shards,
+            "shard_size_mb": o.shard_size_mb,
+            "text_mode": o.text_mode,
+            "text_field": o.text_field,
+            "source_field": o.source_field,
+            "draws": o.draws,
+            "deduplicate": "exact",
+            **o.record_policy.to_json(),
+            "max_rejected_fraction": o.max_rejected_fraction,
+        },
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "sha256": resolved.sha256(),
+            "vocab_size": special.vocab_size,
+            "source_vocab_size": special.vocab_size - len(resolved.added),
+            "roles": dict(sorted(resolved.roles.items())),
+            "special_ids": {
+                role: getattr(special, role)
+                for role in ("pad", "eos", "bos", "unk", "mask", "cls", "sep")
+                if getattr(special, role) is not None
+            },
+            "num_sentinels": len(special.sentinels),
+            "mode_tokens": dict(special.mode_tokens),
+            "added_tokens": list(resolved.added),
+        },
+        "schema": plan.schema.to_metadata(),
+        "run": {
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "lmshards_version": __version__,
+            "argv": list(argv) if argv is not None else sys.argv[1:],
+            "output": o.output,
+            "tokenizer_source": o.tokenizer,
+            "input_patterns": list(o.inputs),
+            "input_files": ([{"path": f.path, "bytes": f.size, "modified": f.mtime} for f in plan.inputs]
+                            if plan.inputs is not None else [{"path": p, "bytes": size} for p, size in plan.files]),
+            "skipped_inputs": [s.to_json() for s in plan.skipped],
+            "beam_args": list(o.beam_args),
+            "encoder": plan.encoder.to_json(),
+        },
+    }
+
+
+def shard_sizing(plan: Plan) -> dict[str, int | None]:
+    """Arguments of :func:`transforms.objectives.layout.shard_count` (after split and tokens)."""
+    length = round(plan.objective.mean_raw_length)
+    o = plan.options
+    return {
+        "num_shards": o.num_shards,
+        "tokens_per_example": max(1, length),
+        "draws": o.draws,
+        "bytes_per_example": max(1, 4 * length * len(plan.schema.token_columns)),
+        "shard_bytes": int(o.shard_size_mb * 2**20),
+    }
