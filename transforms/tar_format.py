@@ -9,8 +9,8 @@ to a multiple of the 10240-byte record size), byte for byte (checked against ``t
 Member headers are built here, a column of members at a time, rather than by
 ``tarfile.TarInfo.tobuf``, which gives the same bytes but one member at a time through its
 generic header code: measured by ``benchmarks/bench_handwritten.py`` (``tar headers``),
-``tobuf`` for a shard's members alone takes several times as long as this module writing the
-whole shard. Only three fields vary (name, size, checksum); the constant ones come from
+``tobuf`` for a shard's member headers alone takes several times as long as this module
+writing the whole shard, payloads included. Only three fields vary (name, size, checksum); the constant ones come from
 ``tarfile.TarInfo.tobuf`` itself (:data:`_USTAR_TEMPLATE`), so only the field offsets of the
 USTAR layout are written out here.
 """
