@@ -7,7 +7,7 @@ are kept from the first pass). Measured in one run, on the same files:
 
 1. ``one pass``: decompress and parse the records once, as a reader that trusted the
    archive would (the records before a fault would count);
-2. ``verified``: :func:`transforms.read.iter_file_records`, verification pass included;
+2. ``verified``: :func:`transforms.file_records.iter_file_records`, verification pass included;
 3. ``verify only``: the verification pass alone;
 4. ``materialize``: a whole clm run over the files (``--materialize``), so the verification
    pass can be put beside what a job spends anyway.
@@ -33,7 +33,8 @@ import zstandard
 
 from benchmarks.corpus import write_corpus
 from transforms.archives import KEEP_BYTES, open_decompressed, verify_archive
-from transforms.read import _records_of, file_format, iter_file_records
+from transforms.file_records import file_format, iter_file_records
+from transforms.record_formats import records_of
 from transforms.record_policy import RecordPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +44,7 @@ def _one_pass(paths: list[str]) -> float:
     start = time.perf_counter()
     for path in paths:
         with open_decompressed(path) as stream:
-            for _ in _records_of(path, file_format(path), stream, "line", "text", RecordPolicy()):
+            for _ in records_of(path, file_format(path), stream, "line", "text", RecordPolicy()):
                 pass
     return time.perf_counter() - start
 

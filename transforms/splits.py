@@ -205,7 +205,7 @@ def plan_tasks(path: str, size: int, *, kind: str, compressed: bool, text_mode: 
 
     Args:
         path: the file; size: its size in bytes.
-        kind: ``text``, ``jsonl`` or ``parquet`` (:func:`transforms.read.file_format`).
+        kind: ``text``, ``jsonl`` or ``parquet`` (:func:`transforms.file_records.file_format`).
         compressed: whether it is ``.gz``/``.zst`` (read whole).
         text_mode: ``line``, ``paragraph`` or ``file``.
         split_bytes: bytes per task (at most, but for Parquet row groups that are larger).
@@ -240,7 +240,7 @@ def _row_group_tasks(path: str, split_bytes: int) -> list[ReadTask]:
 
 def row_group_values(handle, task: ReadTask, text_field: str) -> Iterator[tuple[int, Any]]:
     """``(row number, value)`` of the text column in the task's row groups, a batch at a time,
-    values as UTF-8 bytes where the column is text (see :func:`transforms.read._text_bytes`).
+    values as UTF-8 bytes where the column is text (see :func:`transforms.record_formats.text_bytes`).
 
     Raises:
         KeyError: the file has no column ``text_field`` (at once, before any row).
@@ -254,13 +254,13 @@ def row_group_values(handle, task: ReadTask, text_field: str) -> Iterator[tuple[
 
 
 def _row_group_rows(parquet, task: ReadTask, text_field: str) -> Iterator[tuple[int, Any]]:
-    from transforms.read import _text_bytes
+    from transforms.record_formats import text_bytes
 
     row = task.first_row
     for batch in parquet.iter_batches(columns=[text_field], batch_size=4096,
                                       row_groups=list(range(task.start, task.stop))):
         column = batch.column(0)
-        values = _text_bytes(column)
+        values = text_bytes(column)
         for value in column.to_pylist() if values is None else values:
             yield row, value
             row += 1

@@ -25,11 +25,12 @@ from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.elements import ShardPiece
+from transforms.hashing_writer import HashingWriter
 from transforms.objectives.common import digest_u64
 from transforms.objectives.layout import shard_count
 from transforms.output import TMP_DIR, RunLock
 from transforms.progress import PROGRESS
-from transforms.shard_format import HashingWriter, write_arrow_columns, write_tar_columns
+from transforms.shard_format import write_arrow_columns, write_tar_columns
 
 __all__ = ["REJECTED_PER_SHARD", "SHARD_MARKER", "TMP_DIR", "ShardRowsError", "WriteRejected", "WriteShards",
            "join_path", "rejected_file_name", "shard_count", "write_atomic"]

@@ -1,4 +1,4 @@
-"""Tests of transforms/shard_format.py: Arrow IPC stream and WebDataset tar encoders."""
+"""Tests of the shard encoders (transforms/shard_format.py, tar_format.py, columns.py, hashing_writer.py)."""
 
 from __future__ import annotations
 
@@ -96,12 +96,17 @@ def test_arrow_fixed_length_mismatch_raises():
         examples_to_batch(examples, DECODER)
 
 
-def test_arrow_fixed_batch_rows(monkeypatch):
-    monkeypatch.setattr(shard_format, "ARROW_BATCH_ROWS", 2)
+def test_arrow_fixed_batch_rows():
     examples = _decoder_examples() * 2
-    reader = pa.ipc.open_stream(_arrow_bytes(examples, DECODER))
+    buffer = io.BytesIO()
+    write_arrow(buffer, examples, DECODER, batch_rows=2)
+    reader = pa.ipc.open_stream(buffer.getvalue())
     assert [batch.num_rows for batch in reader] == [2, 2, 2]
-    assert shard_format.ARROW_BATCH_ROWS == 2
+    assert shard_format.ARROW_BATCH_ROWS == 1000
+    reader = pa.ipc.open_stream(_arrow_bytes(_decoder_examples() * 834, DECODER))  # 2502 rows
+    assert [batch.num_rows for batch in reader] == [1000, 1000, 502]
+    with pytest.raises(ValueError, match="batch_rows must be >= 1"):
+        write_arrow(io.BytesIO(), examples, DECODER, batch_rows=0)
 
 
 def test_arrow_default_batch_rows_and_empty_shard():
@@ -227,14 +232,12 @@ def test_tar_reads_with_webdataset(tmp_path):
     assert int(samples[0]["prefix_length.npy"]) == 1
 
 
-def test_background_hashing_writer_same_bytes_and_digest(monkeypatch):
-    monkeypatch.setattr(shard_format, "BACKGROUND_BLOCK", 1000)
-    monkeypatch.setattr(shard_format, "BACKGROUND_BLOCKS", 2)
+def test_background_hashing_writer_same_bytes_and_digest():
     rng = np.random.default_rng(3)
     pieces = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 3000, 50)]
     reused = bytearray(700)  # a caller that reuses its buffer after each write, as pyarrow may
     sink = io.BytesIO()
-    writer = HashingWriter(sink, background=True)
+    writer = HashingWriter(sink, background=True, block_bytes=1000, max_pending=2)
     expected = bytearray()
     for piece in pieces:
         writer.write(piece)
@@ -247,8 +250,7 @@ def test_background_hashing_writer_same_bytes_and_digest(monkeypatch):
     assert writer.sha256.hexdigest() == hashlib.sha256(expected).hexdigest()
 
 
-def test_background_hashing_writer_reraises_write_errors(monkeypatch):
-    monkeypatch.setattr(shard_format, "BACKGROUND_BLOCK", 10)
+def test_background_hashing_writer_reraises_write_errors():
 
     class Full(io.RawIOBase):
         def writable(self):
@@ -257,7 +259,7 @@ def test_background_hashing_writer_reraises_write_errors(monkeypatch):
         def write(self, data):
             raise OSError("no space left on device")
 
-    writer = HashingWriter(Full(), background=True)
+    writer = HashingWriter(Full(), background=True, block_bytes=10)
     writer.write(b"0123456789abc")
     with pytest.raises(OSError, match="no space left"):
         writer.finish()

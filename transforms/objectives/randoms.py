@@ -18,6 +18,15 @@ one array expression (``rows x counters``), with no Python loop per row. The gen
 statistics (uniformity of buckets and bits, independence across rows, counters and streams)
 are checked in ``tests/transforms/objectives/test_randoms.py``.
 
+Why not numpy's generators: numpy's public API draws from one seed per ``Generator``
+(``default_rng(key)``: SeedSequence and PCG64; or ``Generator(Philox(key=key))``, its
+counter-based one), and has no way to draw for many keys in one call, so a block would need a
+generator object and a Python call per row and per draw. ``benchmarks/bench_handwritten.py``
+(``random numbers``) measures that against this module on a block of objective-sized draws:
+numpy's way is an order of magnitude slower, which is the whole cost of an objective. Nothing
+here touches numpy's internals or registers anything with numpy; the words are plain uint64
+array arithmetic. (Output bytes depend on this generator: switching would change every shard.)
+
 Samplers on top (each exact in distribution up to float64 resolution):
 
 - :meth:`Randoms.uniforms`: doubles in [0, 1) from the top 53 bits;

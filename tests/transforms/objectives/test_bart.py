@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from objective_oracles import assert_fits, ks_bound, ks_statistic, poisson_pmf
 
 from schemas.examples import example_schema
-from transforms.objectives import bart as bart_module
+from transforms.objectives import bart_passes
 from transforms.objectives.bart import Bart, BartConfig, poisson_span_cdf, span_lengths
 from transforms.objectives.base import Block, build_example
 from transforms.objectives.common import SpecialIds
@@ -109,13 +109,13 @@ def oracle(tokens: np.ndarray, space_starts, sentence_starts, randoms, config: B
     counters["sentences"] = len(starts)
     if config.permute_sentences > 0 and len(starts) >= 2:
         n = len(starts)
-        order = first_distinct(randoms, bart_module.SENTENCE_STREAM, n, n)[0].tolist()
+        order = first_distinct(randoms, bart_passes.SENTENCE_STREAM, n, n)[0].tolist()
         if config.permute_sentences >= 1:
             ordering = order
         else:
             k = _ceil(n * config.permute_sentences)
             chosen = order[:k]
-            shuffled = first_distinct(randoms, bart_module.CHOSEN_SENTENCE_STREAM, k, k)[0].tolist()
+            shuffled = first_distinct(randoms, bart_passes.CHOSEN_SENTENCE_STREAM, k, k)[0].tolist()
             ordering = list(range(n))
             for i in range(k):
                 ordering[chosen[i]] = chosen[shuffled[i]]
@@ -139,9 +139,9 @@ def oracle(tokens: np.ndarray, space_starts, sentence_starts, randoms, config: B
         counters["mask_budget"] = sum(lengths)
         zero = lengths.count(0)
         lengths = [n for n in lengths if n]
-        chosen = first_distinct(randoms, bart_module.START_STREAM, words, len(lengths))[0].tolist()
+        chosen = first_distinct(randoms, bart_passes.START_STREAM, words, len(lengths))[0].tolist()
         span_starts = [pool[i] for i in chosen]
-        is_random = (randoms.uniforms(bart_module.SPAN_RANDOM_STREAM, max(len(lengths), 1))[0]
+        is_random = (randoms.uniforms(bart_passes.SPAN_RANDOM_STREAM, max(len(lengths), 1))[0]
                      < config.mask_random).tolist()[: len(lengths)] if config.mask_random > 0 else [False] * len(
             lengths)
         need = 0
@@ -150,19 +150,19 @@ def oracle(tokens: np.ndarray, space_starts, sentence_starts, randoms, config: B
         elif config.replace_length == -1:
             need = sum(_walk_end(word_start, barrier, s, n) - s
                        for s, n, r in zip(span_starts, lengths, is_random) if r)
-        values = random_ids(randoms, bart_module.SPAN_IDS_STREAM, np.array([need]), special).tolist()
+        values = random_ids(randoms, bart_passes.SPAN_IDS_STREAM, np.array([need]), special).tolist()
         ids, word_start, barrier, found = _spans(ids, word_start, barrier, span_starts, lengths, is_random,
                                                  config.replace_length, values, special.mask)
         counters.update(found)
         allowed = max(0, min(zero, config.seq_len - len(ids)))
         counters["inserts_dropped"] += zero - allowed
         ids, word_start, barrier, random = _insert(ids, word_start, barrier, randoms, (
-            bart_module.ZERO_INSERT_STREAM, bart_module.ZERO_RANDOM_STREAM, bart_module.ZERO_IDS_STREAM), allowed,
+            bart_passes.ZERO_INSERT_STREAM, bart_passes.ZERO_RANDOM_STREAM, bart_passes.ZERO_IDS_STREAM), allowed,
             config.mask_random, special)
         counters["inserted"] += allowed
         counters["random_tokens"] += random
-    for share, replace_length, streams in ((config.token_mask, -1, bart_module.TOKEN_MASK_STREAMS),
-                                           (config.token_delete, 0, bart_module.TOKEN_DELETE_STREAMS)):
+    for share, replace_length, streams in ((config.token_mask, -1, bart_passes.TOKEN_MASK_STREAMS),
+                                           (config.token_delete, 0, bart_passes.TOKEN_DELETE_STREAMS)):
         if share > 0 and words:
             pool = [i for i in range(len(ids)) if word_start[i] and not barrier[i]]
             wanted = min(len(pool), _ceil(words * share))
@@ -179,12 +179,12 @@ def oracle(tokens: np.ndarray, space_starts, sentence_starts, randoms, config: B
     if config.insert > 0:
         count = _ceil(len(ids) * config.insert)
         ids, word_start, barrier, random = _insert(ids, word_start, barrier, randoms, (
-            bart_module.INSERT_STREAM, bart_module.INSERT_RANDOM_STREAM, bart_module.INSERT_IDS_STREAM), count,
+            bart_passes.INSERT_STREAM, bart_passes.INSERT_RANDOM_STREAM, bart_passes.INSERT_IDS_STREAM), count,
             config.mask_random, special)
         counters["inserted"] += count
         counters["random_tokens"] += random
     if config.rotate > 0:
-        u = randoms.uniforms(bart_module.ROTATE_STREAM, 2)[0]
+        u = randoms.uniforms(bart_passes.ROTATE_STREAM, 2)[0]
         if u[0] < config.rotate:
             counters["rotated"] = 1
             offset = 1 + int(u[1] * max(1, len(ids) - 1))
@@ -254,9 +254,9 @@ def test_span_ends_match_fairseqs_walk():
         barrier = rng.random(size) < 0.1
         barrier[[0, -1]] = True
         pool, barriers = np.flatnonzero(word_start & ~barrier), np.flatnonzero(barrier)
-        words = bart_module._Words(pool, np.array([pool.size]), barriers, pool.searchsorted(barriers))
+        words = bart_passes._Words(pool, np.array([pool.size]), barriers, pool.searchsorted(barriers))
         lengths = rng.integers(1, 12, size=pool.size)
-        ends, before = bart_module._span_ends(words, np.arange(pool.size), lengths)
+        ends, before = bart_passes._span_ends(words, np.arange(pool.size), lengths)
         walked = [_walk_end(word_start.tolist(), barrier.tolist(), s, n) for s, n in zip(pool.tolist(), lengths)]
         assert ends.tolist() == walked and before.tolist() == pool.searchsorted(ends).tolist()
 
@@ -269,7 +269,7 @@ def test_span_lengths_are_fairseqs_draws_until_the_budget():
     values, offsets = span_lengths(randoms, budgets, config)
     cdf = poisson_span_cdf(3.5)
     for row, budget in enumerate(budgets.tolist()):
-        draws = cdf.searchsorted(randoms.rows([row]).uniforms(bart_module.LENGTH_STREAM, 400)[0], side="right")
+        draws = cdf.searchsorted(randoms.rows([row]).uniforms(bart_passes.LENGTH_STREAM, 400)[0], side="right")
         lengths, total = [], 0
         for length in draws.tolist():
             if total >= budget:

@@ -13,12 +13,11 @@ from transforms.objectives.base import Block, build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_digests, example_randoms
 from transforms.objectives.randoms import compositions
-from transforms.objectives.span_corruption import (
+from transforms.objectives.span_corruption import SpanCorruption, SpanCorruptionConfig
+from transforms.objectives.spans import (
     KEEP_STREAM,
     NOISE_STREAM,
     SPAN_LENGTH_HISTOGRAM_CAP,
-    SpanCorruption,
-    SpanCorruptionConfig,
     encoded_lengths,
     fit_raw_length,
     noise_counts,

@@ -12,16 +12,10 @@ from objective_oracles import assert_fits
 from transforms.objectives.base import Block, build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_digests, example_randoms, plan_uniforms
-from transforms.objectives.span_corruption import SpanCorruption, SpanCorruptionConfig, noise_counts
-from transforms.objectives.ul2 import (
-    PRESETS,
-    SUFFIX_STREAM,
-    UL2,
-    Denoiser,
-    UL2Config,
-    denoiser_lengths,
-    parse_mixture,
-)
+from transforms.objectives.span_corruption import SpanCorruption, SpanCorruptionConfig
+from transforms.objectives.spans import noise_counts
+from transforms.objectives.ul2 import SUFFIX_STREAM, UL2, UL2Config
+from transforms.objectives.ul2_mixture import PRESETS, Denoiser, denoiser_lengths, parse_mixture
 
 PAD, EOS = 0, 1
 SENTINELS = tuple(32099 - k for k in range(200))

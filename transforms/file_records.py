@@ -1,0 +1,228 @@
+"""The records of one input file: :func:`iter_file_records` opens it (whole or one read task),
+verifies a compressed one first, reads it through :mod:`transforms.record_formats` and turns
+every fault into a rejected entry (no Beam). The rules are those of :mod:`transforms.read`,
+whose :class:`~transforms.read.ReadCorpus` runs this per read task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from transforms.archives import compression_of, open_decompressed, verify_archive
+from transforms.inputs import list_inputs
+from transforms.line_reader import iter_lines
+from transforms.record_formats import SourceLabel, finish_record, records_of, rejection
+from transforms.record_policy import RecordPolicy
+from transforms.splits import ReadTask, open_task
+
+__all__ = [
+    "TEXT_MODES",
+    "UNVERIFIED_PREFIX",
+    "empty_file_rejection",
+    "expand_inputs",
+    "file_format",
+    "iter_file_records",
+    "record_fields",
+]
+
+TEXT_MODES = ("line", "paragraph", "file")
+#: Prefix of the read-stats key that marks a file read without verified checksums.
+UNVERIFIED_PREFIX = "unverified_input:"
+_TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+def _split_compression(path: str) -> tuple[str, str | None]:
+    kind = compression_of(path)
+    lower = path.lower()
+    return (lower.rsplit(".", 1)[0] if kind else lower), kind
+
+
+def file_format(path: str) -> str:
+    """``text``, ``jsonl`` or ``parquet`` from the file name (compression suffix ignored)."""
+    stem, _ = _split_compression(path)
+    if stem.endswith(".parquet"):
+        return "parquet"
+    if stem.endswith(_JSON_SUFFIXES):
+        return "jsonl"
+    if stem.endswith(_TEXT_SUFFIXES):
+        return "text"
+    raise ValueError(
+        f"--input {path}: unknown file type; expected .txt/.md/.rst, .jsonl/.json or .parquet, optionally .gz or .zst"
+    )
+
+
+def expand_inputs(patterns: list[str]) -> list[tuple[str, int]]:
+    """Expand input globs to a sorted list of ``(path, size_bytes)`` (see :func:`list_inputs`).
+
+    Raises:
+        ValueError: a pattern matches no file, or a file has an unknown type.
+    """
+    return [(f.path, f.size) for f in list_inputs(patterns, file_format).files]
+
+class _SmallReads:
+    """A stream read 8 KiB at a time: a decompressor that fails loses at most that much with it."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        return self._stream.read(8192 if size < 0 else min(size, 8192))
+
+
+def _count_records(path: str, kind: str, text_mode: str, text_field: str, policy: RecordPolicy) -> int:
+    """Records of a file that can be read before its first fault."""
+    count = 0
+    try:
+        with open_decompressed(path) as stream:
+            for _ in records_of(path, kind, _SmallReads(stream), text_mode, text_field, policy):
+                count += 1
+    except Exception:  # noqa: BLE001 - the fault that made the file unreadable
+        pass
+    return count
+
+def iter_file_records(
+    path: str,
+    *,
+    text_mode: str = "line",
+    text_field: str = "text",
+    policy: RecordPolicy | None = None,
+    counters: Counter | None = None,
+    verify: bool = True,
+    task: ReadTask | None = None,
+    source_field: str | None = None,
+) -> Iterator[Any]:
+    """Yield ``(source, position, text)`` records and rejected-entry dicts of one file
+    (``(source, position, text, label)`` with ``source_field``).
+
+    Decoding, checking and the :class:`~transforms.record_policy.RecordPolicy` happen here:
+    every yielded text is non-blank, encodes to UTF-8 and obeys the policy. A compressed
+    file is verified first (see the module docstring): one that fails yields a single
+    ``unreadable_file`` rejection. An uncompressed file that cannot be read to its end
+    yields its records before the fault and one ``unreadable_file`` rejection. A file with
+    no record yields one ``empty_file`` rejection. No exception escapes for bad data; a bad
+    ``text_mode`` raises ``ValueError`` before reading.
+
+    Args:
+        policy: what to do with invalid UTF-8, NUL bytes, long records and unverifiable
+            archives (default: reject them; records held up to 64 MiB; no length limit).
+        counters: if given, counts into it the kept records that were repaired
+            (``invalid_utf8_replaced``, ``nul_bytes_stripped``), the records split
+            (``long_documents_split``) and the documents they became (``split_pieces``),
+            and marks a file read without verified checksums (key ``UNVERIFIED_PREFIX + path``).
+        verify: False reads a compressed file without checking its checksums first: only for
+            a sample of the first records taken before the pipeline runs (which verifies), so
+            that sampling a large archive does not decompress all of it.
+        task: read only this part of the file (:mod:`transforms.splits`: a byte range, whose
+            positions count from its first line, or Parquet row groups); None: all of it.
+            Only an uncompressed file is split, so a task is never an archive to verify.
+        source_field: JSONL field (dotted path) naming each record's source; its value is the
+            label of the record (:class:`SourceLabel`: ``(missing)`` where absent, and for the
+            records of text and Parquet files).
+    """
+    if text_mode not in TEXT_MODES:
+        raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
+    policy = policy or RecordPolicy()
+    counters = counters if counters is not None else Counter()
+    kind = file_format(path)
+    task = task or ReadTask(path)
+    record_mode = "paragraph" if kind == "text" and text_mode == "paragraph" else "line"
+    compression = compression_of(path)
+    kept = None
+    if compression is not None and verify:
+        check = verify_archive(path, compression)
+        if check.error is not None or (check.unverified and policy.unverified_zstd == "reject"):
+            held = _count_records(path, kind, text_mode, text_field, policy)
+            if check.error is not None:
+                yield rejection(path, 0, "unreadable_file", f"{check.error} (none of the {held:,} records before the "
+                                "fault is used)")
+            else:
+                yield rejection(path, 0, "unverified_archive", f"{check.unverified} zstd frame(s) without a content "
+                                f"checksum; {held:,} records not used (--unverified-zstd keep reads them)")
+            return
+        if check.unverified:
+            counters[UNVERIFIED_PREFIX + path] = 1
+        kept = check.data
+    position = 0
+    produced = 0
+    split_at = None  # position of the record whose pieces are being read
+    try:
+        opened = contextlib.nullcontext(io.BytesIO(kept)) if kept is not None else \
+            open_task(task, record_mode, open_decompressed, counters)
+        with opened as stream:
+            label = SourceLabel(source_field) if source_field else None
+            for position, value, repairs, piece in records_of(path, kind, stream, text_mode, text_field, policy,
+                                                               task, label):
+                produced += 1
+                if isinstance(value, dict):
+                    yield value
+                    continue
+                outputs, split = finish_record(path, position, value, policy, repairs, counters)
+                if piece:
+                    if split_at != position:
+                        counters["long_documents_split"] += 1
+                        split_at = position
+                    counters["split_pieces"] += len(outputs)
+                elif split:
+                    counters["long_documents_split"] += 1
+                    counters["split_pieces"] += len(outputs)
+                if label is not None:
+                    outputs = [o if isinstance(o, dict) else (*o, label.value) for o in outputs]
+                yield from outputs
+    except (OSError, EOFError, zlib.error, ValueError) as exc:
+        yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    except Exception as exc:  # zstandard.ZstdError and pyarrow errors have no common base
+        yield rejection(path, position, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    if not produced and task.kind == "file":  # a file read in ranges: ReadCorpus sums its ranges' records
+        yield empty_file_rejection(path)
+
+
+def empty_file_rejection(path: str) -> dict[str, Any]:
+    """The rejected entry of a file that holds no record (the accounting counts it as one)."""
+    return rejection(path, 0, "empty_file", "the file holds no record (it is empty or has only blank lines)")
+
+
+def record_fields(path: str, records: int = 20, max_line_bytes: int = 1 << 20) -> list[str]:
+    """The top-level field names of the first ``records`` JSON lines (or the columns) of a
+    JSONL or Parquet file, sorted; empty for a text file or one that cannot be read. For
+    messages about a ``--text-field`` that nothing has; lines beyond ``max_line_bytes`` are
+    skipped."""
+    kind = file_format(path)
+    fields: set[str] = set()
+    try:
+        with open_decompressed(path) as stream:
+            if kind == "parquet":
+                import pyarrow.parquet as pq
+
+                return sorted(pq.ParquetFile(stream).schema_arrow.names)
+            if kind != "jsonl":
+                return []
+            seen, line, size = 0, [], 0
+            for _, piece, last in iter_lines(stream):
+                size += len(piece)
+                if size <= max_line_bytes:
+                    line.append(piece)
+                if not last:
+                    continue
+                text, line, too_long, size = b"".join(line), [], size > max_line_bytes, 0
+                if too_long or not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except (ValueError, RecursionError):
+                    obj = None
+                if isinstance(obj, dict):
+                    fields.update(str(key) for key in obj)
+                seen += 1
+                if seen >= records:
+                    break
+    except Exception:  # a message helper: an unreadable file is reported by the pipeline itself
+        return sorted(fields)
+    return sorted(fields)
