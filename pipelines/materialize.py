@@ -54,7 +54,6 @@ from pipelines import __version__
 from pipelines.beam_logging import set_beam_verbosity
 from pipelines.dataflow import stage_installed_package
 from pipelines.options import (
-    OBJECTIVE_FLAGS,
     MaterializeOptions,
     RunnerSetup,
     build_parser,
@@ -73,7 +72,7 @@ from transforms.handoff import release, scope, unwrap
 from transforms.inputs import InputChangedError
 from transforms.manifest import WriteManifest
 from transforms.objectives.counters import sum_counters
-from transforms.objectives.registry import make_objective
+from transforms.objectives.registry import make_objective, objective_flags
 from transforms.output import (
     LOCK_NAME,
     LockLostError,
@@ -780,7 +779,7 @@ def _objective_line(manifest: Manifest) -> str:
     argv = manifest.run.get("argv") or []
     flags_given = {a.split("=", 1)[0] for a in argv}
     from_config = "--config" in flags_given
-    flag_of = {dest: flag for flag, dest, *_ in OBJECTIVE_FLAGS}
+    flag_of = {dest: flag for flag, dest, *_ in objective_flags()}
     params = manifest.objective.get("params", {})
     parts = [manifest.objective["name"]]
     for name in _KEY_LENGTHS:

@@ -21,21 +21,27 @@ measured ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from transforms.objectives.span_corruption import SPAN_LENGTH_HISTOGRAM_CAP
+from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
 
 __all__ = [
     "DENOISER_PREFIX",
     "ROUND_DIGITS",
     "SPAN_HISTOGRAM_PREFIX",
-    "SUMMARIZERS",
+    "common_summary",
     "counter_histogram",
     "denoiser_counters",
     "histogram_table",
     "ratio",
+    "summarize_bart",
+    "summarize_clm",
+    "summarize_mlm",
     "summarize_objective",
+    "summarize_prefix_lm",
+    "summarize_span_corruption",
+    "summarize_ul2",
 ]
 
 ROUND_DIGITS = 6
@@ -108,7 +114,8 @@ def _targets(params: Params | None, **names: str) -> dict[str, Any]:
     return {"target": found} if found else {}
 
 
-def _common(counters: Counters) -> dict[str, Any]:
+def common_summary(counters: Counters) -> dict[str, Any]:
+    """What every objective's summary starts with: examples, chunk tokens and their mean, padding."""
     examples = _get(counters, "examples")
     return {
         "examples": examples,
@@ -122,7 +129,7 @@ def summarize_clm(counters: Counters, params: Params | None = None) -> dict[str,
     """Tokens, padding share and documents per example of causal LM examples."""
     tokens, padding = _get(counters, "tokens"), _get(counters, "padding_tokens")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "padding_share": ratio(padding, tokens + padding),
         "mean_documents_per_example": ratio(_get(counters, "documents_segments"), _get(counters, "examples")),
     }
@@ -132,7 +139,7 @@ def summarize_prefix_lm(counters: Counters, params: Params | None = None) -> dic
     """Mean prefix length and the shares of prefix (bidirectional) and suffix (loss) tokens."""
     tokens = _get(counters, "tokens")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "mean_prefix_length": ratio(_get(counters, "prefix_tokens"), _get(counters, "examples")),
         "prefix_share": ratio(_get(counters, "prefix_tokens"), tokens),
         "loss_share": ratio(_get(counters, "suffix_tokens"), tokens),
@@ -143,7 +150,7 @@ def summarize_mlm(counters: Counters, params: Params | None = None) -> dict[str,
     """Measured selection density and the mask/random/keep split of the selected tokens."""
     selected = _get(counters, "selected")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "selected": selected,
         "noise_density": ratio(selected, _get(counters, "maskable_tokens")),
         "selected_share_of_tokens": ratio(selected, _get(counters, "tokens")),
@@ -163,7 +170,7 @@ def summarize_span_corruption(counters: Counters, params: Params | None = None) 
     """Measured noise density, noise spans (count, mean length, histogram) and encoded lengths."""
     examples = _get(counters, "examples")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "raw_tokens": _get(counters, "raw_tokens"),
         "noise_density": ratio(_get(counters, "noise_tokens"), _get(counters, "raw_tokens")),
         "spans": _spans(counters),
@@ -186,7 +193,7 @@ def summarize_bart(counters: Counters, params: Params | None = None) -> dict[str
     words, examples = _get(counters, "words"), _get(counters, "examples")
     histogram = counter_histogram(counters)
     return {
-        **_common(counters),
+        **common_summary(counters),
         "source_tokens": source,
         "input_tokens": _get(counters, "input_tokens"),
         "length_ratio": ratio(_get(counters, "input_tokens"), source),
@@ -253,7 +260,7 @@ def summarize_ul2(counters: Counters, params: Params | None = None) -> dict[str,
             entry["mode_token"], entry["weight"] = weights[name]
         denoisers[name] = entry
     summary: dict[str, Any] = {
-        **_common(counters),
+        **common_summary(counters),
         "raw_tokens": raw,
         "noise_density": ratio(_get(counters, "noise_tokens"), raw),
         "mix": {
@@ -276,20 +283,14 @@ def summarize_ul2(counters: Counters, params: Params | None = None) -> dict[str,
     return summary
 
 
-SUMMARIZERS: dict[str, Callable[[Counters, Params | None], dict[str, Any]]] = {
-    "clm": summarize_clm,
-    "prefix_lm": summarize_prefix_lm,
-    "mlm": summarize_mlm,
-    "span_corruption": summarize_span_corruption,
-    "bart": summarize_bart,
-    "ul2": summarize_ul2,
-}
-
-
 def summarize_objective(name: str, counters: Counters, params: Params | None = None) -> dict[str, Any]:
-    """The summary of objective ``name``'s summed counters (see the module docstring).
+    """The summary of objective ``name``'s summed counters: its class's ``summarize``
+    (:class:`transforms.objectives.base.Objective`; the functions above for the built-in ones).
 
-    An objective without a summarizer gets the common part: examples, chunk and padding tokens.
+    An objective not registered here (a dataset written with another objective set) gets the
+    common part: examples, chunk and padding tokens.
     """
-    summarize = SUMMARIZERS.get(name)
-    return summarize(counters, params) if summarize else _common(counters)
+    from transforms.objectives.registry import OBJECTIVES  # the registry imports every objective
+
+    objective = OBJECTIVES.get(name)
+    return objective.summarize(counters, params) if objective else common_summary(counters)
