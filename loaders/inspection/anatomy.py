@@ -49,13 +49,12 @@ class ObjectiveView:
         self.name: str = objective.name
         self.schema = example_schema(objective.family, **objective.schema_kwargs())
         self.fixed = {c: self.schema.fixed_length(c) for c in self.schema.token_columns}
-        self.decoder_layout = self.name == "ul2" and objective.config.layout == "decoder"
+        # The objective's inspection hooks (transforms/objectives/base.py) say how its examples are laid out.
+        self.decoder_layout: bool = objective.seq2seq_in_decoder_rows
         self.sentinel_index = {int(t): k for k, t in enumerate(special.sentinels)}
         self.sentinel_ids = np.array(special.sentinels, dtype=np.int64)
         self.mode_names = {int(i): t for t, i in special.mode_tokens.items()}
-        self.denoisers: dict[str, tuple[Any, Any]] = {}
-        if self.name == "ul2":
-            self.denoisers = {d.name: (d, n) for d, n in zip(objective.denoisers, objective.lengths, strict=True)}
+        self.denoisers: dict[str, tuple[Any, Any]] = objective.denoiser_table()
 
 
 @dataclass
@@ -64,7 +63,9 @@ class Anatomy:
 
     Attributes:
         key: the example key.
-        kind: ``clm``, ``prefix_lm``, ``mlm``, ``span``, ``prefix`` (UL2's S) or ``bart``.
+        kind: ``clm``, ``prefix_lm``, ``mlm``, ``span``, ``prefix`` (UL2's S) or ``bart``, or
+            another objective's own name (taken apart by its family only), from
+            ``Objective.example_kind``.
         lengths: unpadded length per token column.
         padding: pad positions of the fixed-length columns.
         raw_tokens: tokens of the source chunk the example was made from.
@@ -189,15 +190,11 @@ def _seq2seq_parts(a: Anatomy, view: ObjectiveView) -> None:
 
 
 def _kind(view: ObjectiveView, example: dict[str, Any], a: Anatomy) -> str:
-    if view.name == "span_corruption":
-        return "span"
-    if view.name != "ul2":
-        return view.name
-    a.denoiser, a.offset = str(example.get("denoiser", "")), 1
-    if a.denoiser not in view.denoisers:
-        a.issues.append(f"unknown denoiser {a.denoiser!r}; the mixture has {sorted(view.denoisers)}")
-        return "span"
-    return view.denoisers[a.denoiser][0].kind
+    kind = view.objective.example_kind(example)
+    a.denoiser, a.offset = kind.denoiser, kind.lead
+    if kind.issue:
+        a.issues.append(kind.issue)
+    return kind.kind
 
 
 def take_apart(example: dict[str, Any], view: ObjectiveView) -> Anatomy:
@@ -223,7 +220,7 @@ def take_apart(example: dict[str, Any], view: ObjectiveView) -> Anatomy:
         if (ids[length:] != special.pad).any():
             a.issues.append("positions past sum(doc_lengths) are not padding")
         ends = np.cumsum(a.doc_lengths)[:-1] - 1
-        concat = view.packing == "concat" and view.name != "ul2" and not a.issues
+        concat = view.packing == "concat" and not view.decoder_layout and not a.issues
         if concat and ends.size and (ids[ends] != special.eos).any():
             # concat packing cuts one stream of documents each followed by its EOS
             a.issues.append("a document segment other than the last does not end with EOS")

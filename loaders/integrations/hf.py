@@ -216,7 +216,9 @@ def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:
         if special.get(role) is not None:
             out[f"{role}_token_id"] = int(special[role])
     if dataset.family == "seq2seq":
-        start = special.get("eos") if dataset.objective_name == "bart" else special.get("pad")
+        from transforms.objectives.registry import decoder_start_role
+
+        start = special.get(decoder_start_role(dataset.objective_name))
         if start is not None:
             out["decoder_start_token_id"] = int(start)
     return out

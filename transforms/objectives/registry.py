@@ -25,8 +25,8 @@ from transforms.objectives.prefix_lm import PrefixLM
 from transforms.objectives.span_corruption import SpanCorruption
 from transforms.objectives.ul2 import UL2
 
-__all__ = ["OBJECTIVES", "make_objective", "objective_class", "objective_flags", "objective_from_params",
-           "objective_parameters", "register_objective", "unregister_objective"]
+__all__ = ["OBJECTIVES", "decoder_start_role", "make_objective", "objective_class", "objective_flags",
+           "objective_from_params", "objective_parameters", "register_objective", "unregister_objective"]
 
 _REGISTERED: dict[str, type[Objective]] = {}
 #: name -> objective class, in registration order (read-only; see :func:`register_objective`)
@@ -77,6 +77,12 @@ def objective_class(name: str) -> type[Objective]:
     if name not in _REGISTERED:
         raise ValueError(f"--objective {name}: unknown objective; choose one of {', '.join(sorted(_REGISTERED))}")
     return _REGISTERED[name]
+
+
+def decoder_start_role(name: str | None) -> str:
+    """The special role a seq2seq decoder of objective ``name`` starts with (``pad`` if unknown)."""
+    cls = _REGISTERED.get(name or "")
+    return cls.decoder_start if cls else "pad"
 
 
 def objective_flags() -> list[ObjectiveFlag]:
