@@ -189,6 +189,10 @@ def _seq2seq_parts(a: Anatomy, view: ObjectiveView) -> None:
     a.raw_tokens = max(a.inputs.size - a.offset - 1, 0) + a.noise_tokens
 
 
+#: The seq2seq layouts parsed here; another objective's examples get lengths and padding only.
+_SEQ2SEQ_LAYOUTS = ("bart", "span", "prefix")
+
+
 def _kind(view: ObjectiveView, example: dict[str, Any], a: Anatomy) -> str:
     kind = view.objective.example_kind(example)
     a.denoiser, a.offset = kind.denoiser, kind.lead
@@ -198,9 +202,23 @@ def _kind(view: ObjectiveView, example: dict[str, Any], a: Anatomy) -> str:
 
 
 def take_apart(example: dict[str, Any], view: ObjectiveView) -> Anatomy:
-    """Take one stored example apart (see :class:`Anatomy`); never raises on bad content."""
+    """Take one stored example apart (see :class:`Anatomy`); never raises on bad content.
+
+    The family's columns and the known layouts are parsed here; then the objective's own hook
+    (``Objective.take_apart``) completes the parts of its kind (a fault it raises is an issue).
+    """
     a = Anatomy(key=str(example.get("key", "")), kind="")
     a.kind = _kind(view, example, a)
+    _family_parts(example, view, a)
+    if not a.issues:
+        try:
+            view.objective.take_apart(example, a, view.special)
+        except Exception as exc:  # noqa: BLE001 - bad content must become an issue, never an exception
+            a.issues.append(f"objective {view.name} cannot take it apart: {exc!r}")
+    return a
+
+
+def _family_parts(example: dict[str, Any], view: ObjectiveView, a: Anatomy) -> Anatomy:
     special = view.special
     for column, fixed in view.fixed.items():
         if column not in example:
@@ -257,5 +275,6 @@ def take_apart(example: dict[str, Any], view: ObjectiveView) -> Anatomy:
     a.targets = _unpad(example["targets"], special, view.fixed.get("targets"))
     a.lengths = {"inputs": int(a.inputs.size), "targets": int(a.targets.size)}
     a.padding = sum((view.fixed[c] or 0) - a.lengths[c] for c in ("inputs", "targets") if view.fixed.get(c))
-    _seq2seq_parts(a, view)
+    if a.kind in _SEQ2SEQ_LAYOUTS:
+        _seq2seq_parts(a, view)
     return a

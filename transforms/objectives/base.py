@@ -294,6 +294,15 @@ class Objective(ABC):
         """The :attr:`example_groups` entry the example belongs to."""
         return None
 
+    def take_apart(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds) -> None:
+        """Complete ``anatomy`` (``loaders.inspection.anatomy.Anatomy``) for a kind of the
+        objective's own: the family's parts (``lengths``, ``padding``, unpadded ``inputs`` /
+        ``targets``, ``doc_lengths``) are filled in already; set at least ``raw_tokens``, the
+        chunk tokens the example was made from (``lmshards validate`` adds them up against the
+        manifest), and append structural faults to ``anatomy.issues``. The known layouts need
+        nothing (the default)."""
+        return None
+
     def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
                          seed: int) -> list[str]:
         """What is wrong with one structurally sound example, beyond the layout's own checks:
