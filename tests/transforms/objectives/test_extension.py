@@ -229,7 +229,7 @@ def test_materialize_writes_its_examples_counters_and_summary(dataset):
 
 
 @pytest.mark.e2e
-def test_inspect_validate_and_show_dispatch_to_its_hooks(dataset, capsys):
+def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys):
     out, manifest = dataset
     assert cli(["validate", str(out)]) == 0
     assert "validate: OK" in capsys.readouterr().out
@@ -246,6 +246,12 @@ def test_inspect_validate_and_show_dispatch_to_its_hooks(dataset, capsys):
     first = _examples(out)["train"][0]
     shown = capsys.readouterr().out
     assert first["key"] in shown and "ISSUES" not in shown
+    assert cli(["inspect", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "reverse" in table and f"{manifest.splits['train']['examples']:,}" in table
+    assert cli(["report", str(out), "-o", str(out / "report.html"), "--examples", "2"]) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert page.count('class="example"') == 2 and first["key"] in page
 
 
 @pytest.mark.e2e
