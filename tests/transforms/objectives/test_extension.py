@@ -292,5 +292,8 @@ def test_the_loader_collates_it_with_its_decoder_start(dataset):
     assert np.array_equal(batch["decoder_input_ids"][:, 1:].numpy(), targets[:, : batch["labels"].shape[1] - 1])
     width = batch["labels"].shape[1]
     assert np.array_equal(batch["labels"].numpy(), np.where(targets == PAD, -100, targets)[:, :width])
+    from loaders.integrations.hf import model_config_kwargs
+
+    assert model_config_kwargs(ds)["decoder_start_token_id"] == EOS
     first = next(iter(ds))
     assert first["key"] == rows[0]["key"] and np.array_equal(np.asarray(first["targets"]), rows[0]["targets"])
