@@ -4,8 +4,10 @@ Every objective is registered here with one line (:func:`register_objective`); t
 line (flags and help), the manifest summary, the loader and the inspection tools find it by
 name through this registry. A class knows its config dataclass, so parameters coming from
 flags or a ``--config`` file are validated the same way (unknown parameters are errors that
-name them). An objective of another package registers itself the same way, before the
-pipeline or the inspection tools look it up.
+name them). An objective of another package registers itself the same way, best when its
+module is imported, before the pipeline or the inspection tools look it up; the pipeline's
+workers unpickle it by reference, so its module must be importable where they run (an
+installed package, as for any Beam DoFn).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ measured ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
@@ -42,6 +42,7 @@ __all__ = [
     "summarize_prefix_lm",
     "summarize_span_corruption",
     "summarize_ul2",
+    "summarizer",
 ]
 
 ROUND_DIGITS = 6
@@ -283,8 +284,8 @@ def summarize_ul2(counters: Counters, params: Params | None = None) -> dict[str,
     return summary
 
 
-def summarize_objective(name: str, counters: Counters, params: Params | None = None) -> dict[str, Any]:
-    """The summary of objective ``name``'s summed counters: its class's ``summarize``
+def summarizer(name: str) -> Callable[[Counters, Params | None], dict[str, Any]]:
+    """The summary function of objective ``name``: its class's ``summarize``
     (:class:`transforms.objectives.base.Objective`; the functions above for the built-in ones).
 
     An objective not registered here (a dataset written with another objective set) gets the
@@ -293,4 +294,13 @@ def summarize_objective(name: str, counters: Counters, params: Params | None = N
     from transforms.objectives.registry import OBJECTIVES  # the registry imports every objective
 
     objective = OBJECTIVES.get(name)
-    return objective.summarize(counters, params) if objective else common_summary(counters)
+    return objective.summarize if objective else _common_only
+
+
+def _common_only(counters: Counters, params: Params | None = None) -> dict[str, Any]:
+    return common_summary(counters)
+
+
+def summarize_objective(name: str, counters: Counters, params: Params | None = None) -> dict[str, Any]:
+    """The summary of objective ``name``'s summed counters (:func:`summarizer`)."""
+    return summarizer(name)(counters, params)
