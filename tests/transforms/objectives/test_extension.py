@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,9 @@ from transforms.objectives.summary import common_summary, ratio
 
 CORPUS = ROOT / "data" / "sample" / "faq.jsonl"
 SEQ, WINDOW, EOS, PAD = 16, 4, 1, 0
+ARGS = ["--input", str(CORPUS), "--tokenizer", TOKENIZER, "--objective", "reverse", "--seq-len", str(SEQ),
+        "--reverse-window", str(WINDOW), "--last-chunk", "pad", "--validation-fraction", "0.1", "--num-shards", "2",
+        "--formats", "arrow,webdataset", "--build-processes", "0"]
 
 
 # --- the objective: everything a new one needs, in its own module -------------------------
@@ -185,11 +189,22 @@ def test_its_config_errors_name_the_flag(registered, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def dataset(registered, tmp_path_factory):
     out = tmp_path_factory.mktemp("reverse") / "data"
-    manifest = materialize(out, "--input", str(CORPUS), "--tokenizer", TOKENIZER, "--objective", "reverse",
-                           "--seq-len", str(SEQ), "--reverse-window", str(WINDOW), "--last-chunk", "pad",
-                           "--validation-fraction", "0.1", "--num-shards", "2", "--formats", "arrow,webdataset",
-                           "--build-processes", "0", "--runner", "FnApiRunner")
+    manifest = materialize(out, *ARGS, "--runner", "FnApiRunner")
     return out, manifest
+
+
+@pytest.mark.e2e
+def test_multi_process_workers_write_the_same_bytes(dataset, tmp_path, monkeypatch):
+    """Beam's worker processes unpickle the objective by reference: its module must be importable
+    there (an installed package for a user; this directory on PYTHONPATH here)."""
+    from lmshards_testing import file_digests
+
+    out, manifest = dataset
+    here = str(ROOT / "tests" / "transforms" / "objectives")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, str(ROOT / "tests"), str(ROOT)]))
+    other = materialize(tmp_path / "mp", *ARGS, "--direct_running_mode=multi_processing", "--direct_num_workers=2")
+    assert file_digests(tmp_path / "mp") == file_digests(out)
+    assert other.stats == manifest.stats
 
 
 def _examples(out) -> dict[str, list[dict]]:
