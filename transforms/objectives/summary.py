@@ -7,7 +7,9 @@ before spending GPU hours: measured noise density, number and mean length of noi
 and their histogram, the MLM replacement split, the BART masked share and mean Poisson
 span length, the UL2 denoiser mix by examples and by raw tokens. The manifest stores the
 result next to the counters (``stats[split]["objective_summary"]``); loaders and
-inspection tools can recompute it from the counters alone.
+inspection tools can recompute it from the counters alone. Each objective class declares
+its summary (``Objective.summarize``: the built-in ones are the functions here, built from
+the shared helpers a new objective can use too); :func:`summarizer` finds it by name.
 
 Every ratio is ``round(numerator / denominator, 6)`` of two exact integers, so summaries
 are byte-identical whatever the runner; a ratio with a zero denominator is ``None``.
