@@ -403,7 +403,8 @@ def collator_for(dataset: Any, **kwargs: Any):
 
     ``decoder`` -> :class:`PrefixLMCollator` when examples carry ``prefix_length``, else
     :class:`CausalCollator`; ``encoder`` -> :class:`MLMCollator`; ``seq2seq`` ->
-    :class:`Seq2SeqCollator` (decoder start = eos for bart, else pad). ``kwargs`` go to it.
+    :class:`Seq2SeqCollator` (decoder start: the objective's ``decoder_start`` role, eos for
+    bart, else pad). ``kwargs`` go to it.
 
     Raises:
         UnsupportedSchemaError: a family no collator handles (or a mixture of families).
@@ -420,7 +421,11 @@ def collator_for(dataset: Any, **kwargs: Any):
     if family == "encoder":
         return MLMCollator(pad, **kwargs)
     if family == "seq2seq":
-        if "decoder_start_id" not in kwargs and dataset.objective_name == "bart":
-            kwargs["decoder_start_id"] = special.get("eos")
+        if "decoder_start_id" not in kwargs:
+            from transforms.objectives.registry import decoder_start_role
+
+            role = decoder_start_role(dataset.objective_name)
+            if role != "pad":  # the collator's own default
+                kwargs["decoder_start_id"] = special.get(role)
         return Seq2SeqCollator(pad, **kwargs)
     raise UnsupportedSchemaError(f"no collator for example family {family!r} (columns {sorted(columns)})")

@@ -30,13 +30,20 @@ from transforms.objectives.base import build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms, plan_uniforms
 
-__all__ = ["LENGTH_PARAMETERS", "DynamicObjective", "fit_length", "max_raw_length", "resolve_objective",
+__all__ = ["DynamicObjective", "fit_length", "max_raw_length", "resolve_objective",
            "special_ids_from_tokenizer"]
 
 
-#: The parameter that sizes each registered objective (its raw chunk length follows from it).
-LENGTH_PARAMETERS = {"clm": "seq_len", "prefix_lm": "seq_len", "mlm": "seq_len", "bart": "seq_len",
-                     "span_corruption": "inputs_length", "ul2": "inputs_length"}
+def length_parameter(name: str) -> str | None:
+    """The parameter that sizes objective ``name`` (its raw chunk length follows from it):
+    the class's ``length_parameter``.
+
+    Raises:
+        ValueError: unknown objective.
+    """
+    from transforms.objectives.registry import objective_class  # imports every objective: only when named
+
+    return objective_class(name).length_parameter
 
 
 def max_raw_length(objective: Any) -> int:
@@ -56,7 +63,9 @@ def fit_length(name: str, params: dict[str, Any], chunk_length: int) -> int:
     """
     from transforms.objectives.registry import make_objective
 
-    parameter = LENGTH_PARAMETERS[name]
+    parameter = length_parameter(name)
+    if parameter is None:
+        raise ValueError(f"dynamic objective {name}: it declares no length parameter to fit to the stored chunks")
 
     def fits(value: int) -> bool:  # True up to the answer, False above it (invalid small values count as True)
         try:
@@ -83,7 +92,7 @@ def fit_length(name: str, params: dict[str, Any], chunk_length: int) -> int:
 def resolve_objective(objective: Any, params: dict[str, Any] | None = None, chunk_length: int | None = None) -> Any:
     """An objective object from a registry name (with ``params``) or an object as is.
 
-    A named objective whose length parameter (:data:`LENGTH_PARAMETERS`) is not in ``params``
+    A named objective whose length parameter (``Objective.length_parameter``) is not in ``params``
     is sized to the stored chunks (``chunk_length`` tokens, :func:`fit_length`), not to its own
     default: a 128-token dataset gives 128-token mlm examples, not 512-token ones of which 384
     are padding.
@@ -92,7 +101,7 @@ def resolve_objective(objective: Any, params: dict[str, Any] | None = None, chun
         from transforms.objectives.registry import make_objective  # imports every objective: only when named
 
         params = dict(params or {})
-        parameter = LENGTH_PARAMETERS.get(objective)
+        parameter = length_parameter(objective)
         if chunk_length and parameter and parameter not in params:
             params[parameter] = fit_length(objective, params, chunk_length)
         return make_objective(objective, params)

@@ -42,7 +42,6 @@ from pipelines.beam_logging import set_beam_verbosity
 from pipelines.dataflow import stage_installed_package
 from pipelines.failures import job_error, quiet_beam
 from pipelines.options import (
-    OBJECTIVE_FLAGS,
     parse_args,
 )
 from pipelines.output_dir import check_output, clean_failed_run, prepare_output
@@ -61,6 +60,7 @@ from transforms.build import BuildExamples
 from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
 from transforms.manifest import WriteManifest
 from transforms.objectives.counters import sum_counters
+from transforms.objectives.registry import objective_flags
 from transforms.output import (
     RunLock,
 )
@@ -257,7 +257,7 @@ def _objective_line(manifest: Manifest) -> str:
     argv = manifest.run.get("argv") or []
     flags_given = {a.split("=", 1)[0] for a in argv}
     from_config = "--config" in flags_given
-    flag_of = {dest: flag for flag, dest, *_ in OBJECTIVE_FLAGS}
+    flag_of = {dest: flag for flag, dest, *_ in objective_flags()}
     params = manifest.objective.get("params", {})
     parts = [manifest.objective["name"]]
     for name in _KEY_LENGTHS:

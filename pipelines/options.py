@@ -37,36 +37,6 @@ __all__ = ["BUILD_STAGES", "FORMATS", "MaterializeOptions", "RunnerSetup", "buil
 FORMATS = ("arrow", "webdataset")
 #: What ends each document in the packed stream (--document-separator).
 DOCUMENT_SEPARATORS = ("eos", "none")
-#: Objective parameter flags: (flag, config field, type, objectives that take it, help).
-#: Only flags the user sets are passed on; a flag the chosen objective does not take is an error.
-_LM = ("clm", "prefix_lm", "mlm", "bart")
-OBJECTIVE_FLAGS: list[tuple[str, str, type, tuple[str, ...], str]] = [
-    ("--seq-len", "seq_len", int, _LM, "tokens per example (clm/prefix_lm 1024, mlm/bart 512)"),
-    ("--inputs-length", "inputs_length", int, ("span_corruption", "ul2"), "encoder input tokens (512)"),
-    ("--targets-length", "targets_length", int, ("ul2",), "ul2 targets budget (default: what the mixture needs)"),
-    ("--noise-density", "noise_density", float, ("span_corruption",), "share of noised tokens (0.15)"),
-    ("--mean-noise-span-length", "mean_noise_span_length", float, ("span_corruption",), "mean span length (3)"),
-    ("--mlm-probability", "mlm_probability", float, ("mlm",), "share of tokens selected (0.15)"),
-    ("--mask-ratio", "mask_ratio", float, ("mlm",), "selected tokens replaced by the mask token (0.8)"),
-    ("--random-ratio", "random_ratio", float, ("mlm",), "selected tokens replaced by a random token (0.1)"),
-    ("--keep-ratio", "keep_ratio", float, ("mlm",), "selected tokens left unchanged (0.1)"),
-    ("--whole-word-mask", "whole_word_mask", bool, ("mlm",), "select whole words (pre-tokenizer words)"),
-    ("--frame", "frame", bool, ("mlm",), "frame each example with CLS ... SEP"),
-    ("--max-predictions", "max_predictions", int, ("mlm",), "cap on selected tokens per example (BERT's "
-     "max_predictions_per_seq; default: no cap)"),
-    ("--bart-mask", "mask", float, ("bart",), "share of words masked by text infilling (0.3)"),
-    ("--bart-mask-random", "mask_random", float, ("bart",), "share of masks that are random tokens (0.1)"),
-    ("--bart-insert", "insert", float, ("bart",), "random insertion rate (0)"),
-    ("--bart-rotate", "rotate", float, ("bart",), "document rotation probability (0)"),
-    ("--bart-permute-sentences", "permute_sentences", float, ("bart",), "share of sentences permuted (1.0)"),
-    ("--bart-replace-length", "replace_length", int, ("bart",), "-1 keep length, 0 delete, 1 one mask (1)"),
-    ("--bart-mask-length", "mask_length", str, ("bart",), "span-poisson, word or subword (span-poisson)"),
-    ("--bart-poisson-lambda", "poisson_lambda", float, ("bart",), "mean span length (3.5)"),
-    ("--bart-token-mask", "token_mask", float, ("bart",), "token masking rate (0)"),
-    ("--bart-token-delete", "token_delete", float, ("bart",), "token deletion rate (0)"),
-    ("--ul2-preset", "mixture", str, ("ul2",), "denoiser mixture: default or paper (custom: --config)"),
-    ("--layout", "layout", str, ("ul2",), "encoder_decoder or decoder"),
-]
 DEFAULT_RUNNER = "FnApiRunner"
 #: Runners that run the pipeline in this process (unless --direct_running_mode=multi_processing).
 IN_PROCESS_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
@@ -216,9 +186,12 @@ def _usable_cores() -> int:
     return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
-#: Objectives whose examples are copies of their chunks: spreading the chunks over other workers
-#: costs as much as building them there.
-_COPYING_OBJECTIVES = ("clm",)
+def _copies_chunks(objective: str | None) -> bool:
+    """The objective's examples are copies of its chunks (``Objective.copies_chunks``: sending a
+    chunk to a build worker and its example back costs as much as building it)."""
+    from transforms.objectives.registry import OBJECTIVES
+
+    return objective in OBJECTIVES and OBJECTIVES[objective].copies_chunks
 
 
 @dataclass(frozen=True)
@@ -320,7 +293,7 @@ def resolve_build_stage(value: str, setup: RunnerSetup, objective: str | None = 
     the choice depends on file sizes and the runner, never the bytes."""
     if value != "auto":
         return value
-    if objective in _COPYING_OBJECTIVES or setup.runner in IN_PROCESS_RUNNERS:
+    if _copies_chunks(objective) or setup.runner in IN_PROCESS_RUNNERS:
         return "fused"
     return "separate" if groups < SEPARATE_BELOW_GROUPS else "fused"
 
@@ -392,12 +365,16 @@ def build_parser() -> argparse.ArgumentParser:
     bad.add_argument("--max-rejected-fraction", type=_rejected_fraction, default=DEFAULT_MAX_REJECTED_FRACTION,
                      metavar="F", help="fail the job, writing no manifest, when more than F of the documents read "
                      f"are rejected (default {DEFAULT_MAX_REJECTED_FRACTION}; 1 never fails)")
+    from transforms.objectives.registry import OBJECTIVES, objective_flags
+
     obj = parser.add_argument_group("objective")
+    others = [name for name in OBJECTIVES if name != "clm"]
     obj.add_argument("--objective", default="clm",
-                     help="clm (default), prefix_lm, mlm, span_corruption, bart or ul2")
+                     help=f"clm (default), {', '.join(others[:-1])} or {others[-1]}" if others else "clm")
     obj.add_argument("--config", dest="config_file", metavar="FILE",
                      help="JSON or YAML file of objective parameters (flags win)")
-    for flag, dest, kind, objectives, help_text in OBJECTIVE_FLAGS:
+    # Each registered objective's flags, from its config fields (transforms/objectives/flags.py).
+    for flag, dest, kind, objectives, help_text in objective_flags():
         help_text = f"{help_text} [{', '.join(objectives)}]"
         if kind is bool:
             obj.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -503,10 +480,10 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
     if args.num_buckets is not None and args.pack_group_tokens is not None:
         raise ValueError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
                          "choose one (fixed hash buckets, or groups sized by tokens)")
-    from transforms.objectives.registry import objective_parameters
+    from transforms.objectives.registry import objective_flags, objective_parameters
 
     objective_parameters(args.objective)  # unknown objective: fail first, naming it
-    for flag, dest, _, objectives, _ in OBJECTIVE_FLAGS:
+    for flag, dest, _, objectives, _ in objective_flags():
         value = getattr(args, dest)
         if value is None:
             continue

@@ -28,7 +28,7 @@ from transforms.accounting import (
 )
 from transforms.group import plan_summary
 from transforms.inputs import InputFile, check_all_unchanged
-from transforms.objectives.summary import summarize_objective
+from transforms.objectives.summary import summarizer
 from transforms.output import RunLock, delete_tree
 from transforms.read import UNVERIFIED_PREFIX
 from transforms.write import TMP_DIR, join_path, write_atomic
@@ -103,6 +103,10 @@ def hf_dataset_files(split: str, shard_paths: list[str], schema_meta: dict, pref
 class _WriteManifest(beam.DoFn):
     def __init__(self, output, static, lock: RunLock | None = None):
         self._output, self._static, self._lock = output, static, lock
+        # The objective's summary function, looked up where the pipeline is built: a worker process
+        # (multi_processing, Dataflow) imports the objective's module with the DoFn, not the
+        # registration of an objective that another package registered in the launcher.
+        self._summarize = summarizer(static["objective"]["name"])
 
     def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,
                 sources=()):
@@ -130,9 +134,7 @@ class _WriteManifest(beam.DoFn):
                 **({"sources": source_summary(sources, split)} if static["config"].get("source_field") else {}),
                 "document_lengths": summarize_lengths(packing, "doc_tokens"),
                 "objective": dict(sorted(split_stats.items())),
-                "objective_summary": summarize_objective(
-                    static["objective"]["name"], split_stats, static["objective"]["params"]
-                ),
+                "objective_summary": self._summarize(split_stats, static["objective"]["params"]),
             }
         written = sum(s["documents"] for s in splits.values())
         duplicates = sum(s["duplicates"] for s in splits.values())

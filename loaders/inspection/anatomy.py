@@ -49,13 +49,12 @@ class ObjectiveView:
         self.name: str = objective.name
         self.schema = example_schema(objective.family, **objective.schema_kwargs())
         self.fixed = {c: self.schema.fixed_length(c) for c in self.schema.token_columns}
-        self.decoder_layout = self.name == "ul2" and objective.config.layout == "decoder"
+        # The objective's inspection hooks (transforms/objectives/base.py) say how its examples are laid out.
+        self.decoder_layout: bool = objective.seq2seq_in_decoder_rows
         self.sentinel_index = {int(t): k for k, t in enumerate(special.sentinels)}
         self.sentinel_ids = np.array(special.sentinels, dtype=np.int64)
         self.mode_names = {int(i): t for t, i in special.mode_tokens.items()}
-        self.denoisers: dict[str, tuple[Any, Any]] = {}
-        if self.name == "ul2":
-            self.denoisers = {d.name: (d, n) for d, n in zip(objective.denoisers, objective.lengths, strict=True)}
+        self.denoisers: dict[str, tuple[Any, Any]] = objective.denoiser_table()
 
 
 @dataclass
@@ -64,7 +63,9 @@ class Anatomy:
 
     Attributes:
         key: the example key.
-        kind: ``clm``, ``prefix_lm``, ``mlm``, ``span``, ``prefix`` (UL2's S) or ``bart``.
+        kind: ``clm``, ``prefix_lm``, ``mlm``, ``span``, ``prefix`` (UL2's S) or ``bart``, or
+            another objective's own name (taken apart by its family only), from
+            ``Objective.example_kind``.
         lengths: unpadded length per token column.
         padding: pad positions of the fixed-length columns.
         raw_tokens: tokens of the source chunk the example was made from.
@@ -188,22 +189,36 @@ def _seq2seq_parts(a: Anatomy, view: ObjectiveView) -> None:
     a.raw_tokens = max(a.inputs.size - a.offset - 1, 0) + a.noise_tokens
 
 
+#: The seq2seq layouts parsed here; another objective's examples get lengths and padding only.
+_SEQ2SEQ_LAYOUTS = ("bart", "span", "prefix")
+
+
 def _kind(view: ObjectiveView, example: dict[str, Any], a: Anatomy) -> str:
-    if view.name == "span_corruption":
-        return "span"
-    if view.name != "ul2":
-        return view.name
-    a.denoiser, a.offset = str(example.get("denoiser", "")), 1
-    if a.denoiser not in view.denoisers:
-        a.issues.append(f"unknown denoiser {a.denoiser!r}; the mixture has {sorted(view.denoisers)}")
-        return "span"
-    return view.denoisers[a.denoiser][0].kind
+    kind = view.objective.example_kind(example)
+    a.denoiser, a.offset = kind.denoiser, kind.lead
+    if kind.issue:
+        a.issues.append(kind.issue)
+    return kind.kind
 
 
 def take_apart(example: dict[str, Any], view: ObjectiveView) -> Anatomy:
-    """Take one stored example apart (see :class:`Anatomy`); never raises on bad content."""
+    """Take one stored example apart (see :class:`Anatomy`); never raises on bad content.
+
+    The family's columns and the known layouts are parsed here; then the objective's own hook
+    (``Objective.take_apart``) completes the parts of its kind (a fault it raises is an issue).
+    """
     a = Anatomy(key=str(example.get("key", "")), kind="")
     a.kind = _kind(view, example, a)
+    _family_parts(example, view, a)
+    if not a.issues:
+        try:
+            view.objective.take_apart(example, a, view.special)
+        except Exception as exc:  # noqa: BLE001 - bad content must become an issue, never an exception
+            a.issues.append(f"objective {view.name} cannot take it apart: {exc!r}")
+    return a
+
+
+def _family_parts(example: dict[str, Any], view: ObjectiveView, a: Anatomy) -> Anatomy:
     special = view.special
     for column, fixed in view.fixed.items():
         if column not in example:
@@ -223,7 +238,7 @@ def take_apart(example: dict[str, Any], view: ObjectiveView) -> Anatomy:
         if (ids[length:] != special.pad).any():
             a.issues.append("positions past sum(doc_lengths) are not padding")
         ends = np.cumsum(a.doc_lengths)[:-1] - 1
-        concat = view.packing == "concat" and view.name != "ul2" and not a.issues
+        concat = view.packing == "concat" and not view.decoder_layout and not a.issues
         if concat and ends.size and (ids[ends] != special.eos).any():
             # concat packing cuts one stream of documents each followed by its EOS
             a.issues.append("a document segment other than the last does not end with EOS")
@@ -260,5 +275,6 @@ def take_apart(example: dict[str, Any], view: ObjectiveView) -> Anatomy:
     a.targets = _unpad(example["targets"], special, view.fixed.get("targets"))
     a.lengths = {"inputs": int(a.inputs.size), "targets": int(a.targets.size)}
     a.padding = sum((view.fixed[c] or 0) - a.lengths[c] for c in ("inputs", "targets") if view.fixed.get(c))
-    _seq2seq_parts(a, view)
+    if a.kind in _SEQ2SEQ_LAYOUTS:
+        _seq2seq_parts(a, view)
     return a

@@ -1,6 +1,8 @@
 """The invariants one example must satisfy, and the replay of its objective.
 
-Invariants (the objectives issue; references in :mod:`transforms.objectives`):
+Invariants (the objectives issue; references in :mod:`transforms.objectives`). Those of the
+layouts (structure, T5 spans and their replay) are checked here; each objective's own come
+from its class (``Objective.example_problems``: prefix_lm, mlm, bart, the UL2 plan):
 
 - every example: a key without dots that names its split; token ids inside the vocabulary
   (labels: -100 or a token id); the structure :func:`~loaders.inspection.anatomy.take_apart` checks;
@@ -29,18 +31,15 @@ import numpy as np
 
 from loaders.inspection.anatomy import IGNORE_INDEX, Anatomy, ObjectiveView
 from transforms.objectives.base import build_example
-from transforms.objectives.layout import example_randoms, plan_uniforms
-from transforms.objectives.mlm import selection_budget
-from transforms.objectives.prefix_lm import prefix_lengths
+from transforms.objectives.layout import chunk_key_of, example_randoms
 from transforms.objectives.span_corruption import noise_counts
 
 __all__ = ["chunk_key", "example_problems"]
 
 
-
 def chunk_key(example_key: str) -> str:
-    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/build.py)."""
-    return example_key.rsplit("-d", 1)[0]
+    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/parallel.py)."""
+    return chunk_key_of(example_key)
 
 
 def _ids_in_range(example: dict[str, Any], view: ObjectiveView) -> list[str]:
@@ -51,32 +50,6 @@ def _ids_in_range(example: dict[str, Any], view: ObjectiveView) -> list[str]:
             values = values[values != IGNORE_INDEX]
         if values.size and (values.min() < 0 or values.max() >= view.special.vocab_size):
             out.append(f"{column} holds ids outside [0, {view.special.vocab_size}): {values.min()}..{values.max()}")
-    return out
-
-
-def _mlm_problems(a: Anatomy, view: ObjectiveView, key: str, seed: int) -> list[str]:
-    config, special, out = view.objective.config, view.special, []
-    m, ids = a.mlm, a.mlm["input_ids"]
-    n, k = m["candidates"], int(m["selected"].sum())
-    budget = int(selection_budget(np.array([a.lengths["input_ids"]]), np.array([n]), config)[0])
-    if k > budget or (k != budget and not config.whole_word_mask):
-        out.append(f"{k} tokens selected, the budget for {n} candidates is {budget}")
-    specials = special.special_array()
-    if np.isin(m["labels"][m["selected"]], specials).any():
-        out.append("a special token is selected (labels hold a special id)")
-    if np.isin(ids[m["random"]], specials).any():
-        out.append("a random replacement is a special token")
-    masked, random, kept = (int(m[name].sum()) for name in ("masked", "random", "kept"))
-    # Each part is within one token of k * ratio; a random draw equal to the original looks kept.
-    near = [k * r for r in (config.mask_ratio, config.random_ratio, config.keep_ratio)]
-    if abs(masked - near[0]) >= 1 + 1e-9 or random >= near[1] + 1 + 1e-9 or kept <= near[2] - 1 - 1e-9:
-        out.append(f"mask/random/kept split {[masked, random, kept]} of {k} is not within one token of "
-                   f"{[round(x, 2) for x in near]}")
-    if not config.whole_word_mask and not out:
-        chunk = m["restored"][1:-1] if config.frame else m["restored"]
-        replay, _ = build_example(view.objective, chunk, special, example_randoms(seed, [key]))
-        if not (np.array_equal(replay["input_ids"], ids) and np.array_equal(replay["labels"], m["labels"])):
-            out.append("input_ids/labels differ from the objective replayed with the example's seed")
     return out
 
 
@@ -97,11 +70,11 @@ def _span_problems(a: Anatomy, view: ObjectiveView, denoiser: Any, lengths: Any)
     return out
 
 
-def _replay_seq2seq(a: Anatomy, view: ObjectiveView, seed: int, key: str) -> list[str]:
+def _replay_seq2seq(example: dict[str, Any], a: Anatomy, view: ObjectiveView, seed: int, key: str) -> list[str]:
     chunk = a.restored_chunk(view)
     if chunk is None:
         return []
-    plan = [d.name for d in view.objective.denoisers].index(a.denoiser) if view.name == "ul2" else 0
+    plan = view.objective.plan_of(example)
     replay, counters = build_example(view.objective, chunk, view.special, example_randoms(seed, [key]), plan=plan)
     if "input_ids" in replay:  # UL2's decoder layout: inputs then targets in one row
         inputs = replay["input_ids"][: replay["prefix_length"]]
@@ -123,27 +96,13 @@ def example_problems(split: str, example: dict[str, Any], a: Anatomy, view: Obje
     out += _ids_in_range(example, view)
     if out:
         return out
-    if a.kind == "prefix_lm":
-        length = int(a.doc_lengths.sum())
-        if a.prefix_length != int(prefix_lengths(np.array([length]), example_randoms(seed, [key]))[0]):
-            out.append(f"prefix_length {a.prefix_length} differs from the objective replayed with the example's seed")
-    elif a.kind == "mlm":
-        out += _mlm_problems(a, view, key, seed)
-    elif a.kind == "bart":
-        config = view.objective.config
-        if a.inputs.size > config.max_inputs_length or a.targets.size > config.seq_len:
-            out.append(f"lengths {a.inputs.size}/{a.targets.size} exceed {config.max_inputs_length}/{config.seq_len}")
-        if (a.targets == view.special.mask).any():
-            out.append("targets hold a <mask> token (targets are the original chunk)")
-    if view.name == "ul2":
-        planned = int(view.objective.plan(plan_uniforms(seed, [chunk_key(key)]))[1][0])
-        name = view.objective.denoisers[planned].name
-        if name != a.denoiser:
-            out.append(f"denoiser {a.denoiser} recorded, the packer planned {name} for this chunk")
-            return out
+    # The objective's own invariants and replay (Objective.example_problems); then the T5 layouts'.
+    out += view.objective.example_problems(example, a, view.special, seed)
+    if out:
+        return out
     if a.kind == "span":
         denoiser, lengths = view.denoisers.get(a.denoiser, (None, None))
         out += _span_problems(a, view, denoiser, lengths)
     if a.kind in ("span", "prefix") and not out:
-        out += _replay_seq2seq(a, view, seed, key)
+        out += _replay_seq2seq(example, a, view, seed, key)
     return out

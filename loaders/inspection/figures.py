@@ -147,7 +147,7 @@ def _objective_charts(out: Figures, ds: InspectedDataset, split: str, m: dict[st
                 Series("measured", [float(m["prefix_tenths"].get(t, 0)) for t in tenths], MEASURED),
                 Series("expected U[1, L-1]", uniform, EXPECTED, "line")], x_label="prefix share",
             y_label="examples")))
-    if ds.objective.name == "bart":
+    if "bart" in m:  # BART's measured part (Bart.measured_summary)
         _bart_chart(out, ds, split)
 
 

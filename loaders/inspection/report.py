@@ -85,16 +85,16 @@ p.problem { color: #c62828; }
 
 
 def example_selection(ds: InspectedDataset, split: str, examples: int) -> list[Located]:
-    """The examples the report shows: the first ``examples`` of ``split``; for UL2, the first of
-    every denoiser of the mixture (in mixture order; at most :data:`MAX_SCANNED` read), then
-    more of the first ones up to ``examples``."""
-    if ds.objective.name != "ul2":
+    """The examples the report shows: the first ``examples`` of ``split``; for an objective with
+    groups of examples (``Objective.example_groups``: UL2's denoisers), the first of every group
+    (in its order; at most :data:`MAX_SCANNED` read), then more of the first ones up to ``examples``."""
+    wanted = list(ds.objective.example_groups)
+    if not wanted:
         return ds.head(split, examples)
-    wanted = [d.name for d in ds.objective.denoisers]
     first: dict[str, Located] = {}
     rest: list[Located] = []
     for located in itertools.islice(ds.iter_split(split), MAX_SCANNED):
-        name = str(located.example.get("denoiser", ""))
+        name = ds.objective.example_group(located.example)
         if name in wanted and name not in first:
             first[name] = located
         elif len(rest) < examples:
@@ -123,7 +123,7 @@ def build_report(ds: InspectedDataset, *, limit: int | None = None, examples: in
     rendered = [render_example(located, take_apart(located.example, view), view, seed=ds.seed, decoder=decoder)
                 for located in example_selection(ds, split, examples)]
     title = f"lmshards report: {ds.path}"
-    scope = " (one per UL2 denoiser first)" if ds.objective.name == "ul2" else ""
+    scope = f" (one per {ds.objective.group_label} first)" if ds.objective.example_groups else ""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
             f'<section id="summary"><h2>Summary</h2><pre class="table">{html.escape(format_table(summary))}</pre>'

@@ -264,7 +264,7 @@ def render_example(located: Located, a: Anatomy, view: ObjectiveView, *, seed: i
     if a.padding:
         facts.append(f"padding={a.padding}")
     lines: list[tuple[str, list[Segment]]] = []
-    if a.kind in ("clm", "prefix_lm"):
+    if a.doc_lengths is not None and not view.decoder_layout:  # rows of document segments
         lines.append(("input_ids", _decoder_line(b, a, np.asarray(example["input_ids"]))))
     elif a.kind == "mlm":
         lines.append(("input_ids", _mlm_line(b, a)))

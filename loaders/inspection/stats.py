@@ -133,7 +133,7 @@ class SplitStats:
         if self.view.decoder_layout and a.inputs is not None:
             self.lengths.setdefault("inputs", Counter())[int(a.inputs.size)] += 1
             self.lengths.setdefault("targets", Counter())[int(a.targets.size)] += 1
-        if a.doc_lengths is not None and a.kind in ("clm", "prefix_lm"):  # UL2's decoder rows hold one sequence
+        if a.doc_lengths is not None and not self.view.decoder_layout:  # UL2's decoder rows hold one sequence
             self.documents[int(a.doc_lengths.size)] += 1
             self.segments.update(int(n) for n in a.doc_lengths)
         if a.kind == "prefix_lm" and a.prefix_length is not None and a.raw_tokens:
@@ -150,42 +150,9 @@ class SplitStats:
         if a.kind == "bart":
             c.update(mask_tokens=a.mask_tokens, inputs_tokens=a.lengths["inputs"], targets_tokens=a.lengths["targets"])
 
-    def _objective_summary(self) -> dict[str, Any]:
-        objective, c = self.view.objective, self.counts
-        name = self.view.name
-        if name == "prefix_lm":
-            return {"prefix_share": _share(c["prefix_tokens"], c["raw_tokens"]), "configured_prefix_share": 0.5,
-                    "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(self.prefix_tenths.items())}}
-        if name == "mlm":
-            config, m = objective.config, self.mlm
-            return {"mlm": {
-                **{k: m[k] for k in ("candidates", "selected", "masked", "random", "kept")},
-                "density": _share(m["selected"], m["candidates"]), "configured_density": config.mlm_probability,
-                "split": {k: _share(m[k], m["selected"]) for k in ("masked", "random", "kept")},
-                "configured_split": {"masked": config.mask_ratio, "random": config.random_ratio,
-                                     "kept": config.keep_ratio},
-            }}
-        if name == "bart":
-            return {"bart": {"mask_tokens": c["mask_tokens"], "inputs_tokens": c["inputs_tokens"],
-                             "targets_tokens": c["targets_tokens"],
-                             "length_ratio": _share(c["inputs_tokens"], c["targets_tokens"]),
-                             "masks_per_example": _share(c["mask_tokens"], c["examples"])}}
-        if name == "span_corruption":
-            config = objective.config
-            return {"noise": self.noise.summary(config.noise_density, config.mean_noise_span_length, True)}
-        if name == "ul2":
-            out = {"noise": self.noise.summary(None, None, False), "denoisers": {}}
-            weights = {d.name: d.weight for d in objective.denoisers}
-            total_weight = sum(weights.values())
-            for d in objective.denoisers:
-                noise = self.denoisers.get(d.name, _Noise())
-                entry = noise.summary(d.noise_density, d.mean_noise_span_length, d.kind == "span")
-                entry.update(kind=d.kind, mode_token=d.mode_token, weight=round(weights[d.name] / total_weight, 6),
-                             examples_share=_share(noise.counts["examples"], c["examples"]),
-                             tokens_share=_share(noise.counts["raw_tokens"], c["raw_tokens"]))
-                out["denoisers"][d.name] = entry
-            return out
-        return {}
+    def noise_of(self, denoiser: str) -> _Noise:
+        """The noise statistics of one denoiser's examples (empty if none was seen)."""
+        return self.denoisers.get(denoiser, _Noise())
 
     def summary(self, manifest_examples: int | None = None) -> dict[str, Any]:
         """JSON-able statistics; ``sampled`` is true when fewer than ``manifest_examples`` were read."""
@@ -203,5 +170,5 @@ class SplitStats:
         if self.documents:
             out["documents_per_example"] = length_summary(self.documents)
             out["document_segment_lengths"] = length_summary(self.segments)
-        out.update(self._objective_summary())
+        out.update(self.view.objective.measured_summary(self))  # the objective's own part
         return out

@@ -40,10 +40,10 @@ from loaders.inspection.anatomy import Anatomy, ObjectiveView, take_apart
 from loaders.inspection.checks import example_problems
 from loaders.inspection.source import InspectedDataset, order_digest, shard_of_key
 from schemas.manifest import MANIFEST_VERSION
+from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
 
 __all__ = ["Problem", "ValidationReport", "validate_dataset"]
 
-_SPAN_HISTOGRAM_CAP = 64  # transforms/objectives/span_corruption.py SPAN_LENGTH_HISTOGRAM_CAP
 
 
 @dataclass(frozen=True)
@@ -162,9 +162,11 @@ def _same_example(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [c for c in columns if c not in a or c not in b or not np.array_equal(np.asarray(a[c]), np.asarray(b[c]))]
 
 
-def _exact_counters(a: Anatomy, view: ObjectiveView) -> Counter:
-    """The manifest counters an example contributes that the shards determine exactly."""
+def _exact_counters(example: dict[str, Any], a: Anatomy, view: ObjectiveView) -> Counter:
+    """The manifest counters an example contributes that the shards determine exactly: those of
+    its layout, counted here, and the objective's own (``Objective.shard_counters``)."""
     c = Counter(examples=1, chunk_tokens=a.raw_tokens, padding_tokens=a.padding)
+    c.update(view.objective.shard_counters(example, a))
     if a.kind in ("clm", "prefix_lm"):
         c.update(tokens=a.raw_tokens, documents_segments=int(a.doc_lengths.size))
         if a.kind == "prefix_lm":
@@ -179,7 +181,7 @@ def _exact_counters(a: Anatomy, view: ObjectiveView) -> Counter:
                       noise_spans=int(a.span_lengths.size) if a.kind == "span" else int(a.noise_tokens > 0),
                       inputs_tokens=int(a.inputs.size), targets_tokens=int(a.targets.size))
         if a.kind == "span":
-            own.update(f"span_len_hist_{min(int(k), _SPAN_HISTOGRAM_CAP)}" for k in a.span_lengths)
+            own.update(f"span_len_hist_{min(int(k), SPAN_LENGTH_HISTOGRAM_CAP)}" for k in a.span_lengths)
         if a.denoiser is None:
             c.update(own)
         else:
@@ -188,25 +190,16 @@ def _exact_counters(a: Anatomy, view: ObjectiveView) -> Counter:
     return c
 
 
-_EXACT = {
-    "clm": {"tokens", "documents_segments"},
-    "prefix_lm": {"tokens", "documents_segments", "prefix_tokens", "suffix_tokens"},
-    "mlm": {"selected", "masked", "maskable_tokens"},
-    "bart": {"mask_tokens", "input_tokens", "source_tokens"},
-    "span_corruption": {"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens"},
-}
-_EXACT["ul2"] = _EXACT["span_corruption"]
-
-
-def _covered(name: str, objective: str) -> bool:
-    """Whether a manifest counter is one the shards determine exactly."""
+def _covered(name: str, objective: Any) -> bool:
+    """Whether a manifest counter is one the shards determine exactly (``Objective.exact_counters``)."""
     base = name.rpartition("/")[2]
-    if base.startswith("span_len_hist_"):
-        return objective in ("span_corruption", "ul2")
-    return base in {"examples", "chunk_tokens", "padding_tokens"} | _EXACT.get(objective, set())
+    if base in ("examples", "chunk_tokens", "padding_tokens"):
+        return True
+    return any(base.startswith(entry[:-1]) if entry.endswith("*") else base == entry
+               for entry in objective.exact_counters)
 
 
-def _check_counters(split: str, manifest: dict[str, int], shards: Counter, objective: str,
+def _check_counters(split: str, manifest: dict[str, int], shards: Counter, objective: Any,
                     report: ValidationReport) -> None:
     for name, value in sorted(manifest.items()):
         if _covered(name, objective) and shards.get(name, 0) != value:
@@ -252,7 +245,7 @@ def _check_example(ds: InspectedDataset, view: ObjectiveView, split: str, shard_
     try:
         anatomy = take_apart(example, view)
         raw = anatomy.raw_tokens
-        state.counters.update(_exact_counters(anatomy, view))
+        state.counters.update(_exact_counters(example, anatomy, view))
         found = example_problems(split, example, anatomy, view, ds.seed)
     except Exception as exc:  # content too broken to take apart, or to replay
         found = [f"cannot be checked: {exc!r}"]
@@ -335,6 +328,6 @@ def validate_dataset(ds: InspectedDataset, *, sample: int | None = None,
                 progress(f"{split} shard {shard.index + 1}/{len(shards)}")
             _check_shard(ds, view, split, shard, per_shard, state, report)
         if not sample and state.complete:
-            _check_counters(split, ds.manifest.stats.get(split, {}).get("objective", {}), state.counters, view.name,
-                            report)
+            _check_counters(split, ds.manifest.stats.get(split, {}).get("objective", {}), state.counters,
+                            view.objective, report)
     return report

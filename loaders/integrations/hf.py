@@ -198,8 +198,8 @@ def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:
 
     ``vocab_size`` (with added special tokens), ``pad_token_id``, ``bos_token_id`` and
     ``eos_token_id`` where the tokenizer has them, and for encoder-decoder datasets
-    ``decoder_start_token_id``: eos for bart (fairseq's convention), pad otherwise (T5's), the
-    id the collator starts ``decoder_input_ids`` with. E.g.
+    ``decoder_start_token_id``: the objective's ``decoder_start`` role (eos for bart, fairseq's
+    convention; pad otherwise, T5's), the id the collator starts ``decoder_input_ids`` with. E.g.
     ``BartConfig(d_model=256, ..., **model_config_kwargs(dataset))``.
 
     Raises:
@@ -216,7 +216,9 @@ def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:
         if special.get(role) is not None:
             out[f"{role}_token_id"] = int(special[role])
     if dataset.family == "seq2seq":
-        start = special.get("eos") if dataset.objective_name == "bart" else special.get("pad")
+        from transforms.objectives.registry import decoder_start_role
+
+        start = special.get(decoder_start_role(dataset.objective_name))
         if start is not None:
             out["decoder_start_token_id"] = int(start)
     return out

@@ -98,7 +98,9 @@ from transforms.objectives.bart_passes import (
 )
 from transforms.objectives.base import Block, Built, Objective
 from transforms.objectives.common import SpecialIds, ids_out_of_range, index_range
+from transforms.objectives.flags import flag
 from transforms.objectives.randoms import Randoms, random_ids
+from transforms.objectives.summary import ratio, summarize_bart
 
 __all__ = ["MASK_LENGTHS", "Bart", "BartConfig", "poisson_span_cdf", "sentence_permutation", "span_lengths"]
 
@@ -127,17 +129,17 @@ class BartConfig:
         token_delete: share of words deleted (own pass, off by default).
     """
 
-    seq_len: int = 512
-    mask: float = 0.3
-    mask_random: float = 0.1
-    insert: float = 0.0
-    rotate: float = 0.0
-    permute_sentences: float = 1.0
-    replace_length: int = 1
-    mask_length: str = "span-poisson"
-    poisson_lambda: float = 3.5
-    token_mask: float = 0.0
-    token_delete: float = 0.0
+    seq_len: int = flag(512, "tokens per example")
+    mask: float = flag(0.3, "share of words masked by text infilling", name="--bart-mask")
+    mask_random: float = flag(0.1, "share of masks that are random tokens", name="--bart-mask-random")
+    insert: float = flag(0.0, "random insertion rate", name="--bart-insert")
+    rotate: float = flag(0.0, "document rotation probability", name="--bart-rotate")
+    permute_sentences: float = flag(1.0, "share of sentences permuted", name="--bart-permute-sentences")
+    replace_length: int = flag(1, "-1 keep length, 0 delete, 1 one mask", name="--bart-replace-length")
+    mask_length: str = flag("span-poisson", "span-poisson, word or subword", name="--bart-mask-length")
+    poisson_lambda: float = flag(3.5, "mean span length", name="--bart-poisson-lambda")
+    token_mask: float = flag(0.0, "token masking rate", name="--bart-token-mask")
+    token_delete: float = flag(0.0, "token deletion rate", name="--bart-token-delete")
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 3:
@@ -178,8 +180,30 @@ class Bart(Objective):
 
     name = "bart"
     family = "seq2seq"
+    config_class = BartConfig
     features = frozenset({"space_starts", "sentence_starts"})
     required_specials = frozenset({"bos", "eos", "mask", "pad"})
+    decoder_start = "eos"  # fairseq's BART: the decoder starts with </s>
+    exact_counters = frozenset({"mask_tokens", "input_tokens", "source_tokens"})
+    summarize = staticmethod(summarize_bart)
+
+    def example_problems(self, example: Any, anatomy: Any, special: SpecialIds, seed: int) -> list[str]:
+        """Lengths within their budgets and no ``<mask>`` in the targets (the original chunk);
+        the noise is not replayed (it needs word and sentence starts the shards do not keep)."""
+        config, a, out = self.config, anatomy, []
+        if a.inputs.size > config.max_inputs_length or a.targets.size > config.seq_len:
+            out.append(f"lengths {a.inputs.size}/{a.targets.size} exceed {config.max_inputs_length}/{config.seq_len}")
+        if (a.targets == special.mask).any():
+            out.append("targets hold a <mask> token (targets are the original chunk)")
+        return out
+
+    def measured_summary(self, stats: Any) -> dict[str, Any]:
+        """Mask tokens and the inputs/targets length ratio measured on the shards."""
+        c = stats.counts
+        return {"bart": {"mask_tokens": c["mask_tokens"], "inputs_tokens": c["inputs_tokens"],
+                         "targets_tokens": c["targets_tokens"],
+                         "length_ratio": ratio(c["inputs_tokens"], c["targets_tokens"]),
+                         "masks_per_example": ratio(c["mask_tokens"], c["examples"])}}
 
     def __init__(self, config: BartConfig | None = None) -> None:
         self.config = config or BartConfig()

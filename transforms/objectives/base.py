@@ -17,20 +17,26 @@ Flow:
 Counters are integers only (never floats), so their sums are exact in any order
 (:mod:`transforms.objectives.counters`). Fixed-length columns come back padded with the pad
 id to their schema length, the padding counted in ``padding_tokens``.
+
+Everything else the rest of the code needs of an objective (flags, summary, loader facts,
+inspection hooks) is declared on :class:`Objective` too, with defaults; this module is a
+little over 400 lines because it is that whole contract, in one place to read.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.randoms import Randoms
+from transforms.objectives.summary import common_summary
 
-__all__ = ["Block", "Built", "Objective", "build_example", "flat_rows", "in_block_order", "padded_rows"]
+__all__ = ["Block", "Built", "ExampleKind", "Objective", "build_example", "flat_rows", "in_block_order",
+           "padded_rows"]
 
 
 class Built(NamedTuple):
@@ -181,27 +187,145 @@ def padded_rows(values: np.ndarray, offsets: np.ndarray, width: int, pad: int) -
     return out.reshape(-1), np.arange(count + 1, dtype=np.int64) * width, padding
 
 
+class ExampleKind(NamedTuple):
+    """How the inspection tools take one stored example apart (:meth:`Objective.example_kind`).
+
+    Attributes:
+        kind: the layout: ``clm`` (a decoder row of document segments), ``prefix_lm``, ``mlm``,
+            ``span`` (T5 sentinels), ``prefix`` (UL2's S: a prefix and its suffix) or ``bart``
+            (``<s> ... </s>`` framing), which :mod:`loaders.inspection` knows; any other name
+            is taken apart by its family only (lengths, padding, documents), and the
+            objective's own :meth:`Objective.example_problems` checks the rest.
+        denoiser: the example's denoiser (UL2), else None.
+        lead: mode tokens that start the inputs (UL2: 1).
+        issue: a structural fault found on the way (an unknown denoiser), else None.
+    """
+
+    kind: str
+    denoiser: str | None = None
+    lead: int = 0
+    issue: str | None = None
+
+
 class Objective(ABC):
     """What the pipeline, the loader and the inspection tools need of an objective.
 
     Subclasses set the class attributes and implement :meth:`build`, :meth:`schema_kwargs`
-    and :meth:`params`; adding one touches its module, its tests and one line of
+    and :meth:`params`; the other methods have defaults that fit an objective without noise
+    statistics. Everything that depends on an objective is declared here, so the command
+    line, the manifest summary, the loader and ``lmshards inspect`` / ``validate`` dispatch
+    to the class: adding one touches its module, its tests and one line of
     :mod:`transforms.objectives.registry`.
 
     Attributes:
         name: objective name as on the command line (``clm``, ``mlm``, ...).
         family: example family of :mod:`schemas.examples` (``decoder``, ``encoder``, ``seq2seq``).
+        config_class: the frozen dataclass of its parameters, taken by ``__init__``; its
+            fields declared with :func:`transforms.objectives.flags.flag` are the objective's
+            flags of ``lmshards materialize``, the others ``--config`` parameters only.
         features: per-token features :meth:`build` needs (from Tokenize: ``word_starts``,
             ``space_starts``, ``sentence_starts``).
         required_specials: special-token roles the objective needs (``"eos"``, ``"mask"``, ...).
         fixed_raw_length: the raw length of every chunk, or None when :meth:`plan` varies it.
+        length_parameter: the config field that sizes an example; the loader's on-the-fly
+            objectives fit it to the stored chunks when it is not given (None: never).
+        copies_chunks: examples are copies of their chunks, so sending a chunk to a build
+            worker and its example back costs as much as building it (``--build-processes``
+            and ``--build-stage`` auto keep such an objective where it is packed).
+        decoder_start: the special role a seq2seq decoder starts with (collators, HF config).
+        exact_counters: counters of :meth:`build` that the stored examples determine exactly,
+            which ``lmshards validate`` recomputes from the shards (besides ``examples``,
+            ``chunk_tokens`` and ``padding_tokens``); a name ending in ``*`` covers every
+            counter that starts with it. :meth:`shard_counters` gives those an objective
+            computes itself.
+        example_groups: names of the groups of examples ``lmshards inspect --report`` shows one
+            of each first (UL2's denoisers), read by :meth:`example_group`; empty for none.
+        group_label: what a group is, in the report (``UL2 denoiser``).
     """
 
     name: str
     family: str
+    config_class: type
     features: frozenset[str] = frozenset()
     required_specials: frozenset[str] = frozenset({"eos"})
     fixed_raw_length: int | None = None
+    length_parameter: str | None = "seq_len"
+    copies_chunks: bool = False
+    decoder_start: str = "pad"
+    exact_counters: frozenset[str] = frozenset()
+    example_groups: tuple[str, ...] = ()
+    group_label: str = "group"
+
+    @staticmethod
+    def summarize(counters: Mapping[str, int], params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The manifest's ``objective_summary`` of a split's summed counters (pure: the shares a
+        person checks, :mod:`transforms.objectives.summary`); by default the common part."""
+        return common_summary(counters)
+
+    @classmethod
+    def config_from_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The config fields from the manifest's ``params()`` record (which may add derived
+        values): by default the fields of :attr:`config_class` found in it."""
+        import dataclasses
+
+        names = {field.name for field in dataclasses.fields(cls.config_class)}
+        return {k: v for k, v in params.items() if k in names}
+
+    # Inspection hooks (``lmshards inspect`` and ``validate``, :mod:`loaders.inspection`). They
+    # receive the loader's plain records by attribute (an ``Anatomy``, a ``SplitStats``) and use
+    # numpy only, so objectives stay importable without the loader.
+
+    def example_kind(self, example: Mapping[str, Any]) -> ExampleKind:
+        """How a stored example is taken apart (see :class:`ExampleKind`): by default by its
+        objective name, which is a known layout for the built-in objectives."""
+        return ExampleKind(self.name)
+
+    @property
+    def seq2seq_in_decoder_rows(self) -> bool:
+        """Decoder rows hold ``inputs + targets`` of one seq2seq example (UL2's decoder layout),
+        not document segments cut from the packed stream."""
+        return False
+
+    def denoiser_table(self) -> dict[str, tuple[Any, Any]]:
+        """Denoiser name -> (denoiser, its lengths) for objectives that mix denoisers (UL2)."""
+        return {}
+
+    def plan_of(self, example: Mapping[str, Any]) -> int:
+        """The plan :meth:`build` made the example with (replaying it), from the stored example."""
+        return 0
+
+    def example_group(self, example: Mapping[str, Any]) -> str | None:
+        """The :attr:`example_groups` entry the example belongs to."""
+        return None
+
+    def take_apart(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds) -> None:
+        """Complete ``anatomy`` (``loaders.inspection.anatomy.Anatomy``) for a kind of the
+        objective's own: the family's parts (``lengths``, ``padding``, unpadded ``inputs`` /
+        ``targets``, ``doc_lengths``) are filled in already; set at least ``raw_tokens``, the
+        chunk tokens the example was made from (``lmshards validate`` adds them up against the
+        manifest), and append structural faults to ``anatomy.issues``. The known layouts need
+        nothing (the default)."""
+        return None
+
+    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
+                         seed: int) -> list[str]:
+        """What is wrong with one structurally sound example, beyond the layout's own checks:
+        the objective's invariants and, where the chunk can be restored, its replay (the noise
+        is a pure function of seed, key and chunk). ``anatomy`` is the example taken apart
+        (``loaders.inspection.anatomy.Anatomy``: ``key``, ``lengths``, ``raw_tokens``,
+        ``doc_lengths``, ``inputs``, ``targets``, ...). Empty when sound."""
+        return []
+
+    def shard_counters(self, example: Mapping[str, Any], anatomy: Any) -> dict[str, int]:
+        """Counters of :attr:`exact_counters` the objective computes from one stored example
+        (those of the known layouts the inspection tools count themselves)."""
+        return {}
+
+    def measured_summary(self, stats: Any) -> dict[str, Any]:
+        """The objective's part of ``lmshards inspect``'s statistics measured on the shards
+        (``loaders.inspection.stats.SplitStats``: ``counts``, ``mlm``, ``noise``,
+        ``noise_of(denoiser)``, ``prefix_tenths``), next to the configured values."""
+        return {}
 
     def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw lengths and int plans of chunks, given one number in [0, 1) per chunk."""

@@ -16,6 +16,8 @@ from typing import Any
 
 from transforms.objectives.base import Block, Built, Objective, padded_rows
 from transforms.objectives.common import SpecialIds
+from transforms.objectives.flags import flag
+from transforms.objectives.summary import summarize_clm
 
 __all__ = ["CLM", "CLMConfig"]
 
@@ -28,7 +30,7 @@ class CLMConfig:
         seq_len: tokens per example (>= 2).
     """
 
-    seq_len: int = 1024
+    seq_len: int = flag(1024, "tokens per example")
 
     def __post_init__(self):
         if not isinstance(self.seq_len, int) or self.seq_len < 2:
@@ -40,7 +42,11 @@ class CLM(Objective):
 
     name = "clm"
     family = "decoder"
+    config_class = CLMConfig
     required_specials = frozenset({"eos"})
+    copies_chunks = True
+    exact_counters = frozenset({"tokens", "documents_segments"})
+    summarize = staticmethod(summarize_clm)
 
     def __init__(self, config: CLMConfig):
         self.config = config

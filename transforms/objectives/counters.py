@@ -15,7 +15,12 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["add_counters", "log2_bin", "merge_counters", "length_counters", "sum_counters"]
+__all__ = ["SPAN_LENGTH_HISTOGRAM_CAP", "add_counters", "log2_bin", "merge_counters", "length_counters",
+           "sum_counters"]
+
+SPAN_LENGTH_HISTOGRAM_CAP = 64
+"""Noise span lengths >= this value share the last histogram bin ``span_len_hist_64`` (span
+corruption and UL2's span denoisers; here so that summaries and objectives share it)."""
 
 
 _SUM, _MIN, _MAX = 0, 1, 2

@@ -27,8 +27,8 @@ import numpy as np
 
 from transforms.objectives.randoms import Randoms
 
-__all__ = ["ExampleDigests", "example_digests", "example_randoms", "plan_uniforms", "row_order_key", "shard_count",
-           "shard_hash", "shard_of"]
+__all__ = ["ExampleDigests", "chunk_key_of", "example_digests", "example_randoms", "plan_uniforms", "row_order_key",
+           "shard_count", "shard_hash", "shard_of"]
 
 _EXAMPLE = hashlib.blake2b(digest_size=32, person=b"lmshards-example")
 _PLAN = hashlib.blake2b(digest_size=8, person=b"lmshards-plan")
@@ -111,6 +111,11 @@ def shard_of(seed: int, key: str, num_shards: int) -> int:
 def row_order_key(seed: int, key: str) -> bytes:
     """Sort key of example ``key`` inside its shard (16 bytes, compared bytewise)."""
     return example_digests(seed, [key]).orders[0].tobytes()
+
+
+def chunk_key_of(example_key: str) -> str:
+    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/parallel.py)."""
+    return example_key.rsplit("-d", 1)[0]
 
 
 def plan_uniforms(seed: int, chunk_keys: Sequence[str]) -> np.ndarray:

@@ -51,14 +51,18 @@ the next ``n_random`` random ids (:data:`IDS_STREAM`); ``u`` is the first number
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, Objective
+from transforms.objectives.base import Block, Built, Objective, build_example
 from transforms.objectives.common import IGNORE_INDEX, SpecialIds, ids_out_of_range
+from transforms.objectives.flags import flag
+from transforms.objectives.layout import example_randoms
 from transforms.objectives.randoms import Randoms, first_distinct, random_ids
+from transforms.objectives.summary import ratio, summarize_mlm
 
 __all__ = ["IDS_STREAM", "IGNORE_INDEX", "MLM", "SELECT_STREAM", "SPLIT_STREAM", "MLMConfig", "exact_split",
            "round_half_up", "selection_budget"]
@@ -86,14 +90,15 @@ class MLMConfig:
             ``max_predictions_per_seq``); None: no cap.
     """
 
-    seq_len: int = 512
-    mlm_probability: float = 0.15
-    mask_ratio: float = 0.8
-    random_ratio: float = 0.1
-    keep_ratio: float = 0.1
-    whole_word_mask: bool = False
-    frame: bool = False
-    max_predictions: int | None = None
+    seq_len: int = flag(512, "tokens per example")
+    mlm_probability: float = flag(0.15, "share of tokens selected")
+    mask_ratio: float = flag(0.8, "selected tokens replaced by the mask token")
+    random_ratio: float = flag(0.1, "selected tokens replaced by a random token")
+    keep_ratio: float = flag(0.1, "selected tokens left unchanged")
+    whole_word_mask: bool = flag(False, "select whole words (pre-tokenizer words)")
+    frame: bool = flag(False, "frame each example with CLS ... SEP")
+    max_predictions: int | None = flag(None, "cap on selected tokens per example",
+                                       shown_default="BERT's max_predictions_per_seq; default: no cap")
 
     def __post_init__(self) -> None:
         min_len = 3 if self.frame else 1
@@ -195,6 +200,9 @@ class MLM(Objective):
 
     name = "mlm"
     family = "encoder"
+    config_class = MLMConfig
+    exact_counters = frozenset({"selected", "masked", "maskable_tokens"})
+    summarize = staticmethod(summarize_mlm)
 
     def __init__(self, config: MLMConfig | None = None) -> None:
         self.config = config or MLMConfig()
@@ -202,6 +210,46 @@ class MLM(Objective):
         roles = {"mask", "pad"} | ({"cls", "sep"} if self.config.frame else set())
         self.required_specials = frozenset(roles)
         self.fixed_raw_length = self.config.raw_length
+
+    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
+                         seed: int) -> list[str]:
+        """The exact selection budget, no special token selected or drawn, the 80/10/10 split
+        within one token of its ratios, and (without whole words, whose word starts the shards
+        do not keep) the replay of the restored chunk."""
+        config, out = self.config, []
+        m, ids = anatomy.mlm, anatomy.mlm["input_ids"]
+        n, k = m["candidates"], int(m["selected"].sum())
+        budget = int(selection_budget(np.array([anatomy.lengths["input_ids"]]), np.array([n]), config)[0])
+        if k > budget or (k != budget and not config.whole_word_mask):
+            out.append(f"{k} tokens selected, the budget for {n} candidates is {budget}")
+        specials = special.special_array()
+        if np.isin(m["labels"][m["selected"]], specials).any():
+            out.append("a special token is selected (labels hold a special id)")
+        if np.isin(ids[m["random"]], specials).any():
+            out.append("a random replacement is a special token")
+        masked, random, kept = (int(m[name].sum()) for name in ("masked", "random", "kept"))
+        # Each part is within one token of k * ratio; a random draw equal to the original looks kept.
+        near = [k * r for r in (config.mask_ratio, config.random_ratio, config.keep_ratio)]
+        if abs(masked - near[0]) >= 1 + 1e-9 or random >= near[1] + 1 + 1e-9 or kept <= near[2] - 1 - 1e-9:
+            out.append(f"mask/random/kept split {[masked, random, kept]} of {k} is not within one token of "
+                       f"{[round(x, 2) for x in near]}")
+        if not config.whole_word_mask and not out:
+            chunk = m["restored"][1:-1] if config.frame else m["restored"]
+            replay, _ = build_example(self, chunk, special, example_randoms(seed, [anatomy.key]))
+            if not (np.array_equal(replay["input_ids"], ids) and np.array_equal(replay["labels"], m["labels"])):
+                out.append("input_ids/labels differ from the objective replayed with the example's seed")
+        return out
+
+    def measured_summary(self, stats: Any) -> dict[str, Any]:
+        """Measured selection density and replacement split next to the configured ones."""
+        config, m = self.config, stats.mlm
+        return {"mlm": {
+            **{k: m[k] for k in ("candidates", "selected", "masked", "random", "kept")},
+            "density": ratio(m["selected"], m["candidates"]), "configured_density": config.mlm_probability,
+            "split": {k: ratio(m[k], m["selected"]) for k in ("masked", "random", "kept")},
+            "configured_split": {"masked": config.mask_ratio, "random": config.random_ratio,
+                                 "kept": config.keep_ratio},
+        }}
 
     def build(self, block: Block, special: SpecialIds) -> Built:
         """Mask every chunk of ``block``.

@@ -21,6 +21,7 @@ first number ``u`` of stream :data:`SPLIT_STREAM` (:mod:`transforms.objectives.r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,10 @@ import numpy as np
 
 from transforms.objectives.base import Block, Built, Objective, padded_rows
 from transforms.objectives.common import SpecialIds
+from transforms.objectives.flags import flag
+from transforms.objectives.layout import example_randoms
 from transforms.objectives.randoms import Randoms
+from transforms.objectives.summary import ratio, summarize_prefix_lm
 
 __all__ = ["SPLIT_STREAM", "PrefixLM", "PrefixLMConfig", "prefix_lengths"]
 
@@ -43,7 +47,7 @@ class PrefixLMConfig:
         seq_len: tokens per example (the packed chunk length).
     """
 
-    seq_len: int = 1024
+    seq_len: int = flag(1024, "tokens per example")
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool) or self.seq_len < 2:
@@ -73,7 +77,10 @@ class PrefixLM(Objective):
 
     name = "prefix_lm"
     family = "decoder"
+    config_class = PrefixLMConfig
     required_specials: frozenset[str] = frozenset({"pad"})
+    exact_counters = frozenset({"tokens", "documents_segments", "prefix_tokens", "suffix_tokens"})
+    summarize = staticmethod(summarize_prefix_lm)
 
     def __init__(self, config: PrefixLMConfig) -> None:
         self.config = config
@@ -95,6 +102,22 @@ class PrefixLM(Objective):
                     "suffix_tokens": tokens - prefix_tokens, "padding_tokens": padding}
         arrays = {"input_ids": (values, offsets), "doc_lengths": (block.doc_lengths, block.doc_offsets)}
         return Built(arrays, {"prefix_length": prefix.astype(np.int32)}, {}, counters)
+
+    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
+                         seed: int) -> list[str]:
+        """The stored split point must be the one the example's seed draws for its length."""
+        length = int(anatomy.doc_lengths.sum())
+        drawn = int(prefix_lengths(np.array([length]), example_randoms(seed, [anatomy.key]))[0])
+        if anatomy.prefix_length != drawn:
+            return [f"prefix_length {anatomy.prefix_length} differs from the objective replayed with the example's "
+                    "seed"]
+        return []
+
+    def measured_summary(self, stats: Any) -> dict[str, Any]:
+        """The measured prefix share (expected 0.5: split points uniform on [1, L-1]) and its tenths."""
+        c = stats.counts
+        return {"prefix_share": ratio(c["prefix_tokens"], c["raw_tokens"]), "configured_prefix_share": 0.5,
+                "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(stats.prefix_tenths.items())}}
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_length`` column."""

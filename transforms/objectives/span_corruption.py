@@ -55,8 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, Objective, in_block_order, padded_rows
+from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_block_order, padded_rows
 from transforms.objectives.common import SpecialIds
+from transforms.objectives.flags import flag
 from transforms.objectives.spans import (
     KEEP_STREAM,
     NOISE_STREAM,
@@ -69,6 +70,7 @@ from transforms.objectives.spans import (
     random_spans_helper,
     span_histogram,
 )
+from transforms.objectives.summary import summarize_span_corruption
 
 __all__ = [
     "KEEP_STREAM",
@@ -94,9 +96,9 @@ class SpanCorruptionConfig:
         mean_noise_span_length: mean length of a noise span.
     """
 
-    inputs_length: int = 512
-    noise_density: float = 0.15
-    mean_noise_span_length: float = 3.0
+    inputs_length: int = flag(512, "encoder input tokens")
+    noise_density: float = flag(0.15, "share of noised tokens")
+    mean_noise_span_length: float = flag(3.0, "mean span length")
 
     def __post_init__(self) -> None:
         if not isinstance(self.inputs_length, int) or isinstance(self.inputs_length, bool) or self.inputs_length < 3:
@@ -141,7 +143,21 @@ class SpanCorruption(Objective):
 
     name = "span_corruption"
     family = "seq2seq"
+    config_class = SpanCorruptionConfig
     required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels"})
+    length_parameter = "inputs_length"
+    exact_counters = frozenset({"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens",
+                                "span_len_hist_*"})
+    summarize = staticmethod(summarize_span_corruption)
+
+    def example_kind(self, example: Any) -> ExampleKind:
+        """T5's sentinel layout."""
+        return ExampleKind("span")
+
+    def measured_summary(self, stats: Any) -> dict[str, Any]:
+        """Measured noise density and span lengths against the expected composition law."""
+        config = self.config
+        return {"noise": stats.noise.summary(config.noise_density, config.mean_noise_span_length, True)}
 
     def __init__(self, config: SpanCorruptionConfig | None = None) -> None:
         self.config = config if config is not None else SpanCorruptionConfig()

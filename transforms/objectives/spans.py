@@ -14,6 +14,7 @@ import numpy as np
 
 from transforms.objectives.base import Block
 from transforms.objectives.common import SpecialIds, ids_out_of_range
+from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
 from transforms.objectives.randoms import Randoms, compositions
 
 __all__ = [
@@ -30,8 +31,6 @@ __all__ = [
     "span_histogram",
 ]
 
-SPAN_LENGTH_HISTOGRAM_CAP = 64
-"""Span lengths >= this value share the last histogram bucket ``span_len_hist_64``."""
 NOISE_STREAM, KEEP_STREAM = 1, 2
 _HISTOGRAM_NAMES = tuple(f"span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
 

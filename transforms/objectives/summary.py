@@ -7,7 +7,9 @@ before spending GPU hours: measured noise density, number and mean length of noi
 and their histogram, the MLM replacement split, the BART masked share and mean Poisson
 span length, the UL2 denoiser mix by examples and by raw tokens. The manifest stores the
 result next to the counters (``stats[split]["objective_summary"]``); loaders and
-inspection tools can recompute it from the counters alone.
+inspection tools can recompute it from the counters alone. Each objective class declares
+its summary (``Objective.summarize``: the built-in ones are the functions here, built from
+the shared helpers a new objective can use too); :func:`summarizer` finds it by name.
 
 Every ratio is ``round(numerator / denominator, 6)`` of two exact integers, so summaries
 are byte-identical whatever the runner; a ratio with a zero denominator is ``None``.
@@ -24,18 +26,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from transforms.objectives.span_corruption import SPAN_LENGTH_HISTOGRAM_CAP
+from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
 
 __all__ = [
     "DENOISER_PREFIX",
     "ROUND_DIGITS",
     "SPAN_HISTOGRAM_PREFIX",
-    "SUMMARIZERS",
+    "common_summary",
     "counter_histogram",
     "denoiser_counters",
     "histogram_table",
     "ratio",
+    "summarize_bart",
+    "summarize_clm",
+    "summarize_mlm",
     "summarize_objective",
+    "summarize_prefix_lm",
+    "summarize_span_corruption",
+    "summarize_ul2",
+    "summarizer",
 ]
 
 ROUND_DIGITS = 6
@@ -108,7 +117,8 @@ def _targets(params: Params | None, **names: str) -> dict[str, Any]:
     return {"target": found} if found else {}
 
 
-def _common(counters: Counters) -> dict[str, Any]:
+def common_summary(counters: Counters) -> dict[str, Any]:
+    """What every objective's summary starts with: examples, chunk tokens and their mean, padding."""
     examples = _get(counters, "examples")
     return {
         "examples": examples,
@@ -122,7 +132,7 @@ def summarize_clm(counters: Counters, params: Params | None = None) -> dict[str,
     """Tokens, padding share and documents per example of causal LM examples."""
     tokens, padding = _get(counters, "tokens"), _get(counters, "padding_tokens")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "padding_share": ratio(padding, tokens + padding),
         "mean_documents_per_example": ratio(_get(counters, "documents_segments"), _get(counters, "examples")),
     }
@@ -132,7 +142,7 @@ def summarize_prefix_lm(counters: Counters, params: Params | None = None) -> dic
     """Mean prefix length and the shares of prefix (bidirectional) and suffix (loss) tokens."""
     tokens = _get(counters, "tokens")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "mean_prefix_length": ratio(_get(counters, "prefix_tokens"), _get(counters, "examples")),
         "prefix_share": ratio(_get(counters, "prefix_tokens"), tokens),
         "loss_share": ratio(_get(counters, "suffix_tokens"), tokens),
@@ -143,7 +153,7 @@ def summarize_mlm(counters: Counters, params: Params | None = None) -> dict[str,
     """Measured selection density and the mask/random/keep split of the selected tokens."""
     selected = _get(counters, "selected")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "selected": selected,
         "noise_density": ratio(selected, _get(counters, "maskable_tokens")),
         "selected_share_of_tokens": ratio(selected, _get(counters, "tokens")),
@@ -163,7 +173,7 @@ def summarize_span_corruption(counters: Counters, params: Params | None = None) 
     """Measured noise density, noise spans (count, mean length, histogram) and encoded lengths."""
     examples = _get(counters, "examples")
     return {
-        **_common(counters),
+        **common_summary(counters),
         "raw_tokens": _get(counters, "raw_tokens"),
         "noise_density": ratio(_get(counters, "noise_tokens"), _get(counters, "raw_tokens")),
         "spans": _spans(counters),
@@ -186,7 +196,7 @@ def summarize_bart(counters: Counters, params: Params | None = None) -> dict[str
     words, examples = _get(counters, "words"), _get(counters, "examples")
     histogram = counter_histogram(counters)
     return {
-        **_common(counters),
+        **common_summary(counters),
         "source_tokens": source,
         "input_tokens": _get(counters, "input_tokens"),
         "length_ratio": ratio(_get(counters, "input_tokens"), source),
@@ -253,7 +263,7 @@ def summarize_ul2(counters: Counters, params: Params | None = None) -> dict[str,
             entry["mode_token"], entry["weight"] = weights[name]
         denoisers[name] = entry
     summary: dict[str, Any] = {
-        **_common(counters),
+        **common_summary(counters),
         "raw_tokens": raw,
         "noise_density": ratio(_get(counters, "noise_tokens"), raw),
         "mix": {
@@ -276,20 +286,23 @@ def summarize_ul2(counters: Counters, params: Params | None = None) -> dict[str,
     return summary
 
 
-SUMMARIZERS: dict[str, Callable[[Counters, Params | None], dict[str, Any]]] = {
-    "clm": summarize_clm,
-    "prefix_lm": summarize_prefix_lm,
-    "mlm": summarize_mlm,
-    "span_corruption": summarize_span_corruption,
-    "bart": summarize_bart,
-    "ul2": summarize_ul2,
-}
+def summarizer(name: str) -> Callable[[Counters, Params | None], dict[str, Any]]:
+    """The summary function of objective ``name``: its class's ``summarize``
+    (:class:`transforms.objectives.base.Objective`; the functions above for the built-in ones).
+
+    An objective not registered here (a dataset written with another objective set) gets the
+    common part: examples, chunk and padding tokens.
+    """
+    from transforms.objectives.registry import OBJECTIVES  # the registry imports every objective
+
+    objective = OBJECTIVES.get(name)
+    return objective.summarize if objective else _common_only
+
+
+def _common_only(counters: Counters, params: Params | None = None) -> dict[str, Any]:
+    return common_summary(counters)
 
 
 def summarize_objective(name: str, counters: Counters, params: Params | None = None) -> dict[str, Any]:
-    """The summary of objective ``name``'s summed counters (see the module docstring).
-
-    An objective without a summarizer gets the common part: examples, chunk and padding tokens.
-    """
-    summarize = SUMMARIZERS.get(name)
-    return summarize(counters, params) if summarize else _common(counters)
+    """The summary of objective ``name``'s summed counters (:func:`summarizer`)."""
+    return summarizer(name)(counters, params)

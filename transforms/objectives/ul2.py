@@ -36,14 +36,18 @@ span corruption does (its noise and keep streams); the S denoiser's suffix lengt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, Objective, in_block_order
+from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_block_order
 from transforms.objectives.common import SpecialIds
+from transforms.objectives.flags import flag
+from transforms.objectives.layout import chunk_key_of, plan_uniforms
 from transforms.objectives.spans import SPAN_LENGTH_HISTOGRAM_CAP, check_chunks, corrupt_rows, span_histogram
+from transforms.objectives.summary import ratio, summarize_ul2
 from transforms.objectives.ul2_mixture import PRESETS, Denoiser, DenoiserLengths, denoiser_lengths, parse_mixture
 
 __all__ = [
@@ -60,6 +64,8 @@ __all__ = [
 ]
 
 ENCODER_DECODER_LAYOUT = "encoder_decoder"
+#: The fields of a denoiser as the manifest records them (``params()["mixture"]``).
+_DENOISER_FIELDS = ("name", "mode_token", "kind", "mean_noise_span_length", "noise_density", "weight")
 DECODER_LAYOUT = "decoder"
 _LAYOUTS = (ENCODER_DECODER_LAYOUT, DECODER_LAYOUT)
 
@@ -80,10 +86,11 @@ class UL2Config:
             (``input_ids`` + ``prefix_length``).
     """
 
-    inputs_length: int = 512
-    targets_length: int | None = None
-    mixture: Any = "default"
-    layout: str = ENCODER_DECODER_LAYOUT
+    inputs_length: int = flag(512, "encoder input tokens")
+    targets_length: int | None = flag(None, "ul2 targets budget", shown_default="default: what the mixture needs")
+    mixture: Any = flag("default", "denoiser mixture: default or paper", name="--ul2-preset", kind=str,
+                        shown_default="custom: --config")
+    layout: str = flag(ENCODER_DECODER_LAYOUT, "encoder_decoder or decoder", shown_default=None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.inputs_length, int) or isinstance(self.inputs_length, bool) or self.inputs_length < 4:
@@ -142,7 +149,13 @@ class UL2(Objective):
     """
 
     name = "ul2"
+    config_class = UL2Config
     required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels", "mode_tokens"})
+    length_parameter = "inputs_length"
+    exact_counters = frozenset({"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens",
+                                "span_len_hist_*"})
+    group_label = "UL2 denoiser"
+    summarize = staticmethod(summarize_ul2)
 
     def __init__(self, config: UL2Config | None = None) -> None:
         self.config = config if config is not None else UL2Config()
@@ -269,6 +282,70 @@ class UL2(Objective):
         arrays = {"input_ids": (rows_out.reshape(-1), np.arange(block.count + 1, dtype=np.int64) * self.seq_len),
                   "doc_lengths": (totals, np.arange(block.count + 1, dtype=np.int64))}
         return Built(arrays, {"prefix_length": prefix}, strings, counters)
+
+    @classmethod
+    def config_from_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The config of a manifest's ``params()``: the recorded mixture (its denoisers' fields),
+        ``targets_budget`` as ``targets_length``, the layout."""
+        return {
+            "inputs_length": params["inputs_length"],
+            "targets_length": params.get("targets_budget"),
+            "layout": params.get("layout", ENCODER_DECODER_LAYOUT),
+            "mixture": [
+                {k: d[k] for k in _DENOISER_FIELDS if d.get(k) is not None} for d in params.get("mixture", [])
+            ] or "default",
+        }
+
+    # Inspection hooks (transforms/objectives/base.py): examples are taken apart by their denoiser's
+    # layout (T5 spans, or the S prefix and suffix), after the mode token that leads the inputs.
+
+    def example_kind(self, example: Mapping[str, Any]) -> ExampleKind:
+        denoiser = str(example.get("denoiser", ""))
+        names = [d.name for d in self.denoisers]
+        if denoiser not in names:
+            return ExampleKind("span", denoiser, 1, f"unknown denoiser {denoiser!r}; the mixture has {sorted(names)}")
+        return ExampleKind(self.denoisers[names.index(denoiser)].kind, denoiser, 1)
+
+    @property
+    def seq2seq_in_decoder_rows(self) -> bool:
+        return self.config.layout == DECODER_LAYOUT
+
+    def denoiser_table(self) -> dict[str, tuple[Any, Any]]:
+        return {d.name: (d, n) for d, n in zip(self.denoisers, self.lengths, strict=True)}
+
+    def plan_of(self, example: Mapping[str, Any]) -> int:
+        return [d.name for d in self.denoisers].index(str(example.get("denoiser", "")))
+
+    @property
+    def example_groups(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.denoisers)
+
+    def example_group(self, example: Mapping[str, Any]) -> str | None:
+        return str(example.get("denoiser", ""))
+
+    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
+                         seed: int) -> list[str]:
+        """The recorded denoiser must be the one the packer planned from the chunk key."""
+        planned = int(self.plan(plan_uniforms(seed, [chunk_key_of(anatomy.key)]))[1][0])
+        name = self.denoisers[planned].name
+        if name != anatomy.denoiser:
+            return [f"denoiser {anatomy.denoiser} recorded, the packer planned {name} for this chunk"]
+        return []
+
+    def measured_summary(self, stats: Any) -> dict[str, Any]:
+        """Overall noise, and per denoiser its noise against its configuration, weight and shares."""
+        c = stats.counts
+        out: dict[str, Any] = {"noise": stats.noise.summary(None, None, False), "denoisers": {}}
+        weights = {d.name: d.weight for d in self.denoisers}
+        total_weight = sum(weights.values())
+        for d in self.denoisers:
+            noise = stats.noise_of(d.name)
+            entry = noise.summary(d.noise_density, d.mean_noise_span_length, d.kind == "span")
+            entry.update(kind=d.kind, mode_token=d.mode_token, weight=round(weights[d.name] / total_weight, 6),
+                         examples_share=ratio(noise.counts["examples"], c["examples"]),
+                         tokens_share=ratio(noise.counts["raw_tokens"], c["raw_tokens"]))
+            out["denoisers"][d.name] = entry
+        return out
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""

@@ -1,0 +1,314 @@
+"""Adding an objective: a toy one defined here, not shipped, registered with one line.
+
+``reverse`` is a seq2seq objective: ``inputs`` are the chunk and EOS, ``targets`` the chunk
+reversed in windows of ``window`` tokens and EOS. Its module (this file) declares all there
+is: its config with two flags (``--seq-len``, shared with the built-in objectives, and its own
+``--reverse-window``), its schema, its counters and manifest summary, its decoder start token,
+and its inspection hooks (taking an example apart, its invariant, the counters ``validate``
+recomputes, its part of ``inspect``'s statistics). The tests run the real command line, the
+real ``materialize`` pipeline on the bundled sample corpus with FnApiRunner, ``inspect``,
+``validate`` and ``show``, and the loader with its collator, and check exact values against
+a plain-Python reference of the objective and the corpus's own token count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from lmshards_testing import ROOT, TOKENIZER, encode_documents, materialize
+
+from pipelines.cli import main as cli
+from transforms.objectives.base import Block, Built, Objective, flat_rows, padded_rows
+from transforms.objectives.common import SpecialIds
+from transforms.objectives.flags import flag
+from transforms.objectives.registry import OBJECTIVES, objective_flags, register_objective, unregister_objective
+from transforms.objectives.summary import common_summary, ratio
+
+CORPUS = ROOT / "data" / "sample" / "faq.jsonl"
+SEQ, WINDOW, EOS, PAD = 16, 4, 1, 0
+ARGS = ["--input", str(CORPUS), "--tokenizer", TOKENIZER, "--objective", "reverse", "--seq-len", str(SEQ),
+        "--reverse-window", str(WINDOW), "--last-chunk", "pad", "--validation-fraction", "0.1", "--num-shards", "2",
+        "--formats", "arrow,webdataset", "--build-processes", "0"]
+
+
+# --- the objective: everything a new one needs, in its own module -------------------------
+
+
+@dataclass(frozen=True)
+class ReverseConfig:
+    """Settings of the toy reverse objective."""
+
+    seq_len: int = flag(64, "tokens per example")
+    window: int = flag(8, "tokens reversed together", name="--reverse-window")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
+
+
+def reverse_windows(tokens: np.ndarray, window: int) -> np.ndarray:
+    """``tokens`` with every run of ``window`` tokens reversed in place (the last run may be shorter)."""
+    pieces = [tokens[start : start + window][::-1] for start in range(0, tokens.shape[0], window)]
+    return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
+
+
+class Reverse(Objective):
+    """Sequence reversal in windows, as a seq2seq objective."""
+
+    name = "reverse"
+    family = "seq2seq"
+    config_class = ReverseConfig
+    required_specials = frozenset({"eos", "pad"})
+    decoder_start = "eos"
+    exact_counters = frozenset({"windows"})
+
+    def __init__(self, config: ReverseConfig):
+        self.config = config
+        self.fixed_raw_length = config.seq_len
+
+    def build(self, block: Block, special: SpecialIds) -> Built:
+        chunks = [block.tokens[block.offsets[i] : block.offsets[i + 1]] for i in range(block.count)]
+        width = self.config.seq_len + 1
+        inputs, in_offsets, in_padding = padded_rows(*flat_rows([np.append(c, special.eos) for c in chunks]),
+                                                     width, special.pad)
+        targets, out_offsets, out_padding = padded_rows(
+            *flat_rows([np.append(reverse_windows(c, self.config.window), special.eos) for c in chunks]),
+            width, special.pad)
+        counters = {"examples": block.count, "tokens": int(block.offsets[-1]),
+                    "windows": sum(math.ceil(c.shape[0] / self.config.window) for c in chunks),
+                    "padding_tokens": in_padding + out_padding}
+        return Built({"inputs": (inputs, in_offsets), "targets": (targets, out_offsets)}, {}, {}, counters)
+
+    def schema_kwargs(self) -> dict[str, Any]:
+        return {"inputs_length": self.config.seq_len + 1, "targets_length": self.config.seq_len + 1}
+
+    def params(self) -> dict[str, Any]:
+        return {"seq_len": self.config.seq_len, "window": self.config.window}
+
+    @staticmethod
+    def summarize(counters, params=None) -> dict[str, Any]:
+        return {**common_summary(counters),
+                "mean_windows_per_example": ratio(counters.get("windows", 0), counters.get("examples", 0))}
+
+    def take_apart(self, example, anatomy, special) -> None:
+        if anatomy.inputs.size == 0 or anatomy.inputs[-1] != special.eos:
+            anatomy.issues.append("inputs do not end with EOS")
+        anatomy.raw_tokens = max(int(anatomy.inputs.size) - 1, 0)
+
+    def example_problems(self, example, anatomy, special, seed) -> list[str]:
+        if not np.array_equal(anatomy.targets, np.append(reverse_windows(anatomy.inputs[:-1], self.config.window),
+                                                         special.eos)):
+            return [f"targets are not the inputs reversed in windows of {self.config.window}"]
+        return []
+
+    def shard_counters(self, example, anatomy) -> dict[str, int]:
+        return {"windows": math.ceil(anatomy.raw_tokens / self.config.window)}
+
+    def measured_summary(self, stats) -> dict[str, Any]:
+        c = stats.counts
+        return {"reverse": {"window": self.config.window, "mean_raw_tokens": ratio(c["raw_tokens"], c["examples"])}}
+
+
+# --- the tests -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def registered():
+    register_objective(Reverse)  # the one registry line a shipped objective adds
+    yield Reverse
+    unregister_objective("reverse")
+
+
+def _reference(tokens: list[int], window: int) -> list[int]:
+    """Plain-Python windowed reversal, independent of the objective's numpy code."""
+    out: list[int] = []
+    for start in range(0, len(tokens), window):
+        out += tokens[start : start + window][::-1]
+    return out
+
+
+def test_the_registry_refuses_what_it_cannot_dispatch_to(registered):
+    class Unconfigured(Reverse):
+        name = "unconfigured"
+        config_class = None
+
+    class Clashing(Reverse):
+        name = "clashing"
+
+    @dataclass(frozen=True)
+    class ClashingConfig:
+        seq_len: str = flag("x", "another meaning")
+
+    Clashing.config_class = ClashingConfig
+    with pytest.raises(TypeError, match="is registered already"):
+        register_objective(Reverse)
+    with pytest.raises(TypeError, match="config_class must be the objective's config dataclass"):
+        register_objective(Unconfigured)
+    with pytest.raises(TypeError, match="flag --seq-len sets seq_len"):
+        register_objective(Clashing)
+    with pytest.raises(TypeError, match="not a subclass"):
+        register_objective(dict)
+    assert list(OBJECTIVES) == ["clm", "prefix_lm", "mlm", "span_corruption", "bart", "ul2", "reverse"]
+
+
+def test_its_flags_and_help_come_from_its_config_fields(registered, tmp_path):
+    from pipelines.options import build_parser, parse_args
+
+    flags = {f.flag: f for f in objective_flags()}
+    assert flags["--reverse-window"] == ("--reverse-window", "window", int, ("reverse",),
+                                         "tokens reversed together (8)")
+    assert flags["--seq-len"].objectives == ("clm", "prefix_lm", "mlm", "bart", "reverse")
+    assert flags["--seq-len"].help == "tokens per example (clm/prefix_lm 1024, mlm/bart 512, reverse 64)"
+    text = " ".join(build_parser().format_help().split())
+    assert "--reverse-window WINDOW tokens reversed together (8) [reverse]" in text
+    assert "span_corruption, bart, ul2 or reverse" in text
+    base = ["--input", str(CORPUS), "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o")]
+    options = parse_args([*base, "--objective", "reverse", "--seq-len", "16", "--reverse-window", "3"])
+    assert options.objective_params == {"seq_len": 16, "window": 3}
+    assert options.param_sources == {"seq_len": "--seq-len 16", "window": "--reverse-window 3"}
+    with pytest.raises(ValueError, match=r"^--reverse-window is not a parameter of objective clm \(it is for "
+                                         r"reverse\)$"):
+        parse_args([*base, "--reverse-window", "3"])
+
+
+def test_its_config_errors_name_the_flag(registered, tmp_path, capsys):
+    from pipelines.materialize import main
+
+    argv = ["--input", str(CORPUS), "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
+            "--objective", "reverse", "--reverse-window", "0"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith("--reverse-window 0: window must be an int >= 1, got 0")
+
+
+@pytest.fixture(scope="module")
+def dataset(registered, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reverse") / "data"
+    manifest = materialize(out, *ARGS, "--runner", "FnApiRunner")
+    return out, manifest
+
+
+@pytest.mark.e2e
+def test_multi_process_workers_write_the_same_bytes(dataset, tmp_path, monkeypatch):
+    """Beam's worker processes unpickle the objective by reference: its module must be importable
+    there (an installed package for a user; this directory on PYTHONPATH here)."""
+    from lmshards_testing import file_digests
+
+    out, manifest = dataset
+    here = str(ROOT / "tests" / "transforms" / "objectives")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, str(ROOT / "tests"), str(ROOT)]))
+    other = materialize(tmp_path / "mp", *ARGS, "--direct_running_mode=multi_processing", "--direct_num_workers=2")
+    assert file_digests(tmp_path / "mp") == file_digests(out)
+    assert other.stats == manifest.stats
+
+
+def _examples(out) -> dict[str, list[dict]]:
+    from loaders.reader import open_dataset
+
+    reader = open_dataset(str(out))
+    return {split: list(reader.iter_examples(split)) for split in reader.manifest.splits}
+
+
+@pytest.mark.e2e
+def test_materialize_writes_its_examples_counters_and_summary(dataset):
+    out, manifest = dataset
+    assert manifest.objective == {"name": "reverse", "family": "seq2seq", "params": {"seq_len": SEQ, "window": WINDOW}}
+    assert [c["name"] for c in manifest.schema["columns"]] == ["key", "inputs", "targets"]
+    examples = _examples(out)
+    raw_total = 0
+    for split, rows in examples.items():
+        windows = raw = padding = 0
+        for row in rows:
+            inputs, targets = [int(t) for t in row["inputs"]], [int(t) for t in row["targets"]]
+            assert len(inputs) == len(targets) == SEQ + 1
+            length = len(inputs) - inputs[::-1].index(EOS) - 1  # tokens before the appended EOS
+            chunk = inputs[:length]
+            assert inputs[length:] == [EOS] + [PAD] * (SEQ - length), row["key"]
+            assert targets == _reference(chunk, WINDOW) + [EOS] + [PAD] * (SEQ - length), row["key"]
+            windows, raw, padding = windows + -(-length // WINDOW), raw + length, padding + 2 * (SEQ - length)
+        counters = manifest.stats[split]["objective"]
+        assert (counters["examples"], counters["tokens"], counters["windows"], counters["padding_tokens"]) == (
+            len(rows), raw, windows, padding)
+        assert manifest.stats[split]["objective_summary"] == {
+            "examples": len(rows), "chunk_tokens": raw, "mean_chunk_tokens": round(raw / len(rows), 6),
+            "padding_tokens": padding, "mean_windows_per_example": round(windows / len(rows), 6)}
+        raw_total += raw
+    # Every token of the corpus, each document ended by EOS, is in exactly one example (--last-chunk pad).
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text(encoding="utf-8").splitlines()]
+    assert raw_total == sum(len(ids) + 1 for ids in encode_documents(texts, TOKENIZER))
+
+
+@pytest.mark.e2e
+def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys):
+    out, manifest = dataset
+    assert cli(["validate", str(out)]) == 0
+    assert "validate: OK" in capsys.readouterr().out
+    assert cli(["inspect", str(out), "--json", "--limit", "0"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    for split, info in summary["splits"].items():
+        measured = info["measured"]
+        counters = manifest.stats[split]["objective"]
+        assert (measured["examples"], measured["raw_tokens"], measured["examples_with_issues"]) == (
+            counters["examples"], counters["tokens"], 0)
+        assert measured["reverse"] == {"window": WINDOW,
+                                       "mean_raw_tokens": round(counters["tokens"] / counters["examples"], 6)}
+    assert cli(["show", str(out), "-n", "1", "--color", "never", "--split", "train"]) == 0
+    first = _examples(out)["train"][0]
+    shown = capsys.readouterr().out
+    assert first["key"] in shown and "ISSUES" not in shown
+    assert cli(["inspect", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "reverse" in table and f"{manifest.splits['train']['examples']:,}" in table
+    assert cli(["report", str(out), "-o", str(out / "report.html"), "--examples", "2"]) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert page.count('class="example"') == 2 and first["key"] in page
+
+
+@pytest.mark.e2e
+def test_validate_reports_its_own_invariant_on_a_bad_example(dataset):
+    from loaders.inspection.anatomy import ObjectiveView, take_apart
+    from loaders.inspection.checks import example_problems
+    from loaders.inspection.source import open_inspected
+
+    out, _ = dataset
+    ds = open_inspected(str(out))
+    view = ds.view
+    example = dict(_examples(out)["train"][0])
+    assert example_problems("train", example, take_apart(example, view), view, ds.seed) == []
+    targets = np.array(example["targets"])
+    targets[[0, 1]] = targets[[1, 0]]
+    swapped = {**example, "targets": targets}
+    assert example_problems("train", swapped, take_apart(swapped, view), view, ds.seed) == [
+        f"targets are not the inputs reversed in windows of {WINDOW}"]
+    inputs = np.array(example["inputs"])
+    inputs[inputs == EOS] = 2
+    broken = take_apart({**example, "inputs": inputs}, ObjectiveView(view.objective, view.special))
+    assert broken.issues == ["inputs do not end with EOS"]
+
+
+@pytest.mark.e2e
+def test_the_loader_collates_it_with_its_decoder_start(dataset):
+    from loaders.collate import Seq2SeqCollator, collator_for
+    from loaders.dataset import ShardedDataset
+
+    out, _ = dataset
+    ds = ShardedDataset(str(out), "train", batch_size=2, shuffle=False)
+    collator = collator_for(ds)
+    assert type(collator) is Seq2SeqCollator and (collator.pad_id, collator.decoder_start_id) == (PAD, EOS)
+    rows = _examples(out)["train"][:2]
+    batch = collator(rows)
+    targets = np.stack([np.asarray(r["targets"]) for r in rows])
+    assert batch["decoder_input_ids"][:, 0].tolist() == [EOS, EOS]
+    assert np.array_equal(batch["decoder_input_ids"][:, 1:].numpy(), targets[:, : batch["labels"].shape[1] - 1])
+    width = batch["labels"].shape[1]
+    assert np.array_equal(batch["labels"].numpy(), np.where(targets == PAD, -100, targets)[:, :width])
+    from loaders.integrations.hf import model_config_kwargs
+
+    assert model_config_kwargs(ds)["decoder_start_token_id"] == EOS
+    first = next(iter(ds))
+    assert first["key"] == rows[0]["key"] and np.array_equal(np.asarray(first["targets"]), rows[0]["targets"])
