@@ -134,7 +134,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     sizing = shard_sizing(plan)
     bucket_chunks, repacked_chunks = chunks
     build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
-                          sizing=sizing, separate=o.build_stage == "separate")
+                          sizing=sizing, separate=o.build_stage == "separate", block_rows=o.block_rows)
     all_chunks = (
         (tuning.hand_over(bucket_chunks, "HandOverChunks"), tuning.hand_over(repacked_chunks, "HandOverRest"))
         | "AllChunks" >> beam.Flatten()
@@ -146,7 +146,9 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
-    rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(o.output, lock=lock)
+    rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(
+        o.output, per_file=o.rejected_per_file, lock=lock
+    )
     read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(sum_counters)
     source_stats = tokenized[Tokenize.SOURCES] | "SumSourceStats" >> beam.CombinePerKey(sum_counters)
     _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,

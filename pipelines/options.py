@@ -20,6 +20,7 @@ from transforms.encoder import ENCODER_CHOICES
 from transforms.group import DEFAULT_PACK_GROUP_TOKENS
 from transforms.objectives.packing import PACKING_MODES
 from transforms.pack import LAST_CHUNK_MODES
+from transforms.parallel import BLOCK_ROWS
 from transforms.read import TEXT_MODES
 from transforms.record_policy import (
     INVALID_UTF8_POLICIES,
@@ -29,6 +30,7 @@ from transforms.record_policy import (
     UNVERIFIED_ZSTD_POLICIES,
     RecordPolicy,
 )
+from transforms.write import REJECTED_PER_SHARD
 
 __all__ = ["BUILD_STAGES", "FORMATS", "MaterializeOptions", "RunnerSetup", "build_parser", "parse_args",
            "estimated_groups", "resolve_build_stage", "resolve_encoder_threads",
@@ -75,6 +77,10 @@ class MaterializeOptions:
     max_doc_chars: int | None = None
     long_docs: str = "split"
     max_rejected_fraction: float | None = DEFAULT_MAX_REJECTED_FRACTION
+    #: most rejected records per file of ``OUT/rejected/`` (``--rejected-per-file``)
+    rejected_per_file: int = REJECTED_PER_SHARD
+    #: rows the objective builds in one call (``--block-rows``; never changes the output)
+    block_rows: int = BLOCK_ROWS
     max_record_bytes: int = MAX_RECORD_BYTES
     unverified_zstd: str = "keep"
     #: size of a read task in MB (``--input-split-mb``: byte ranges, Parquet row groups)
@@ -365,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     bad.add_argument("--max-rejected-fraction", type=_rejected_fraction, default=DEFAULT_MAX_REJECTED_FRACTION,
                      metavar="F", help="fail the job, writing no manifest, when more than F of the documents read "
                      f"are rejected (default {DEFAULT_MAX_REJECTED_FRACTION}; 1 never fails)")
+    bad.add_argument("--rejected-per-file", type=_positive_int("--rejected-per-file"), default=REJECTED_PER_SHARD,
+                     metavar="N", help="most rejected records per file of OUT/rejected/ (default "
+                     f"{REJECTED_PER_SHARD:,}; records spread over ceil(rejected / N) files by a digest of each)")
     from transforms.objectives.registry import OBJECTIVES, objective_flags
 
     obj = parser.add_argument_group("objective")
@@ -432,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where the objective runs: fused with packing, or separate (its own stage, chunks "
                      f"spread over every worker); default auto: separate on Dataflow when the corpus makes fewer "
                      f"than {SEPARATE_BELOW_GROUPS} pack groups (not for clm), else fused; never changes the output")
+    run.add_argument("--block-rows", type=_positive_int("--block-rows"), default=BLOCK_ROWS, metavar="N",
+                     help=f"rows (chunks times draws) the objective builds in one call (default {BLOCK_ROWS}): "
+                     "fewer holds less memory per call; never changes the output")
     return parser
 
 
@@ -530,6 +542,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         max_doc_chars=args.max_doc_chars,
         long_docs=args.long_docs or "split",
         max_rejected_fraction=args.max_rejected_fraction,
+        rejected_per_file=args.rejected_per_file,
+        block_rows=args.block_rows,
         max_record_bytes=args.max_record_bytes,
         unverified_zstd=args.unverified_zstd,
         build_stage=args.build_stage,  # resolved once the inputs are listed (materialize.plan_run)

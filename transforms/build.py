@@ -27,6 +27,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from transforms.objectives.layout import shard_count
 from transforms.parallel import (
+    BLOCK_ROWS,
     TASK_TOKENS,
     BuildConfig,
     ChunkBuilder,
@@ -39,8 +40,8 @@ __all__ = ["BuildExamples", "example_key"]
 
 
 class _Build(beam.DoFn):
-    def __init__(self, objective, special, schema, seed, draws, sizing):
-        self._config = BuildConfig(objective, special, schema, seed, draws)
+    def __init__(self, objective, special, schema, seed, draws, sizing, block_rows):
+        self._config = BuildConfig(objective, special, schema, seed, draws, block_rows=block_rows)
         self._sizing = sizing
 
     def setup(self):
@@ -106,6 +107,8 @@ class BuildExamples(beam.PTransform):
             and spread over the workers by a shuffle (``Reshuffle``) first, so that building
             is not bound to the workers that packed the chunks (one per pack group). The
             output is the same either way.
+        block_rows: rows (chunks times draws) the objective builds in one call
+            (``--block-rows``); the output does not depend on it.
 
     Input: ``(chunks, split_tokens)``, the latter a PCollection of ``(split, document tokens)``
     (one element per split, used as a side input to size the splits' shards).
@@ -117,12 +120,14 @@ class BuildExamples(beam.PTransform):
     STATS = "stats"
 
     def __init__(self, objective, special, schema, *, seed: int, draws: int = 1, sizing: dict,
-                 separate: bool = False):
+                 separate: bool = False, block_rows: int = BLOCK_ROWS):
         super().__init__()
         self._separate = separate
         if draws < 1:
             raise ValueError(f"--draws {draws}: must be >= 1")
-        self._fn = _Build(objective, special, schema, seed, draws, sizing)
+        if block_rows < 1:
+            raise ValueError(f"--block-rows {block_rows}: must be >= 1")
+        self._fn = _Build(objective, special, schema, seed, draws, sizing, block_rows)
 
     def expand(self, inputs):
         chunks, split_tokens = inputs

@@ -267,41 +267,31 @@ def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tm
         assert not parse_args(["--output", "o", *base, *beam_args]).in_one_process, beam_args
 
 
-def test_beam_type_check_is_off_unless_asked_for_and_never_changes_bytes(tmp_path, monkeypatch, clm_dataset,
-                                                                       sample_glob, tokenizer_path):
-    import apache_beam as beam
+def test_beam_type_check_is_off_unless_asked_for_and_never_changes_bytes(tmp_path, clm_dataset, sample_glob,
+                                                                       tokenizer_path):
     from apache_beam.options.pipeline_options import TypeOptions
 
+    from pipelines.materialize import _prepare
+
+    def type_check(*extra):
+        argv = ["--output", str(tmp_path / "planned"), *_base_args(sample_glob, tokenizer_path, *extra)]
+        return _prepare(argv)[3].options.view_as(TypeOptions).pipeline_type_check
+
+    assert type_check("--pipeline-type-check") is True and type_check() is False
     reference_out, reference = clm_dataset
-    checked = []
-    init = beam.Pipeline.__init__
-
-    def spy(self, *args, options=None, **kwargs):
-        checked.append(options.view_as(TypeOptions).pipeline_type_check)
-        init(self, *args, options=options, **kwargs)
-
-    monkeypatch.setattr(beam.Pipeline, "__init__", spy)
     out = tmp_path / "type-checked"
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path, "--pipeline-type-check"))
-    assert checked == [True]
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
-    materialize(tmp_path / "unchecked", *_base_args(sample_glob, tokenizer_path))
-    assert checked == [True, False]
 
 
-def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, monkeypatch, clm_dataset, sample_glob,
+def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, clm_dataset, sample_glob,
                                                            tokenizer_path):
     """Tiny tokenizer batches and example blocks give the
     same bytes as the defaults: batching follows bundles, the written data must not."""
-    import transforms.parallel as parallel
-    import transforms.tokenize as tokenize
-
     reference_out, reference = clm_dataset
-    monkeypatch.setattr(parallel, "BLOCK_ROWS", 3)
-    monkeypatch.setattr(tokenize, "FIRST_BATCH", 1)
     out = tmp_path / "small-batches"
-    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path, "--batch-size", "5"))
+    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path, "--batch-size", "3", "--block-rows", "3"))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
 

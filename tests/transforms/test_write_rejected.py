@@ -56,11 +56,7 @@ def test_records_are_spread_over_ceil_count_per_file_files_each_sorted(tmp_path,
         assert _write(tmp_path / "bundle-based", records, "BundleBasedDirectRunner", per_file=10) == digests
 
 
-def test_a_run_with_many_rejected_records_writes_and_lists_every_file(tmp_path, monkeypatch, tokenizer_path,
-                                                                      sample_texts):
-    import transforms.write as write
-
-    monkeypatch.setattr(write, "REJECTED_PER_SHARD", 4)
+def test_a_run_with_many_rejected_records_writes_and_lists_every_file(tmp_path, tokenizer_path, sample_texts):
     corpus = tmp_path / "corpus.jsonl"
     lines = []
     for i, text in enumerate(sample_texts[:30]):
@@ -68,7 +64,7 @@ def test_a_run_with_many_rejected_records_writes_and_lists_every_file(tmp_path, 
         lines.append('{"text": ' + str(i) + "}")  # text_not_string
     corpus.write_text("\n".join(lines) + "\n")
     manifest = materialize(tmp_path / "out", "--input", str(corpus), "--tokenizer", tokenizer_path,
-                           "--objective", "clm", "--seq-len", "64")
+                           "--objective", "clm", "--seq-len", "64", "--rejected-per-file", "4")
     listed = manifest.counts["rejected_files"]
     # 30 records over ceil(30 / 4) = 8 files by a digest of each record: a file no record hashes to
     # is not written (no record, no file)

@@ -34,7 +34,7 @@ CORPUS = ROOT / "data" / "sample" / "faq.jsonl"
 SEQ, WINDOW, EOS, PAD = 16, 4, 1, 0
 ARGS = ["--input", str(CORPUS), "--tokenizer", TOKENIZER, "--objective", "reverse", "--seq-len", str(SEQ),
         "--reverse-window", str(WINDOW), "--last-chunk", "pad", "--validation-fraction", "0.1", "--num-shards", "2",
-        "--formats", "arrow,webdataset", "--build-processes", "0"]
+        "--formats", "arrow,webdataset"]
 
 
 # --- the objective: everything a new one needs, in its own module -------------------------
