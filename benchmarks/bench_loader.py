@@ -215,18 +215,29 @@ def memmap_dataloader_batches(root, args, workers):
         yield {"input_ids": batch}
 
 
-def lmshards_batches(root, args, workers, *, fmt="arrow", full=False):
+#: Loader tuning switched off in ``--compare`` runs: ``ring`` (the shared-memory ring of
+#: loaders/transport.py, ``shared_ring=False``) and ``heap`` (the workers' mallopt thresholds).
+VARIANTS = {"tuned": (), "no-ring": ("ring",), "no-heap": ("heap",), "plain": ("ring", "heap")}
+
+
+def lmshards_batches(root, args, workers, *, fmt="arrow", full=False, variant="tuned"):
     from loaders import ShardedDataset, StackCollator, make_dataloader
+
+    off = VARIANTS[variant]
+    if "heap" in off:  # forked workers inherit this: they skip the mallopt call (measurement only)
+        import loaders.dataloader
+
+        loaders.dataloader._HEAP_KEPT = True
+    options = {"shared_ring": "ring" not in off}
 
     columns = ["input_ids", "doc_lengths"] if full else ["input_ids"]  # read what the batch needs, like the peers
     dataset = ShardedDataset(os.path.join(root, "lmshards"), batch_size=args.batch_size, seed=args.seed, fmt=fmt,
                              verify="never", columns=columns)
     if full:
-        loader = make_dataloader(dataset, num_workers=workers, documents="position_ids", flash_attention_kwargs=True)
-    elif fmt == "arrow":
-        loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]))
+        loader = make_dataloader(dataset, num_workers=workers, documents="position_ids", flash_attention_kwargs=True,
+                                 **options)
     else:
-        loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]))
+        loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]), **options)
     yield from loader
 
 
@@ -322,7 +333,7 @@ def _children() -> list[int]:
 _LIBRARIES = {"mosaic": "streaming", "webdataset": "webdataset", "lmshards-wds": "webdataset"}
 
 
-def measure(root: str, args, system: str, workers: int) -> dict:
+def measure(root: str, args, system: str, workers: int, variant: str = "tuned") -> dict:
     """One epoch of ``system``: tokens/s after the first batch, time to first batch, peak RSS."""
     import torch  # noqa: F401  (imports are not part of the time to first batch)
 
@@ -333,7 +344,10 @@ def measure(root: str, args, system: str, workers: int) -> dict:
     elif system in _LIBRARIES:
         __import__(_LIBRARIES[system])
     start = time.perf_counter()
-    batches = RUNNERS[system](root, args, workers)
+    if variant != "tuned":
+        batches = lmshards_batches(root, args, workers, full=system == "lmshards+causal", variant=variant)
+    else:
+        batches = RUNNERS[system](root, args, workers)
     first = next(batches)
     first_batch = time.perf_counter() - start
     tokens, rows, worker_peak = first["input_ids"].numel(), first["input_ids"].shape[0], 0.0
@@ -350,6 +364,7 @@ def measure(root: str, args, system: str, workers: int) -> dict:
     return {
         "system": system,
         "workers": workers,
+        "variant": variant,
         "rows": rows,
         "tokens": tokens,
         "tokens_per_s": (tokens - first["input_ids"].numel()) / max(elapsed, 1e-9),
@@ -369,6 +384,55 @@ def available(system: str) -> bool:
     return True
 
 
+def _run_one(passthrough: list[str], spec: str) -> dict | None:
+    cmd = [sys.executable, os.path.abspath(__file__), *passthrough, f"--measure={spec}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        print(f"{spec} failed:\n{done.stderr[-2000:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(args, passthrough: list[str]) -> None:
+    """With/without the loader's tuning: every round runs every variant once (so a busy phase of the
+    shared machine slows all alike); printed per variant: the median tokens/s over the rounds and
+    the median and range of the per-round ratio to the tuned loader."""
+    import statistics
+
+    workers = [int(w) for w in args.workers.split(",")]
+    cells = [(system, w, variant) for w in workers for system in ("lmshards", "lmshards+causal")
+             for variant in (VARIANTS if w > 0 else ("tuned",))]  # no worker: neither ring nor mallopt runs
+    rounds: list[dict] = []
+    for round_index in range(args.repeats):
+        found = {}
+        for system, w, variant in cells:
+            result = _run_one(passthrough, f"{system}:{w}:{variant}")
+            if result is not None:
+                found[(system, w, variant)] = result["tokens_per_s"]
+        rounds.append(found)
+        print(f"round {round_index + 1}/{args.repeats}: " + ", ".join(
+            f"{s}/{w}/{v} {t / 1e6:.0f}" for (s, w, v), t in found.items()) + " Mtok/s", flush=True)
+    header = (f"{'system':<16} {'workers':>7} {'variant':<8} {'Mtok/s':>9} {'/ tuned':>8} {'min':>6} {'max':>6}")
+    print(header)
+    print("-" * len(header))
+    table = []
+    for system, w, variant in cells:
+        speeds = [r[(system, w, variant)] for r in rounds if (system, w, variant) in r]
+        ratios = [r[(system, w, variant)] / r[(system, w, "tuned")] for r in rounds
+                  if (system, w, variant) in r and (system, w, "tuned") in r]
+        if not speeds:
+            continue
+        row = {"system": system, "workers": w, "variant": variant, "median_tokens_per_s": statistics.median(speeds),
+               "ratios_to_tuned": ratios}
+        table.append(row)
+        print(f"{system:<16} {w:>7} {variant:<8} {row['median_tokens_per_s'] / 1e6:>9.1f} "
+              f"{statistics.median(ratios):>8.2f} {min(ratios):>6.2f} {max(ratios):>6.2f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"rounds": [{"/".join(map(str, k)): v for k, v in r.items()} for r in rounds], "table": table},
+                      handle, indent=2)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sequences", type=int, default=50_000)
@@ -381,13 +445,16 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is reported")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: SYSTEM:WORKERS in a subprocess
+    parser.add_argument("--compare", action="store_true",
+                        help="the loader's own tuning: lmshards and lmshards+causal with and without the "
+                             "shared-memory ring and the workers' mallopt, in interleaved rounds (--repeats)")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: SYSTEM:WORKERS[:VARIANT] in a subprocess
     args = parser.parse_args(argv)
 
     if args.measure:
-        system, workers = args.measure.rsplit(":", 1)
+        system, workers, *variant = args.measure.split(":")
         root = prepare(args)
-        print(json.dumps(measure(root, args, system, int(workers))))
+        print(json.dumps(measure(root, args, system, int(workers), *variant)))
         return
 
     t0 = time.perf_counter()
@@ -397,6 +464,9 @@ def main(argv=None) -> None:
     results = []
     passthrough = [f"--sequences={args.sequences}", f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}",
                    f"--shards={args.shards}", f"--data-dir={args.data_dir}", f"--seed={args.seed}"]
+    if args.compare:
+        compare(args, passthrough)
+        return
     for workers in [int(w) for w in args.workers.split(",")]:
         for system in args.systems.split(","):
             if not available(system):

@@ -136,8 +136,7 @@ class ShardedDataset(ResumableStream):
         if objective is not None:
             self.objective = resolve_objective(objective, objective_params, self.stored_seq_len)
             if special is None:
-                tokenizer_file = self.manifest.tokenizer.get("file", "tokenizer.json")
-                special = special_ids_from_tokenizer(self.location.local_file(tokenizer_file),
+                special = special_ids_from_tokenizer(self.location.tokenizer_file(self.manifest, verify=verify),
                                                      self.manifest.tokenizer, self.objective)
             self._dynamic = DynamicObjective(self.objective, special, seed, family=self.stored_family,
                                              seq_len=self.stored_seq_len)
