@@ -351,14 +351,14 @@ def measure(root: str, args, system: str, workers: int, variant: str = "tuned") 
     first = next(batches)
     first_batch = time.perf_counter() - start
     tokens, rows, worker_peak = first["input_ids"].numel(), first["input_ids"].shape[0], 0.0
-    steady = time.perf_counter()
+    steady, steady_cpu = time.perf_counter(), time.process_time()
     for index, batch in enumerate(batches):
         ids = batch["input_ids"]
         tokens += ids.numel()
         rows += ids.shape[0]
         if index % 64 == 0:
             worker_peak = max([worker_peak, *(_peak_rss_mb(pid) for pid in _children())])
-    elapsed = time.perf_counter() - steady
+    elapsed, main_cpu = time.perf_counter() - steady, time.process_time() - steady_cpu
     del batches
     gc.collect()
     return {
@@ -369,6 +369,8 @@ def measure(root: str, args, system: str, workers: int, variant: str = "tuned") 
         "tokens": tokens,
         "tokens_per_s": (tokens - first["input_ids"].numel()) / max(elapsed, 1e-9),
         "first_batch_s": first_batch,
+        # CPU time of the main (trainer's) process, all its threads, per million tokens handed out
+        "main_cpu_s_per_mtok": main_cpu / max((tokens - first["input_ids"].numel()) / 1e6, 1e-9),
         "peak_rss_mb": _peak_rss_mb(),
         "peak_worker_rss_mb": worker_peak,
     }
@@ -395,24 +397,28 @@ def _run_one(passthrough: list[str], spec: str) -> dict | None:
 
 def compare(args, passthrough: list[str]) -> None:
     """With/without the loader's tuning: every round runs every variant once (so a busy phase of the
-    shared machine slows all alike); printed per variant: the median tokens/s over the rounds and
-    the median and range of the per-round ratio to the tuned loader."""
+    shared machine slows all alike); printed per variant: the median tokens/s over the rounds, the
+    median and range of the per-round ratio to the tuned loader, and the median CPU time the main
+    (trainer's) process spends per million tokens (what a training step would share its CPU with)."""
     import statistics
 
     workers = [int(w) for w in args.workers.split(",")]
     cells = [(system, w, variant) for w in workers for system in ("lmshards", "lmshards+causal")
              for variant in (VARIANTS if w > 0 else ("tuned",))]  # no worker: neither ring nor mallopt runs
     rounds: list[dict] = []
+    cpu: dict[tuple, list[float]] = {cell: [] for cell in cells}
     for round_index in range(args.repeats):
         found = {}
         for system, w, variant in cells:
             result = _run_one(passthrough, f"{system}:{w}:{variant}")
             if result is not None:
                 found[(system, w, variant)] = result["tokens_per_s"]
+                cpu[(system, w, variant)].append(result["main_cpu_s_per_mtok"])
         rounds.append(found)
         print(f"round {round_index + 1}/{args.repeats}: " + ", ".join(
             f"{s}/{w}/{v} {t / 1e6:.0f}" for (s, w, v), t in found.items()) + " Mtok/s", flush=True)
-    header = (f"{'system':<16} {'workers':>7} {'variant':<8} {'Mtok/s':>9} {'/ tuned':>8} {'min':>6} {'max':>6}")
+    header = (f"{'system':<16} {'workers':>7} {'variant':<8} {'Mtok/s':>9} {'/ tuned':>8} {'min':>6} {'max':>6} "
+              f"{'main ms/Mtok':>12}")
     print(header)
     print("-" * len(header))
     table = []
@@ -423,10 +429,11 @@ def compare(args, passthrough: list[str]) -> None:
         if not speeds:
             continue
         row = {"system": system, "workers": w, "variant": variant, "median_tokens_per_s": statistics.median(speeds),
-               "ratios_to_tuned": ratios}
+               "ratios_to_tuned": ratios, "main_cpu_s_per_mtok": statistics.median(cpu[(system, w, variant)])}
         table.append(row)
         print(f"{system:<16} {w:>7} {variant:<8} {row['median_tokens_per_s'] / 1e6:>9.1f} "
-              f"{statistics.median(ratios):>8.2f} {min(ratios):>6.2f} {max(ratios):>6.2f}")
+              f"{statistics.median(ratios):>8.2f} {min(ratios):>6.2f} {max(ratios):>6.2f} "
+              f"{row['main_cpu_s_per_mtok'] * 1e3:>12.2f}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"rounds": [{"/".join(map(str, k)): v for k, v in r.items()} for r in rounds], "table": table},
