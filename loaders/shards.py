@@ -37,9 +37,8 @@ import math
 import os
 import re
 import tarfile
-import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -181,11 +180,6 @@ class ArrowShard:
 
 
 _FIXED, _LIST, _INT, _STRING, _OTHER = range(5)
-#: Column dtypes gathered with torch's index_select (see :meth:`SegmentTable._take`).
-_TORCH_GATHER_DTYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "int32", "int64", "float16",
-                                                       "float32", "float64"))
-#: ``allocate(shape, dtype)`` -> an uninitialised C-contiguous array, or None (see :meth:`SegmentTable.gather`).
-Allocate = Callable[[tuple[int, ...], np.dtype], "np.ndarray | None"]
 
 
 class _Strings(tuple):
@@ -242,9 +236,14 @@ class SegmentTable:
     rows are read, and each lies inside a segment that this table keeps mapped (it holds
     the shards); the window never outlives the table. Columns that cannot be laid out this
     way (misaligned or non-contiguous rows) are copied row by row.
+
+    Args:
+        num_shards: shards of the split.
+        strided: False copies every column row by row (the fallback, as a choice: the same examples).
     """
 
-    def __init__(self, num_shards: int):
+    def __init__(self, num_shards: int, *, strided: bool = True):
+        self.strided = strided
         self._offset = np.full(num_shards, -1, dtype=np.int64)  # first table row of each shard
         self._starts: list[int] = []  # first table row of each segment
         self._seg_starts = np.zeros(0, dtype=np.int64)
@@ -252,7 +251,6 @@ class SegmentTable:
         self._views: dict[str, list] = {}
         self._kinds: dict[str, int] = {}
         self._windows: dict[str, tuple[np.ndarray, np.ndarray, int] | None] = {}
-        self._torch_windows: dict[str, Any] = {}  # name -> torch view of the window (False: numpy only)
         self._shards: list[ArrowShard] = []  # keeps registered maps alive
 
     def registered(self, shard: int) -> bool:
@@ -273,7 +271,6 @@ class SegmentTable:
             self._views.setdefault(name, []).extend(views)
         self._shards.append(shard)
         self._windows.clear()  # rebuilt over the new set of segments
-        self._torch_windows.clear()
 
     def locate(self, shard_ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(segment, row in segment)`` of registered ``(shard, row)`` pairs (vectorised)."""
@@ -285,6 +282,8 @@ class SegmentTable:
         """``(window, first element of each segment, width)`` of fixed column ``name`` (None: row by row)."""
         if name in self._windows:
             return self._windows[name]
+        if not self.strided:
+            return None
         views: list[np.ndarray] = self._views[name]
         found = None
         dtype, width = views[0].dtype, views[0].shape[1]
@@ -302,34 +301,8 @@ class SegmentTable:
         self._windows[name] = found
         return found
 
-    def _take(self, name: str, values: np.ndarray, index: np.ndarray, target: np.ndarray) -> None:
-        """``target[:] = values[index]`` without numpy's intermediate array: torch's ``index_select``
-        writes into ``target`` directly (numpy's fancy indexing has no ``out``, and ``np.take``
-        would make the overlapping window contiguous first)."""
-        import torch
-
-        source = self._torch_windows.get(name)
-        if source is None:
-            if values.dtype not in _TORCH_GATHER_DTYPES:
-                source = False
-            else:
-                with warnings.catch_warnings():  # read-only window: torch warns; it is only read
-                    warnings.simplefilter("ignore", UserWarning)
-                    source = torch.from_numpy(values)
-            self._torch_windows[name] = source
-        if source is False:
-            target[...] = values[index]
-            return
-        torch.index_select(source, 0, torch.from_numpy(index), out=torch.from_numpy(target))
-
-    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...],
-               allocate: Allocate | None = None) -> ExampleBatch:
-        """The examples at ``(segments[i], rows[i])`` as one :class:`ExampleBatch` (copies the rows).
-
-        ``allocate(shape, dtype)``: where to put a fixed-length column (an uninitialised
-        C-contiguous array, or None for a new one), so that the rows are copied only once
-        on their way to a DataLoader worker's shared memory (:meth:`loaders.transport.RingSender.allocate`).
-        """
+    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...]) -> ExampleBatch:
+        """The examples at ``(segments[i], rows[i])`` as one :class:`ExampleBatch` (copies the rows)."""
         n = len(segments)
         out: dict[str, Any] = {}
         pairs: list[tuple[int, int]] | None = None
@@ -339,22 +312,13 @@ class SegmentTable:
                 window = self._window(name)
                 if window is not None:
                     values, first, width = window
-                    index = first[segments] + rows * width
-                    target = allocate((n, width), values.dtype) if allocate is not None else None
-                    if target is None:
-                        out[name] = values[index]  # one copy of the whole batch
-                    else:
-                        self._take(name, values, index, target)
-                        out[name] = target
+                    out[name] = values[first[segments] + rows * width]  # one copy of the whole batch
                     continue
             if pairs is None:
                 pairs = list(zip(segments.tolist(), rows.tolist(), strict=True))
             if kind == _FIXED:
                 first_view = views[0]
-                shape = (n, first_view.shape[1])
-                values = allocate(shape, first_view.dtype) if allocate is not None else None
-                if values is None:
-                    values = np.empty(shape, dtype=first_view.dtype)
+                values = np.empty((n, first_view.shape[1]), dtype=first_view.dtype)
                 for i, (segment, row) in enumerate(pairs):
                     values[i] = views[segment][row]
                 out[name] = values
@@ -697,14 +661,13 @@ class ShardSet:
                 raise IndexError(f"rows out of range of their shards: {rows.tolist()}")
         return table.locate(shard_ids, rows)
 
-    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...],
-               allocate: Allocate | None = None) -> ExampleBatch:
+    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...]) -> ExampleBatch:
         """The examples at ``(segment, row)`` pairs from :meth:`segments` (see :meth:`SegmentTable.gather`)."""
         assert self._table is not None, "call segments() first"
         for shard in self._open.values():  # a file that shrank under its mapping: an error, not a SIGBUS
             if os.lseek(shard._fd, 0, os.SEEK_END) < shard._size:
                 shard.check_intact()
-        return self._table.gather(segments, rows, columns, allocate)
+        return self._table.gather(segments, rows, columns)
 
     def tar_rows(self, index: int, wanted: set[int] | None) -> dict[int, dict[str, Any]]:
         """Rows of tar shard ``index`` (see :func:`read_tar_rows`)."""
