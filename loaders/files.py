@@ -314,17 +314,21 @@ class DatasetLocation:
             ShardIntegrityError: wrong size or sha256, or an unsafe path (naming the shard).
             FileNotFoundError: the shard is missing.
         """
-        lease = self.open_file(file.path, sha256=file.sha256, size=file.bytes, protect=protect)
+        return self._open_checked(file.path, sha256=file.sha256, size=file.bytes, verify=verify, protect=protect)
+
+    def _open_checked(self, relative: str, *, sha256: str, size: int | None, verify: str, kind: str = "shard",
+                      protect: tuple[str, ...] | frozenset[str] = ()) -> Lease:
+        lease = self.open_file(relative, sha256=sha256, size=size, protect=protect)
         try:
-            verify_file(lease.path, name=file.path, sha256=file.sha256, size=file.bytes, mode=verify)
+            verify_file(lease.path, name=relative, sha256=sha256, size=size, mode=verify, kind=kind)
         except ShardIntegrityError:
             lease.close()
             if not self.remote:
                 raise
-            self.discard(file.path, damaged=True)  # a damaged cached copy: fetch it again
-            lease = self.open_file(file.path, sha256=file.sha256, size=file.bytes, protect=protect)
+            self.discard(relative, damaged=True)  # a damaged cached copy: fetch it again
+            lease = self.open_file(relative, sha256=sha256, size=size, protect=protect)
             try:
-                verify_file(lease.path, name=file.path, sha256=file.sha256, size=file.bytes, mode=verify)
+                verify_file(lease.path, name=relative, sha256=sha256, size=size, mode=verify, kind=kind)
             except BaseException:
                 lease.close()
                 raise
@@ -345,7 +349,8 @@ class DatasetLocation:
         expected = manifest.tokenizer.get("sha256")
         if not isinstance(expected, str) or not expected:
             expected = None
-        path = self.local_file(name, sha256=expected)
-        if expected is not None:
-            verify_file(path, name=name, sha256=expected, size=None, mode=verify, kind="tokenizer")
-        return path
+        if expected is None:
+            return self.local_file(name)
+        lease = self._open_checked(name, sha256=expected, size=None, verify=verify, kind="tokenizer")
+        lease.close()  # (read at once: a cached copy is not evicted in between by this process)
+        return lease.path
