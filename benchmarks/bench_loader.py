@@ -8,8 +8,7 @@ system in a fresh subprocess (so peak RSS is its own) over one shuffled epoch:
   the flat ``(N, L)`` token file into a torch tensor, batch by batch (no DataLoader).
 - ``transfer-floor``: ready-made batch tensors through a stock DataLoader: with workers,
   the cost of torch's own hand-over of batches to the main process (a new shared-memory
-  segment per tensor). lmshards' loader goes below it by reusing shared memory
-  (``loaders/transport.py``).
+  segment per tensor), which lmshards' loader uses too.
 - ``memmap-dataloader``: the common map-style idiom over the same ``np.memmap`` (one row
   per ``__getitem__``, ``shuffle=True``, default collate) through the same DataLoader.
 - ``lmshards``: :class:`loaders.ShardedDataset` over the Arrow shards (shuffle on) through
@@ -32,9 +31,15 @@ skipped when not installed; mosaicml-streaming's package ``__init__`` imports
 ``transformers`` and ``torchvision`` (for its text and vision helpers, unused here), which
 are stubbed when absent.
 
+Per run also: the CPU time of the main (trainer's) process per million tokens. ``--against DIR``
+compares this checkout's loader with another's (``lmshards`` and ``lmshards+causal``, alternating
+subprocesses, ratios per round): how the loader's own tuning is held to account.
+
 Usage::
 
     python benchmarks/bench_loader.py --sequences 50000 --seq-len 1024 --batch-size 32
+    git archive 9e2b0b3 | tar -x -C /tmp/before   # the loader with its shared-memory ring and mallopt
+    python benchmarks/bench_loader.py --sequences 40000 --workers 0,2 --repeats 5 --against /tmp/before
 """
 
 from __future__ import annotations
@@ -218,13 +223,12 @@ def memmap_dataloader_batches(root, args, workers):
 def lmshards_batches(root, args, workers, *, fmt="arrow", full=False):
     from loaders import ShardedDataset, StackCollator, make_dataloader
 
+
     columns = ["input_ids", "doc_lengths"] if full else ["input_ids"]  # read what the batch needs, like the peers
     dataset = ShardedDataset(os.path.join(root, "lmshards"), batch_size=args.batch_size, seed=args.seed, fmt=fmt,
                              verify="never", columns=columns)
     if full:
         loader = make_dataloader(dataset, num_workers=workers, documents="position_ids", flash_attention_kwargs=True)
-    elif fmt == "arrow":
-        loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]))
     else:
         loader = make_dataloader(dataset, num_workers=workers, collate_fn=StackCollator(["input_ids"]))
     yield from loader
@@ -337,14 +341,14 @@ def measure(root: str, args, system: str, workers: int) -> dict:
     first = next(batches)
     first_batch = time.perf_counter() - start
     tokens, rows, worker_peak = first["input_ids"].numel(), first["input_ids"].shape[0], 0.0
-    steady = time.perf_counter()
+    steady, steady_cpu = time.perf_counter(), time.process_time()
     for index, batch in enumerate(batches):
         ids = batch["input_ids"]
         tokens += ids.numel()
         rows += ids.shape[0]
         if index % 64 == 0:
             worker_peak = max([worker_peak, *(_peak_rss_mb(pid) for pid in _children())])
-    elapsed = time.perf_counter() - steady
+    elapsed, main_cpu = time.perf_counter() - steady, time.process_time() - steady_cpu
     del batches
     gc.collect()
     return {
@@ -354,6 +358,8 @@ def measure(root: str, args, system: str, workers: int) -> dict:
         "tokens": tokens,
         "tokens_per_s": (tokens - first["input_ids"].numel()) / max(elapsed, 1e-9),
         "first_batch_s": first_batch,
+        # CPU time of the main (trainer's) process, all its threads, per million tokens handed out
+        "main_cpu_s_per_mtok": main_cpu / max((tokens - first["input_ids"].numel()) / 1e6, 1e-9),
         "peak_rss_mb": _peak_rss_mb(),
         "peak_worker_rss_mb": worker_peak,
     }
@@ -369,6 +375,61 @@ def available(system: str) -> bool:
     return True
 
 
+def _run_one(script: str, passthrough: list[str], spec: str) -> dict | None:
+    cmd = [sys.executable, script, *passthrough, f"--measure={spec}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(script)))
+    if done.returncode != 0:
+        print(f"{script} {spec} failed:\n{done.stderr[-2000:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def against(args, passthrough: list[str]) -> None:
+    """This checkout's loader against another's (``--against DIR``, e.g. ``git archive COMMIT``
+    unpacked there), on the same data: every round runs each cell on both sides, alternating, so
+    a busy phase of the shared machine slows both alike. Printed per cell: the median tokens/s of
+    each side over the rounds, the median and range of the per-round ratio (this / other), and
+    the median CPU time of the main (trainer's) process per million tokens on each side."""
+    import statistics
+
+    sides = {"this": os.path.abspath(__file__), "other": os.path.join(os.path.abspath(args.against), "benchmarks",
+                                                                      "bench_loader.py")}
+    workers = [int(w) for w in args.workers.split(",")]
+    cells = [(system, w) for w in workers for system in ("lmshards", "lmshards+causal")]
+    runs: dict[tuple, dict[str, list]] = {cell: {"this": [], "other": []} for cell in cells}
+    for round_index in range(args.repeats):
+        for cell in cells:
+            for side in (("this", "other") if round_index % 2 == 0 else ("other", "this")):
+                result = _run_one(sides[side], passthrough, f"{cell[0]}:{cell[1]}")
+                runs[cell][side].append(result)
+        print(f"round {round_index + 1}/{args.repeats} done", flush=True)
+    header = (f"{'system':<16} {'workers':>7} {'this Mtok/s':>11} {'other':>8} {'this/other':>10} {'min':>6} "
+              f"{'max':>6} {'main ms/Mtok this':>17} {'other':>6}")
+    print(header)
+    print("-" * len(header))
+    table = []
+    for (system, w), found in runs.items():
+        pairs = [(a, b) for a, b in zip(found["this"], found["other"], strict=True) if a and b]
+        if not pairs:
+            continue
+        ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs]
+
+        def median(side: int, key: str, pairs=pairs) -> float:
+            return statistics.median(p[side].get(key, float("nan")) for p in pairs)
+
+        row = {"system": system, "workers": w, "this_tokens_per_s": median(0, "tokens_per_s"),
+               "other_tokens_per_s": median(1, "tokens_per_s"), "ratios": ratios,
+               "this_main_cpu_s_per_mtok": median(0, "main_cpu_s_per_mtok"),
+               "other_main_cpu_s_per_mtok": median(1, "main_cpu_s_per_mtok")}
+        table.append(row)
+        print(f"{system:<16} {w:>7} {row['this_tokens_per_s'] / 1e6:>11.1f} {row['other_tokens_per_s'] / 1e6:>8.1f} "
+              f"{statistics.median(ratios):>10.2f} {min(ratios):>6.2f} {max(ratios):>6.2f} "
+              f"{row['this_main_cpu_s_per_mtok'] * 1e3:>17.1f} {row['other_main_cpu_s_per_mtok'] * 1e3:>6.1f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(table, handle, indent=2)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sequences", type=int, default=50_000)
@@ -381,6 +442,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is reported")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--against", metavar="DIR",
+                        help="another checkout (e.g. `git archive COMMIT | tar -x -C DIR`): lmshards and "
+                             "lmshards+causal here and there, alternating, in --repeats rounds, with ratios")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: SYSTEM:WORKERS in a subprocess
     args = parser.parse_args(argv)
 
@@ -397,6 +461,9 @@ def main(argv=None) -> None:
     results = []
     passthrough = [f"--sequences={args.sequences}", f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}",
                    f"--shards={args.shards}", f"--data-dir={args.data_dir}", f"--seed={args.seed}"]
+    if args.against:
+        against(args, passthrough)
+        return
     for workers in [int(w) for w in args.workers.split(",")]:
         for system in args.systems.split(","):
             if not available(system):

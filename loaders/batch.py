@@ -8,8 +8,6 @@ concatenated values), strings a list. An :class:`ExampleBatch` holds those colum
 is also a ``Sequence`` of example dicts (``batch[i]["input_ids"]``), so code written for
 a list of examples reads it unchanged; collators that declare
 ``accepts_example_batch = True`` (all of :mod:`loaders.collate`) use the columns directly.
-Those that also declare ``retains_examples = False`` (all of :mod:`loaders.collate`) may be
-given batches whose arrays live in reused memory (see :func:`keeps_no_examples`).
 
 This module is pure numpy: no torch.
 """
@@ -21,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ExampleBatch", "Ragged", "accepts_example_batch", "keeps_no_examples"]
+__all__ = ["ExampleBatch", "Ragged", "accepts_example_batch"]
 
 
 class Ragged:
@@ -123,13 +121,3 @@ def accepts_example_batch(collate_fn: Any) -> bool:
     """Whether a collate function reads :class:`ExampleBatch` columns (``accepts_example_batch = True``)."""
     return bool(getattr(collate_fn, "accepts_example_batch", False))
 
-
-def keeps_no_examples(collate_fn: Any) -> bool:
-    """Whether a collate function keeps nothing of the examples it is given once it returns
-    (``retains_examples = False``), except through the tensors it returns.
-
-    The loader may then gather such a function's batches into memory it reuses (a DataLoader
-    worker's shared-memory ring, :mod:`loaders.transport`). Unknown functions are assumed to
-    keep them (a collator that carries rows over to the next batch, say).
-    """
-    return getattr(collate_fn, "retains_examples", True) is False

@@ -67,7 +67,6 @@ from loaders.collate_arrays import (
     fit_rows,
     float_mask,
     int_column,
-    output_array,
     real_lengths,
     require_columns,
     row_widths,
@@ -143,7 +142,6 @@ class CausalCollator:
         self.pad_to_multiple_of, self.trim_padding = pad_to_multiple_of, trim_padding
 
     accepts_example_batch = True
-    retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name = type(self).__name__
@@ -155,7 +153,7 @@ class CausalCollator:
         batch = len(rows)
         t = np.arange(length)
         padded = not (real == length).all()
-        labels = output_array((batch, length))
+        labels = np.empty((batch, length), dtype=np.int64)
         if self.shift_labels:
             labels[:, :-1] = input_ids[:, 1:]
             labels[:, -1] = IGNORE_INDEX
@@ -163,9 +161,9 @@ class CausalCollator:
             labels[:] = input_ids
         if padded:
             labels[t[None, :] + int(self.shift_labels) >= real[:, None]] = IGNORE_INDEX
-        positions = output_array((batch, length))
+        positions = np.empty((batch, length), dtype=np.int64)
         if self.documents == "none":
-            attention = output_array((batch, length))
+            attention = np.empty((batch, length), dtype=np.int64)
             attention[:] = t[None, :] < real[:, None]
             positions[...] = t
             return to_tensors({"input_ids": input_ids, "attention_mask": attention, "labels": labels,
@@ -216,7 +214,6 @@ class PrefixLMCollator:
         self.return_prefix_length = return_prefix_length
 
     accepts_example_batch = True
-    retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name = type(self).__name__
@@ -270,7 +267,6 @@ class MLMCollator:
         self.trim_padding, self.return_position_ids = trim_padding, return_position_ids
 
     accepts_example_batch = True
-    retains_examples = False
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name = type(self).__name__
@@ -314,7 +310,6 @@ class Seq2SeqCollator:
         self.return_position_ids = return_position_ids
 
     accepts_example_batch = True
-    retains_examples = False
 
     def _fit(self, rows: np.ndarray | list[np.ndarray], fixed: int | None, what: str) -> np.ndarray:
         basis = content_lengths(rows, self.pad_id).tolist() if self.trim_padding else row_widths(rows)
@@ -359,7 +354,6 @@ class StackCollator:
     """
 
     accepts_example_batch = True
-    retains_examples = False
 
     def __init__(self, columns: Sequence[str] = ("input_ids",), *, pad_id: int | None = None):
         if isinstance(columns, str) or not columns:

@@ -1,12 +1,11 @@
-"""numpy building blocks of the collators (:mod:`loaders.collate`): output arrays (built in a
-DataLoader worker's shared-memory slot when the loader asks), rows fitted to a batch length
+"""numpy building blocks of the collators (:mod:`loaders.collate`): rows fitted to a batch length
 (trailing padding cut, short rows padded), real row lengths, additive masks, and the hand-over
 as torch tensors. torch is imported only to wrap the finished arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,26 +15,7 @@ from loaders.errors import UnsupportedSchemaError
 from loaders.masks import additive_mask
 
 __all__ = ["batch_length", "collated_length", "column_rows", "content_lengths", "fit_rows", "float_mask", "int_column",
-           "output_array", "real_length", "real_lengths", "require_columns", "row_widths", "to_tensors"]
-
-#: Inside a DataLoader worker, pack a batch's arrays into one storage per dtype (off when the
-#: loader's shared-memory ring copies them anyway).
-_PACK_IN_WORKER = True
-#: Inside a DataLoader worker whose shared-memory ring takes this module's collators' outputs:
-#: ``allocate(shape, dtype)`` -> where to build an output array (None: a new array). Set by the
-#: loader while it reads and collates a group (:meth:`loaders.transport.RingSender.allocate`), so
-#: that the outputs are built in the group's slot instead of being copied there.
-_ALLOCATE: Callable[[tuple[int, ...], Any], np.ndarray | None] | None = None
-
-
-def output_array(shape: tuple[int, ...], dtype: Any = np.int64) -> np.ndarray:
-    """An uninitialised C-contiguous output array (in the ring's slot when :data:`_ALLOCATE` says so)."""
-    if _ALLOCATE is not None:
-        out = _ALLOCATE(shape, dtype)
-        if out is not None:
-            return out
-    return np.empty(shape, dtype=dtype)
-
+           "real_length", "real_lengths", "require_columns", "row_widths", "to_tensors"]
 
 def require_columns(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     if not len(examples):
@@ -89,7 +69,7 @@ def batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | None
 
 def fit_rows(rows: np.ndarray | Sequence[np.ndarray], length: int, value: int | None, what: str) -> np.ndarray:
     """``(B, length)`` int64: each row cut to ``length`` (only its padding is cut) or right-padded with ``value``."""
-    out = output_array((len(rows), length))
+    out = np.empty((len(rows), length), dtype=np.int64)
     if isinstance(rows, np.ndarray):  # (B, L') block: one pass
         width = rows.shape[1]
         out[:, : min(width, length)] = rows[:, :length]
@@ -120,7 +100,7 @@ def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.utils.data import get_worker_info
 
-    if not _PACK_IN_WORKER or get_worker_info() is None:
+    if get_worker_info() is None:
         return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
     out = {k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)}
     by_dtype: dict[np.dtype, list[str]] = {}
@@ -180,6 +160,6 @@ def collated_length(collator: Any, rows: np.ndarray | list[np.ndarray], real: np
 
 
 def float_mask(allowed: np.ndarray, dtype: str) -> Any:
-    """The additive 4-D mask of ``allowed`` (built in the ring's slot for numpy dtypes)."""
-    out = None if dtype == "bfloat16" else output_array((allowed.shape[0], 1, *allowed.shape[1:]), np.dtype(dtype))
+    """The additive 4-D mask of ``allowed``."""
+    out = None if dtype == "bfloat16" else np.empty((allowed.shape[0], 1, *allowed.shape[1:]), np.dtype(dtype))
     return additive_mask(allowed, dtype, out)

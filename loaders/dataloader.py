@@ -3,7 +3,7 @@
 Workers read whole batches (a list of examples, or an
 :class:`~loaders.batch.ExampleBatch` for a collator that takes one) and collate them in the
 worker, so the main process only receives ready tensors (pinned when ``pin_memory``), in
-groups of consecutive batches through reused shared memory (:mod:`loaders.transport`). The loader
+groups of consecutive batches (torch's own transfer: shared memory per tensor storage). The loader
 counts the batches it hands to the trainer, which makes ``state_dict()`` exact whatever
 the number of workers or the prefetch depth: prefetched batches the trainer never saw
 are read again after a resume, none is skipped.
@@ -16,12 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
-from loaders import collate_arrays
-from loaders.batch import accepts_example_batch, keeps_no_examples
+from loaders.batch import accepts_example_batch
 from loaders.stream import ResumableStream
-from loaders.transport import RingReceiver, RingSender
 
 __all__ = ["ResumableDataLoader", "make_dataloader"]
 
@@ -42,71 +40,19 @@ class _Batches(IterableDataset):
 
 
 class _Groups(IterableDataset):
-    """What the inner DataLoader iterates: groups of collated batches, as transport items."""
+    """What the inner DataLoader iterates: groups of collated batches (one DataLoader item per group)."""
 
-    def __init__(self, stream: ResumableStream, collate_fn: Callable, columnar: bool, group: int, slots: int):
+    def __init__(self, stream: ResumableStream, collate_fn: Callable, columnar: bool, group: int):
         super().__init__()
-        self.stream, self.collate_fn, self.columnar, self.group, self.slots = stream, collate_fn, columnar, group, slots
+        self.stream, self.collate_fn, self.columnar, self.group = stream, collate_fn, columnar, group
 
-    def __iter__(self) -> Iterator[tuple]:
-        info = get_worker_info()
-        if info is not None:
-            _keep_worker_heap()
-        sender = RingSender(info.id, self.slots) if info is not None and self.slots else None
-        if sender is None:
-            for group in self.stream.iter_batch_groups(columnar=self.columnar, group=self.group):
-                yield ("plain", [self.collate_fn(batch) for batch in group])
-            return
-        collate_arrays._PACK_IN_WORKER = False  # the ring packs each batch's tensors: collators need not
-        # A collator that keeps nothing of its examples gets them gathered straight into the
-        # group's slot (a column it returns as is then travels without another copy), and the
-        # collators of loaders.collate build their outputs there.
-        in_slot = keeps_no_examples(self.collate_fn)
-        allocate = sender.allocate if self.columnar and in_slot else None
-        groups = self.stream.iter_batch_groups(columnar=self.columnar, group=self.group, allocate=allocate)
-        try:
-            collate_arrays._ALLOCATE = sender.allocate if in_slot else None
-            while True:
-                sender.reserve()
-                group = next(groups, None)
-                if group is None:
-                    return
-                yield sender.pack([self.collate_fn(batch) for batch in group])
-        finally:
-            collate_arrays._ALLOCATE = None
+    def __iter__(self) -> Iterator[list]:
+        for group in self.stream.iter_batch_groups(columnar=self.columnar, group=self.group):
+            yield [self.collate_fn(batch) for batch in group]
 
 
 def _identity(item: Any) -> Any:
     return item
-
-
-_HEAP_KEPT = False
-
-
-def _keep_worker_heap() -> None:
-    """In a DataLoader worker (glibc): keep freed memory in the heap instead of returning it to the OS.
-
-    A worker collates a whole group before handing it over, so each group allocates and frees
-    many megabytes of arrays. glibc gives the heap's free top back to the OS past its trim
-    threshold (and serves arrays over its mmap threshold from fresh mappings), so every group
-    would fault all its pages in again: the page faults cost more than the collating. Here both
-    thresholds are raised (to 256 MiB and 32 MiB) in the worker process only; its resident memory
-    then stays at its peak. A no-op where glibc's ``mallopt`` is not available.
-    """
-    global _HEAP_KEPT
-    if _HEAP_KEPT:
-        return
-    _HEAP_KEPT = True
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    mallopt(m_trim_threshold, 256 << 20)
-    mallopt(m_mmap_threshold, 32 << 20)
 
 
 class _EpochSampler:
@@ -136,16 +82,12 @@ class ResumableDataLoader(DataLoader):
     was called since the last pass (then it resumes exactly there).
 
     Batches travel in groups of ``group_batches`` consecutive ones (one DataLoader item per
-    group: fewer, larger hand-overs; worker ``w`` of ``K`` reads groups ``w, w+K, ...``).
-    With workers and ``shared_ring``, a group's tensors go through a ring of shared-memory
-    slots that each worker reuses (:mod:`loaders.transport`): the trainer's batches are views of
-    a slot (copied into pinned memory when ``pin_memory``). With the collators of
-    :mod:`loaders.collate` (``retains_examples = False``) a worker gathers the rows and builds
-    the outputs in the slot itself, so a batch is not copied again on its way.
+    group: fewer, larger hand-overs; worker ``w`` of ``K`` reads groups ``w, w+K, ...``),
+    through torch's own transfer and pinning.
     """
 
     def __init__(self, dataset: ResumableStream, *, collate_fn: Callable | None, group_batches: int = 8,
-                 shared_ring: bool = True, **kwargs: Any):
+                 **kwargs: Any):
         if not isinstance(group_batches, int) or group_batches < 1:
             raise ValueError(f"group_batches must be an int >= 1, got {group_batches!r}")
         self.stream = dataset
@@ -156,16 +98,11 @@ class ResumableDataLoader(DataLoader):
         collate_fn = collate_fn or _to_tensors
         columnar = accepts_example_batch(collate_fn)
         super().__init__(_Batches(dataset, columnar), batch_size=None, collate_fn=collate_fn, **kwargs)
-        workers = kwargs.get("num_workers", 0)
-        prefetch = kwargs.get("prefetch_factor") or 2
-        slots = prefetch + 3 if shared_ring and workers > 0 else 0
-        inner = dict(kwargs, pin_memory=False)  # the receiver pins (a pinned ring arena would be a copy)
-        # like torch's DataLoader: no pinning without an accelerator (torch warns about it)
-        self._receiver_pin = bool(kwargs.get("pin_memory", False)) and torch.cuda.is_available()
-        self._inner = DataLoader(_Groups(dataset, collate_fn, columnar, group_batches, slots), batch_size=None,
+        # no pinning without an accelerator (torch would warn about it at every pass)
+        inner = dict(kwargs, pin_memory=bool(kwargs.get("pin_memory", False)) and torch.cuda.is_available())
+        self._inner = DataLoader(_Groups(dataset, collate_fn, columnar, group_batches), batch_size=None,
                                  collate_fn=_identity, **inner)
-        self.group_batches, self.shared_ring = group_batches, bool(slots)
-        self.transport_stats = {"ring": 0, "plain": 0}  # groups received each way (last pass)
+        self.group_batches = group_batches
 
     @property
     def sampler(self) -> _EpochSampler:
@@ -197,8 +134,6 @@ class ResumableDataLoader(DataLoader):
         stream = self.stream
         _, start = stream._begin_pass()  # a fresh pass restarts its epoch unless a state was loaded
         schedule = stream.schedule(start)
-        receiver = RingReceiver(self._receiver_pin)
-        self.transport_stats = receiver.stats
         items = iter(self._inner)
         last = schedule.num_batches - 1
         if last < 0:
@@ -208,7 +143,7 @@ class ResumableDataLoader(DataLoader):
         for index in range(schedule.num_batches):
             if not pending:
                 try:
-                    pending = receiver.unpack(next(items))
+                    pending = list(next(items))
                 except StopIteration:
                     raise RuntimeError(
                         f"the loader ended after {index} of {schedule.num_batches} batches") from None
@@ -238,7 +173,6 @@ def make_dataloader(
     multiprocessing_context: Any = None,
     timeout: float = 0,
     group_batches: int = 8,
-    shared_ring: bool = True,
     **collator_kwargs: Any,
 ) -> ResumableDataLoader:
     """A resumable DataLoader yielding collated batches of ``dataset.batch_size`` examples.
@@ -255,8 +189,6 @@ def make_dataloader(
         multiprocessing_context: passed to the DataLoader.
         timeout: passed to the DataLoader.
         group_batches: consecutive batches handed over at once (one DataLoader item).
-        shared_ring: with workers, pass batches through a ring of reused shared-memory slots
-            per worker (:mod:`loaders.transport`) instead of a new segment per tensor.
 
     Raises:
         ValueError: bad arguments.
@@ -279,5 +211,4 @@ def make_dataloader(
             kwargs["prefetch_factor"] = prefetch_factor
     elif persistent_workers:
         raise ValueError("persistent_workers needs num_workers > 0")
-    return ResumableDataLoader(dataset, collate_fn=collate_fn, group_batches=group_batches, shared_ring=shared_ring,
-                               **kwargs)
+    return ResumableDataLoader(dataset, collate_fn=collate_fn, group_batches=group_batches, **kwargs)

@@ -46,7 +46,7 @@ from loaders.dynamic import DynamicObjective, resolve_objective, special_ids_fro
 from loaders.errors import UnsupportedSchemaError
 from loaders.files import VERIFY_MODES, DatasetLocation
 from loaders.order import EpochOrder
-from loaders.shards import Allocate, ShardSet
+from loaders.shards import ShardSet
 from loaders.state import RankSchedule
 from loaders.stream import ResumableStream
 from transforms.objectives.common import SpecialIds
@@ -136,8 +136,7 @@ class ShardedDataset(ResumableStream):
         if objective is not None:
             self.objective = resolve_objective(objective, objective_params, self.stored_seq_len)
             if special is None:
-                tokenizer_file = self.manifest.tokenizer.get("file", "tokenizer.json")
-                special = special_ids_from_tokenizer(self.location.local_file(tokenizer_file),
+                special = special_ids_from_tokenizer(self.location.tokenizer_file(self.manifest, verify=verify),
                                                      self.manifest.tokenizer, self.objective)
             self._dynamic = DynamicObjective(self.objective, special, seed, family=self.stored_family,
                                              seq_len=self.stored_seq_len)
@@ -286,7 +285,7 @@ class ShardedDataset(ResumableStream):
         return self.shards.fmt == "arrow" and self._dynamic is None and not self.location.remote
 
     def read_batches(self, epoch: int, schedule: RankSchedule, worker: int, num_workers: int, *,
-                     columnar: bool = False, allocate: Allocate | None = None) -> Iterator[Sequence[dict[str, Any]]]:
+                     columnar: bool = False) -> Iterator[Sequence[dict[str, Any]]]:
         if not (columnar and self.columnar):
             yield from super().read_batches(epoch, schedule, worker, num_workers)
             return
@@ -301,8 +300,7 @@ class ShardedDataset(ResumableStream):
             segments, local = self.shards.segments(shard_ids, rows)
             start = 0
             for length in lengths:
-                yield self.shards.gather(segments[start : start + length], local[start : start + length], columns,
-                                         allocate)
+                yield self.shards.gather(segments[start : start + length], local[start : start + length], columns)
                 start += length
 
     def _read_tar(self, epoch, shard_ids, rows, schedule, worker, num_workers) -> list[dict[str, Any]]:

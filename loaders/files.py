@@ -28,6 +28,14 @@ dataset; in the cache of a remote dataset, the path must also resolve (symbolic 
 followed) inside the cache directory. Anything else is a
 :class:`~loaders.errors.ShardIntegrityError` naming the manifest, raised before any file
 is opened, downloaded or deleted.
+
+This module is the one way in for every reader (:class:`~loaders.dataset.ShardedDataset` and
+so :class:`~loaders.mixture.MixtureDataset`, :func:`~loaders.reader.open_dataset` and the
+inspection commands): :meth:`DatasetLocation.read_manifest` is the only manifest reader,
+:meth:`DatasetLocation.open_shard` the only way to a shard file (fetched, size and sha256
+checked) and :meth:`DatasetLocation.tokenizer_file` the only way to the tokenizer (its sha256
+checked when the manifest records one). What is inside a shard is checked by the one opener
+per format in :mod:`loaders.shards`.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from urllib.parse import urlparse
 
 from loaders.cache import DEFAULT_CACHE_BYTES, Lease, ShardCache
 from loaders.errors import ShardIntegrityError
-from schemas.manifest import MANIFEST_NAME, Manifest
+from schemas.manifest import MANIFEST_NAME, Manifest, ShardFile
 
 __all__ = ["MAX_MANIFEST_BYTES", "VERIFY_MODES", "DatasetLocation", "check_manifest_paths", "check_relative",
            "parse_manifest", "sha256_file", "verify_file"]
@@ -109,21 +117,21 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def verify_file(path: str, *, name: str, sha256: str, size: int, mode: str) -> None:
-    """Check a local shard against the manifest.
+def verify_file(path: str, *, name: str, sha256: str, size: int | None, mode: str, kind: str = "shard") -> None:
+    """Check a local file of a dataset against the manifest (``size`` None: not recorded).
 
     Raises:
         ShardIntegrityError: wrong size or sha256 (names ``name``).
-        FileNotFoundError: the shard is missing.
+        FileNotFoundError: the file is missing.
     """
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify={mode!r}: expected one of {VERIFY_MODES}")
     try:
         stat = os.stat(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"shard {name} listed in the manifest is missing ({path})") from None
-    if stat.st_size != size:
-        raise ShardIntegrityError(f"shard {name}: {stat.st_size} bytes on disk, the manifest says {size}")
+        raise FileNotFoundError(f"{kind} {name} listed in the manifest is missing ({path})") from None
+    if size is not None and stat.st_size != size:
+        raise ShardIntegrityError(f"{kind} {name}: {stat.st_size} bytes on disk, the manifest says {size}")
     if mode == "never":
         return
     key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
@@ -131,7 +139,7 @@ def verify_file(path: str, *, name: str, sha256: str, size: int, mode: str) -> N
         return
     actual = sha256_file(path)
     if actual != sha256:
-        raise ShardIntegrityError(f"shard {name}: sha256 {actual} does not match the manifest's {sha256}")
+        raise ShardIntegrityError(f"{kind} {name}: sha256 {actual} does not match the manifest's {sha256}")
     _VERIFIED[key] = actual
 
 
@@ -225,15 +233,21 @@ class DatasetLocation:
         """Where a file of a local dataset is (the path checked, see :func:`check_relative`)."""
         return os.path.join(self.root, *check_relative(relative, f"{self.path}/{MANIFEST_NAME}").split("/"))
 
-    def _fetcher(self, relative: str, sha256: str | None):
-        """Writes the remote file to a sink, hashing it; raises if the sha256 is not the manifest's."""
+    def _fetcher(self, relative: str, sha256: str | None, size: int | None = None):
+        """Writes the remote file to a sink, hashing it; raises if the sha256 is not the manifest's, or
+        as soon as more than the manifest's ``size`` bytes come in (a download is bounded by the manifest)."""
         local = self.cache_path(relative)
 
         def fetch(sink: BinaryIO) -> None:
             digest = hashlib.sha256()
             fs, root = self._fs()
+            received = 0
             with fs.open(f"{root}/{check_relative(relative, self.path)}", "rb") as source:
-                while chunk := source.read(_CHUNK):
+                while chunk := source.read(_CHUNK if size is None else min(_CHUNK, size + 1 - received)):
+                    received += len(chunk)
+                    if size is not None and received > size:
+                        raise ShardIntegrityError(f"{relative} downloaded from {self.root}: more than the "
+                                                  f"{size:,} bytes the manifest says")
                     digest.update(chunk)
                     sink.write(chunk)
             if sha256 is not None and digest.hexdigest() != sha256:
@@ -252,9 +266,12 @@ class DatasetLocation:
         """A dataset file held for reading: remote files are fetched into the cache first and
         not evicted until the lease is closed. ``protect``: cache paths needed soon (kept if possible)."""
         if not self.remote:
-            return Lease(self.local_path(relative))
+            path = self.local_path(relative)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{relative} listed in the manifest is missing from {self.path}")
+            return Lease(path)
         assert self.cache is not None
-        return self.cache.acquire(self.cache_path(relative), self._fetcher(relative, sha256), size=size,
+        return self.cache.acquire(self.cache_path(relative), self._fetcher(relative, sha256, size), size=size,
                                   protect=protect)
 
     def prefetch_file(self, relative: str, *, sha256: str | None = None, size: int | None = None,
@@ -263,7 +280,7 @@ class DatasetLocation:
         if not self.remote:
             return True
         assert self.cache is not None
-        return self.cache.prefetch(self.cache_path(relative), self._fetcher(relative, sha256), size=size,
+        return self.cache.prefetch(self.cache_path(relative), self._fetcher(relative, sha256, size), size=size,
                                    protect=protect)
 
     def discard(self, relative: str, *, damaged: bool = False) -> None:
@@ -276,7 +293,64 @@ class DatasetLocation:
         """Local path of a dataset file; remote files are fetched into the cache first.
 
         The file is not leased: read it at once (use :meth:`open_file` to keep it).
+
+        Raises:
+            FileNotFoundError: the file is missing.
         """
         lease = self.open_file(relative, sha256=sha256, size=size)
         lease.close()
+        return lease.path
+
+    # -- the one way to a dataset's files --------------------------------------------------
+    def open_shard(self, file: ShardFile, *, verify: str,
+                   protect: tuple[str, ...] | frozenset[str] = ()) -> Lease:
+        """A shard file held for reading: fetched (remote), then its size and sha256 checked against
+        the manifest (``verify``, see the module docstring).
+
+        A cached copy that fails verification is dropped and downloaded again (the download
+        itself is checked while it streams in).
+
+        Raises:
+            ShardIntegrityError: wrong size or sha256, or an unsafe path (naming the shard).
+            FileNotFoundError: the shard is missing.
+        """
+        return self._open_checked(file.path, sha256=file.sha256, size=file.bytes, verify=verify, protect=protect)
+
+    def _open_checked(self, relative: str, *, sha256: str, size: int | None, verify: str, kind: str = "shard",
+                      protect: tuple[str, ...] | frozenset[str] = ()) -> Lease:
+        lease = self.open_file(relative, sha256=sha256, size=size, protect=protect)
+        try:
+            verify_file(lease.path, name=relative, sha256=sha256, size=size, mode=verify, kind=kind)
+        except ShardIntegrityError:
+            lease.close()
+            if not self.remote:
+                raise
+            self.discard(relative, damaged=True)  # a damaged cached copy: fetch it again
+            lease = self.open_file(relative, sha256=sha256, size=size, protect=protect)
+            try:
+                verify_file(lease.path, name=relative, sha256=sha256, size=size, mode=verify, kind=kind)
+            except BaseException:
+                lease.close()
+                raise
+        except BaseException:
+            lease.close()
+            raise
+        return lease
+
+    def tokenizer_file(self, manifest: Manifest, *, verify: str = "once") -> str:
+        """Local path of the dataset's ``tokenizer.json``, checked against the manifest's sha256
+        when it records one (``verify``: as for shards; ``never`` only finds the file).
+
+        Raises:
+            ShardIntegrityError: a sha256 that differs (naming the file).
+            FileNotFoundError: the tokenizer is missing.
+        """
+        name = check_relative(manifest.tokenizer.get("file", "tokenizer.json"), f"{self.path}/{MANIFEST_NAME}")
+        expected = manifest.tokenizer.get("sha256")
+        if not isinstance(expected, str) or not expected:
+            expected = None
+        if expected is None:
+            return self.local_file(name)
+        lease = self._open_checked(name, sha256=expected, size=None, verify=verify, kind="tokenizer")
+        lease.close()  # (read at once: a cached copy is not evicted in between by this process)
         return lease.path

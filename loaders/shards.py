@@ -4,10 +4,14 @@
   a fixed-size token column becomes one ``(rows, L)`` numpy view per record batch and a
   ``list<int32>`` column an (offsets, values) pair, so reading a row copies nothing. Any
   row is reachable directly (:meth:`ArrowShard.take`).
-- **WebDataset** tars are read sequentially through the ``webdataset`` library's tar
-  iterators (``tar_file_expander`` + ``group_by_keys``); only ``.npy`` (decoded with
-  ``allow_pickle=False``) and ``.txt`` members are accepted, nothing is unpickled.
-  :func:`read_tar_rows` keeps only the rows a reader asked for and stops once it has them.
+- **WebDataset** tars are read sequentially with :mod:`tarfile` (:func:`iter_tar_shard`, which
+  needs no ``webdataset`` install); only ``.npy`` (decoded with ``allow_pickle=False``) and
+  ``.txt`` members are accepted, nothing is unpickled. :func:`read_tar_rows` keeps only the
+  rows a reader asked for and stops once it has them.
+
+:class:`ArrowShard` and :func:`iter_tar_shard` are the only shard openers: the loader,
+:func:`loaders.reader.open_dataset` and the inspection commands all read through them, after
+:meth:`loaders.files.DatasetLocation.open_shard` has found the file and checked it.
 
 On open, a shard's size and sha256 (see :mod:`loaders.files`), its Arrow schema (column
 names and types) and its row count are compared with the manifest; every WebDataset
@@ -32,9 +36,9 @@ import io
 import math
 import os
 import re
-import warnings
+import tarfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,11 +47,11 @@ import pyarrow as pa
 from loaders.batch import ExampleBatch, Ragged
 from loaders.cache import Lease, Prefetcher
 from loaders.errors import ShardIntegrityError
-from loaders.files import DatasetLocation, verify_file
+from loaders.files import DatasetLocation
 from schemas.manifest import Manifest, ShardInfo
 
 __all__ = ["FORMATS", "ArrowShard", "FieldSpec", "SegmentTable", "ShardSet", "decode_npy", "field_specs",
-           "read_tar_rows"]
+           "iter_tar_shard", "read_tar_rows"]
 
 FORMATS = ("arrow", "webdataset")
 
@@ -55,14 +59,20 @@ FORMATS = ("arrow", "webdataset")
 class ArrowShard:
     """Random row access into one memory-mapped Arrow IPC stream shard.
 
+    The one Arrow opener of every reader (:class:`ShardSet`, :func:`loaders.reader.read_arrow_shard`
+    and so the inspection commands). Checked on open, each a :class:`ShardIntegrityError` naming the
+    shard: an Arrow IPC stream whose record batches pass pyarrow's full validation (offsets inside
+    their buffers, UTF-8 strings), the manifest's schema and row count, and no nulls (the format has
+    none, and a null row's bytes are not data).
+
     Args:
         path: local file.
         name: the shard's relative path (for messages).
-        columns: expected ``{name: arrow type string}`` from the manifest.
-        rows: expected row count.
+        columns: expected ``{name: arrow type string}`` from the manifest (None: not checked).
+        rows: expected row count (None: not checked).
     """
 
-    def __init__(self, path: str, *, name: str, columns: dict[str, str], rows: int):
+    def __init__(self, path: str, *, name: str, columns: dict[str, str] | None, rows: int | None):
         self.name = name
         self._fd = os.open(path, os.O_RDONLY)
         try:
@@ -73,20 +83,28 @@ class ArrowShard:
             raise
         try:
             reader = pa.ipc.open_stream(self._source)
-        except pa.ArrowInvalid as exc:
-            raise ShardIntegrityError(f"shard {name}: not an Arrow IPC stream ({exc})") from exc
-        found = {field.name: str(field.type) for field in reader.schema}
-        if found != columns:
-            raise ShardIntegrityError(f"shard {name}: schema {found} does not match the manifest's {columns}")
-        batches = list(reader)
+            found = {field.name: str(field.type) for field in reader.schema}
+            if columns is not None and found != columns:
+                raise ShardIntegrityError(f"shard {name}: schema {found} does not match the manifest's {columns}")
+            batches = list(reader)
+            for batch in batches:
+                batch.validate(full=True)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ShardIntegrityError(f"shard {name}: not a readable Arrow IPC stream ({exc})") from None
         counts = np.array([b.num_rows for b in batches], dtype=np.int64)
-        if int(counts.sum()) != rows:
+        if rows is not None and int(counts.sum()) != rows:
             raise ShardIntegrityError(f"shard {name}: {int(counts.sum())} rows, the manifest says {rows}")
-        self.num_rows = rows
+        nulls = [(f, b.column(i).null_count) for b in batches for i, f in enumerate(found) if b.column(i).null_count]
+        if nulls:
+            raise ShardIntegrityError(f"shard {name}: column {nulls[0][0]} has nulls (a shard holds none)")
+        self.num_rows = int(counts.sum())
         self._starts = [0, *np.cumsum(counts).tolist()][: len(batches)]
         self._uniform = len(batches) > 0 and bool(np.all(counts[:-1] == counts[0]))
         self._batch_rows = int(counts[0]) if len(batches) else 0
-        self._columns = {name: [_column_view(b.column(i)) for b in batches] for i, name in enumerate(found)}
+        try:
+            self._columns = {name: [_column_view(b.column(i)) for b in batches] for i, name in enumerate(found)}
+        except ShardIntegrityError as exc:
+            raise ShardIntegrityError(f"shard {name}: {exc}") from None
         self._fields: dict[tuple[str, ...] | None, list[tuple[str, int, list]]] = {}
         self.lease: Lease | None = None  # the cached file of a remote shard, held while open
 
@@ -162,11 +180,6 @@ class ArrowShard:
 
 
 _FIXED, _LIST, _INT, _STRING, _OTHER = range(5)
-#: Column dtypes gathered with torch's index_select (see :meth:`SegmentTable._take`).
-_TORCH_GATHER_DTYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "int32", "int64", "float16",
-                                                       "float32", "float64"))
-#: ``allocate(shape, dtype)`` -> an uninitialised C-contiguous array, or None (see :meth:`SegmentTable.gather`).
-Allocate = Callable[[tuple[int, ...], np.dtype], "np.ndarray | None"]
 
 
 class _Strings(tuple):
@@ -223,9 +236,14 @@ class SegmentTable:
     rows are read, and each lies inside a segment that this table keeps mapped (it holds
     the shards); the window never outlives the table. Columns that cannot be laid out this
     way (misaligned or non-contiguous rows) are copied row by row.
+
+    Args:
+        num_shards: shards of the split.
+        strided: False copies every column row by row (the fallback, as a choice: the same examples).
     """
 
-    def __init__(self, num_shards: int):
+    def __init__(self, num_shards: int, *, strided: bool = True):
+        self.strided = strided
         self._offset = np.full(num_shards, -1, dtype=np.int64)  # first table row of each shard
         self._starts: list[int] = []  # first table row of each segment
         self._seg_starts = np.zeros(0, dtype=np.int64)
@@ -233,7 +251,6 @@ class SegmentTable:
         self._views: dict[str, list] = {}
         self._kinds: dict[str, int] = {}
         self._windows: dict[str, tuple[np.ndarray, np.ndarray, int] | None] = {}
-        self._torch_windows: dict[str, Any] = {}  # name -> torch view of the window (False: numpy only)
         self._shards: list[ArrowShard] = []  # keeps registered maps alive
 
     def registered(self, shard: int) -> bool:
@@ -254,7 +271,6 @@ class SegmentTable:
             self._views.setdefault(name, []).extend(views)
         self._shards.append(shard)
         self._windows.clear()  # rebuilt over the new set of segments
-        self._torch_windows.clear()
 
     def locate(self, shard_ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(segment, row in segment)`` of registered ``(shard, row)`` pairs (vectorised)."""
@@ -266,6 +282,8 @@ class SegmentTable:
         """``(window, first element of each segment, width)`` of fixed column ``name`` (None: row by row)."""
         if name in self._windows:
             return self._windows[name]
+        if not self.strided:
+            return None
         views: list[np.ndarray] = self._views[name]
         found = None
         dtype, width = views[0].dtype, views[0].shape[1]
@@ -283,34 +301,8 @@ class SegmentTable:
         self._windows[name] = found
         return found
 
-    def _take(self, name: str, values: np.ndarray, index: np.ndarray, target: np.ndarray) -> None:
-        """``target[:] = values[index]`` without numpy's intermediate array: torch's ``index_select``
-        writes into ``target`` directly (numpy's fancy indexing has no ``out``, and ``np.take``
-        would make the overlapping window contiguous first)."""
-        import torch
-
-        source = self._torch_windows.get(name)
-        if source is None:
-            if values.dtype not in _TORCH_GATHER_DTYPES:
-                source = False
-            else:
-                with warnings.catch_warnings():  # read-only window: torch warns; it is only read
-                    warnings.simplefilter("ignore", UserWarning)
-                    source = torch.from_numpy(values)
-            self._torch_windows[name] = source
-        if source is False:
-            target[...] = values[index]
-            return
-        torch.index_select(source, 0, torch.from_numpy(index), out=torch.from_numpy(target))
-
-    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...],
-               allocate: Allocate | None = None) -> ExampleBatch:
-        """The examples at ``(segments[i], rows[i])`` as one :class:`ExampleBatch` (copies the rows).
-
-        ``allocate(shape, dtype)``: where to put a fixed-length column (an uninitialised
-        C-contiguous array, or None for a new one), so that the rows are copied only once
-        on their way to a DataLoader worker's shared memory (:meth:`loaders.transport.RingSender.allocate`).
-        """
+    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...]) -> ExampleBatch:
+        """The examples at ``(segments[i], rows[i])`` as one :class:`ExampleBatch` (copies the rows)."""
         n = len(segments)
         out: dict[str, Any] = {}
         pairs: list[tuple[int, int]] | None = None
@@ -320,22 +312,13 @@ class SegmentTable:
                 window = self._window(name)
                 if window is not None:
                     values, first, width = window
-                    index = first[segments] + rows * width
-                    target = allocate((n, width), values.dtype) if allocate is not None else None
-                    if target is None:
-                        out[name] = values[index]  # one copy of the whole batch
-                    else:
-                        self._take(name, values, index, target)
-                        out[name] = target
+                    out[name] = values[first[segments] + rows * width]  # one copy of the whole batch
                     continue
             if pairs is None:
                 pairs = list(zip(segments.tolist(), rows.tolist(), strict=True))
             if kind == _FIXED:
                 first_view = views[0]
-                shape = (n, first_view.shape[1])
-                values = allocate(shape, first_view.dtype) if allocate is not None else None
-                if values is None:
-                    values = np.empty(shape, dtype=first_view.dtype)
+                values = np.empty((n, first_view.shape[1]), dtype=first_view.dtype)
                 for i, (segment, row) in enumerate(pairs):
                     values[i] = views[segment][row]
                 out[name] = values
@@ -465,10 +448,65 @@ def _decode_member(shard: str, key: str, suffix: str, payload: bytes,
     raise ShardIntegrityError(f"shard {shard}: member {key}.{suffix} has unsupported type .{ext} (only .npy, .txt)")
 
 
+def iter_tar_shard(path: str, *, name: str, columns: dict[str, str] | None = None,
+                   rows: int | None = None) -> Iterator[dict[str, Any]]:
+    """Examples of a WebDataset tar shard in stored order, read in one sequential pass.
+
+    The one tar reader of every reader (:func:`read_tar_rows` for the loader,
+    :func:`loaders.reader.read_tar_shard` for ``open_dataset`` and the inspection commands).
+    It streams the tar with :mod:`tarfile` (``r|``: nothing seeks, nothing is extracted to disk),
+    so a reader that stops early reads no further. Checked, each a :class:`ShardIntegrityError`
+    naming the shard: a readable tar (not truncated, not garbled), safe member names (not
+    absolute, no ``..``), ``.npy`` and ``.txt`` members only (never unpickled), each member at
+    most once per example, and with ``columns`` (``{name: arrow type}``) every example's fields
+    and every member's dtype and shape; with ``rows``, the row count once the tar ends.
+    """
+    specs = field_specs(columns) if columns is not None else None
+    expected = set(columns) - {"key"} if columns is not None else None
+    current: dict[str, Any] | None = None
+    prefix = None
+    count = 0
+
+    def finished(example: dict[str, Any]) -> dict[str, Any]:
+        if expected is not None and set(example) - {"key"} != expected:
+            raise ShardIntegrityError(f"shard {name}: example {example['key']} has fields "
+                                      f"{sorted(set(example) - {'key'})}, the manifest's schema has {sorted(expected)}")
+        return example
+
+    try:
+        with tarfile.open(path, mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                member_name = member.name
+                if member_name.startswith("/") or ".." in member_name.split("/"):
+                    raise ShardIntegrityError(f"shard {name}: unsafe member name {member_name!r} (absolute or "
+                                              "with '..')")
+                directory, _, base = member_name.rpartition("/")
+                key, _, suffix = base.partition(".")
+                payload = tar.extractfile(member).read()
+                field, value = _decode_member(name, key, suffix, payload, specs)
+                if current is None or (directory, key) != prefix:
+                    if current is not None:
+                        count += 1
+                        yield finished(current)
+                    current, prefix = {"key": key}, (directory, key)
+                elif field in current:
+                    raise ShardIntegrityError(f"shard {name}: example {key} has the member {base} twice")
+                current[field] = value
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise ShardIntegrityError(f"shard {name}: cannot be read ({type(exc).__name__}: {exc})") from None
+    if current is not None:
+        count += 1
+        yield finished(current)
+    if rows is not None and count != rows:
+        raise ShardIntegrityError(f"shard {name}: {count} rows, the manifest says {rows}")
+
+
 def read_tar_rows(
     path: str, *, name: str, columns: dict[str, str], rows: int, wanted: set[int] | None = None
 ) -> dict[int, dict[str, Any]]:
-    """Rows of a WebDataset tar shard, by row index, read in one sequential pass.
+    """Rows of a WebDataset tar shard, by row index, read in one sequential pass (:func:`iter_tar_shard`).
 
     Args:
         path: local tar file.
@@ -480,37 +518,20 @@ def read_tar_rows(
     Raises:
         ShardIntegrityError: members that do not match the manifest's columns, or a row count mismatch.
     """
-    from webdataset.tariterators import group_by_keys, tar_file_expander
-
-    expected = set(columns) - {"key"}
-    specs = field_specs(columns)
-    last = max(wanted) if wanted else (-1 if wanted is not None else rows - 1)
     out: dict[int, dict[str, Any]] = {}
+    if wanted is not None and not wanted:
+        return out
+    last = max(wanted) if wanted else rows
     seen = 0
-    with open(path, "rb") as handle:
-        samples = group_by_keys(tar_file_expander([{"url": path, "stream": handle}]))
-        for row, sample in enumerate(samples):
-            seen = row + 1
-            if row > last:
-                break
-            if wanted is not None and row not in wanted:
-                continue
-            raw_key = sample["__key__"]
-            if raw_key.startswith("/") or ".." in raw_key.split("/"):
-                raise ShardIntegrityError(f"shard {name}: unsafe member name {raw_key!r} (absolute or with '..')")
-            example: dict[str, Any] = {"key": raw_key.rsplit("/", 1)[-1]}
-            for suffix, payload in sample.items():
-                if not suffix.startswith("__"):
-                    field, value = _decode_member(name, example["key"], suffix, payload, specs)
-                    example[field] = value
-            if set(example) - {"key"} != expected:
-                raise ShardIntegrityError(
-                    f"shard {name}: example {example['key']} has fields {sorted(set(example) - {'key'})}, "
-                    f"the manifest's schema has {sorted(expected)}"
-                )
+    examples = iter_tar_shard(path, name=name, columns=columns, rows=rows if wanted is None else None)
+    for row, example in enumerate(examples):
+        seen = row + 1
+        if wanted is None:
+            out[row] = example  # (the row count is checked at the end of the tar)
+        elif row > last:
+            break
+        elif row in wanted:
             out[row] = example
-    if wanted is None and seen != rows:
-        raise ShardIntegrityError(f"shard {name}: {seen} rows, the manifest says {rows}")
     if wanted and len(out) != len(wanted):
         raise ShardIntegrityError(f"shard {name}: ends after {seen} rows, the manifest says {rows}")
     return out
@@ -580,30 +601,10 @@ class ShardSet:
         return self.shards[index].files[self.fmt]
 
     def open_file(self, index: int) -> tuple[Lease, str]:
-        """``(lease on the local file, relative name)`` of shard ``index``, fetched and verified.
-
-        A cached copy that fails verification is dropped and downloaded again (the download
-        is checked while it streams in).
-        """
+        """``(lease on the local file, relative name)`` of shard ``index``, fetched and verified
+        (:meth:`~loaders.files.DatasetLocation.open_shard`)."""
         file = self._file(index)
-        lease = self.location.open_file(file.path, sha256=file.sha256, size=file.bytes, protect=self._protect)
-        try:
-            verify_file(lease.path, name=file.path, sha256=file.sha256, size=file.bytes, mode=self.verify)
-        except ShardIntegrityError:
-            lease.close()
-            if not self.location.remote:
-                raise
-            self.location.discard(file.path, damaged=True)  # a damaged cached copy: fetch it again
-            lease = self.location.open_file(file.path, sha256=file.sha256, size=file.bytes, protect=self._protect)
-            try:
-                verify_file(lease.path, name=file.path, sha256=file.sha256, size=file.bytes, mode=self.verify)
-            except BaseException:
-                lease.close()
-                raise
-        except BaseException:
-            lease.close()
-            raise
-        return lease, file.path
+        return self.location.open_shard(file, verify=self.verify, protect=self._protect), file.path
 
     def local_path(self, index: int) -> tuple[str, str]:
         """``(local path, relative name)`` of shard ``index``, fetched and verified (not leased)."""
@@ -660,14 +661,13 @@ class ShardSet:
                 raise IndexError(f"rows out of range of their shards: {rows.tolist()}")
         return table.locate(shard_ids, rows)
 
-    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...],
-               allocate: Allocate | None = None) -> ExampleBatch:
+    def gather(self, segments: np.ndarray, rows: np.ndarray, columns: tuple[str, ...]) -> ExampleBatch:
         """The examples at ``(segment, row)`` pairs from :meth:`segments` (see :meth:`SegmentTable.gather`)."""
         assert self._table is not None, "call segments() first"
         for shard in self._open.values():  # a file that shrank under its mapping: an error, not a SIGBUS
             if os.lseek(shard._fd, 0, os.SEEK_END) < shard._size:
                 shard.check_intact()
-        return self._table.gather(segments, rows, columns, allocate)
+        return self._table.gather(segments, rows, columns)
 
     def tar_rows(self, index: int, wanted: set[int] | None) -> dict[int, dict[str, Any]]:
         """Rows of tar shard ``index`` (see :func:`read_tar_rows`)."""

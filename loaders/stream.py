@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -243,14 +243,11 @@ class ResumableStream(IterableDataset):
         return self.epoch, self.samples_consumed, 0
 
     def read_batches(self, epoch: int, schedule: RankSchedule, worker: int, num_workers: int, *,
-                     columnar: bool = False, allocate: Callable | None = None) -> Iterator[Sequence[dict[str, Any]]]:
+                     columnar: bool = False) -> Iterator[Sequence[dict[str, Any]]]:
         """The batches of one worker, in order (default: :meth:`read` of each).
 
         ``columnar``: the consumer also takes :class:`~loaders.batch.ExampleBatch` batches,
         which a subclass may then yield instead of lists (same examples, same order).
-        ``allocate(shape, dtype)``: memory for a columnar batch's fixed-length columns (see
-        :meth:`loaders.shards.SegmentTable.gather`); call it only while reading the batch that
-        is yielded next (the memory belongs to the group being read).
         """
         for stream_indices in schedule.iter_worker(worker, num_workers):
             yield self.read(epoch, stream_indices, schedule, worker, num_workers)
@@ -262,11 +259,9 @@ class ResumableStream(IterableDataset):
         for group in self.iter_batch_groups(columnar=columnar, group=1):
             yield from group
 
-    def iter_batch_groups(self, *, columnar: bool = False, group: int = 1,
-                          allocate: Callable | None = None) -> Iterator[list[Sequence[dict[str, Any]]]]:
+    def iter_batch_groups(self, *, columnar: bool = False, group: int = 1) -> Iterator[list[Sequence[dict[str, Any]]]]:
         """Like :meth:`iter_batches`, in lists of ``group`` consecutive batches of the rank
-        (:attr:`RankSchedule.group`: inside a DataLoader worker, this worker's groups).
-        ``allocate``: see :meth:`read_batches` (each group is read when it is asked for)."""
+        (:attr:`RankSchedule.group`: inside a DataLoader worker, this worker's groups)."""
         epoch, start, consumed = self._resume_point()
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -274,7 +269,7 @@ class ResumableStream(IterableDataset):
         schedule = RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, start, self.uneven,
                                 self.drop_last, group, skip_groups)
         self.start_iteration()
-        batches = self.read_batches(epoch, schedule, worker, num_workers, columnar=columnar, allocate=allocate)
+        batches = self.read_batches(epoch, schedule, worker, num_workers, columnar=columnar)
         for batch_ids in schedule.worker_groups(worker, num_workers):
             out = [next(batches) for _ in batch_ids]
             if skip_examples:  # a restored worker resumes inside its group (StatefulDataLoader)

@@ -123,7 +123,7 @@ def rejected_samples(ds: InspectedDataset, per_reason: int = 3) -> dict[str, Any
     lines, complete = 0, True
     for relative in paths:
         try:
-            path = ds.files.local_path(relative)
+            path = ds.files.local_file(relative)
             handle = open(path, "rb")  # closed by the with below
         except (OSError, ValueError) as exc:  # missing, unreadable, or a download that failed
             problems.append(f"{relative}: {exc}")

@@ -1,10 +1,14 @@
 """A dataset opened for inspection: manifest, tokenizer, special ids, the objective rebuilt
 from the manifest, and examples read shard by shard only as far as asked.
 
-Storage is reached through :func:`dataset_files` alone (the manifest and every path in it
-checked by :mod:`loaders.files`): a local directory is read in place; a URL (``gs://``,
-``s3://``) goes through the loader's file layer (:class:`loaders.files.DatasetLocation`,
-which downloads a file into its local cache on first use). Swapping the storage layer means changing that one function.
+Storage is reached through :func:`dataset_files` alone: the loader's own file layer
+(:class:`loaders.files.DatasetLocation`: a local directory read in place, a URL such as
+``gs://`` or ``s3://`` downloaded into its local cache on first use). The manifest, the shards
+and the tokenizer are read through the same doors as the loader's
+(:meth:`~loaders.files.DatasetLocation.read_manifest`,
+:meth:`~loaders.files.DatasetLocation.open_shard`,
+:meth:`~loaders.files.DatasetLocation.tokenizer_file`, and the shard openers of
+:mod:`loaders.shards`), so every check the loader makes applies here too.
 
 Rows inside a shard are stored sorted by a seeded digest of their key (the writer's global
 shuffle), so the first rows of each shard are a uniform random sample of the split:
@@ -17,13 +21,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from loaders.errors import ShardIntegrityError
-from loaders.files import MAX_MANIFEST_BYTES, check_relative, parse_manifest, sha256_file, verify_file
+from loaders.files import DatasetLocation
 from loaders.reader import read_arrow_shard, read_tar_shard
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
@@ -53,48 +56,14 @@ def order_digest(seed: int, key: str) -> bytes:
     return row_order_key(seed, key)
 
 
-class _LocalFiles:
-    def __init__(self, root: str):
-        self.root = root[len("file://") :] if root.startswith("file://") else root
+def dataset_files(root: str) -> DatasetLocation:
+    """The storage of the dataset at ``root``: the loader's :class:`~loaders.files.DatasetLocation`
+    (a local directory read in place, a URL through the loader's cache), so that inspection reads
+    the manifest, the shards and the tokenizer exactly as the loader does.
 
-    def read_manifest(self) -> Manifest:
-        path = os.path.join(self.root, MANIFEST_NAME)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{self.root}: no {MANIFEST_NAME}; the dataset is missing or incomplete")
-        with open(path, "rb") as handle:
-            return parse_manifest(handle.read(MAX_MANIFEST_BYTES + 1), path)
-
-    def local_path(self, relative: str) -> str:
-        path = os.path.join(self.root, *check_relative(relative, os.path.join(self.root, MANIFEST_NAME)).split("/"))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{relative} is missing from {self.root}")
-        return path
-
-
-class _LoaderFiles:
-    """Remote datasets through the loader's cache (imported only for URLs)."""
-
-    def __init__(self, root: str):
-        from loaders.files import DatasetLocation
-
-        self._location = DatasetLocation(root)
-
-    def read_manifest(self) -> Manifest:
-        return self._location.read_manifest()
-
-    def local_path(self, relative: str) -> str:
-        return self._location.local_file(relative)
-
-
-def dataset_files(root: str) -> Any:
-    """The storage of the dataset at ``root``: ``read_manifest()`` and ``local_path(relative)``.
-
-    ``local_path`` raises :class:`FileNotFoundError` for a missing file.
+    Its ``local_file(relative)`` raises :class:`FileNotFoundError` for a missing file.
     """
-    scheme = root.split("://", 1)[0] if "://" in root else ""
-    if scheme in ("", "file"):
-        return _LocalFiles(root)
-    return _LoaderFiles(root)
+    return DatasetLocation(root)
 
 
 def objective_from_manifest(objective: dict[str, Any]) -> Any:
@@ -213,10 +182,7 @@ class InspectedDataset:
             from tokenizers import Tokenizer
 
             name = self.manifest.tokenizer.get("file", "tokenizer.json")
-            path = self.files.local_path(name)
-            expected = self.manifest.tokenizer.get("sha256")
-            if self.verify_reads and expected and (actual := sha256_file(path)) != expected:
-                raise ShardIntegrityError(f"{name}: sha256 {actual} does not match the manifest's {expected}")
+            path = self.files.tokenizer_file(self.manifest, verify="once" if self.verify_reads else "never")
             try:
                 self._tokenizer = Tokenizer.from_file(path)
             except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception
@@ -251,10 +217,11 @@ class InspectedDataset:
         """Local path of a shard file (downloaded first for a URL)."""
         fmt = fmt or self.default_format
         entry = self.shards(split)[index].files[fmt]
-        path = self.files.local_path(entry.path)
-        if self.verify_reads:
-            verify_file(path, name=entry.path, sha256=entry.sha256, size=entry.bytes, mode="once")
-        return path
+        if not self.verify_reads:  # validate: it checks (and reports) sizes and checksums itself
+            return self.files.local_file(entry.path)
+        lease = self.files.open_shard(entry, verify="once")
+        lease.close()  # (a remote file is then read at once from the cache)
+        return lease.path
 
     def iter_shard(self, split: str, index: int, fmt: str | None = None, limit: int | None = None) -> Iterator[dict]:
         """The first ``limit`` examples (all when None) of one shard, in stored order."""

@@ -24,7 +24,6 @@ in every copy, with the manifest re-hashed) is indistinguishable from real data.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import os
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from loaders.files import sha256_file
 from loaders.inspection.anatomy import Anatomy, ObjectiveView, take_apart
 from loaders.inspection.checks import example_problems
 from loaders.inspection.source import InspectedDataset, order_digest, shard_of_key
@@ -88,25 +88,17 @@ class ValidationReport:
         return "\n".join(lines) + "\n"
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_file(ds: InspectedDataset, relative: str, size: int | None, sha256: str, report: ValidationReport,
                 ) -> str | None:
     """Local path of a listed file after its size and checksum checks; None when missing."""
     try:
-        path = ds.files.local_path(relative)
+        path = ds.files.local_file(relative)
     except FileNotFoundError:
         report.problems.append(Problem("missing", relative, "listed in the manifest but not found"))
         return None
     if size is not None and os.path.getsize(path) != size:
         report.problems.append(Problem("size", relative, f"{os.path.getsize(path)} bytes, the manifest says {size}"))
-    actual = _sha256(path)
+    actual = sha256_file(path)
     report.files_hashed += 1
     if actual != sha256:
         report.problems.append(Problem("checksum", relative, f"sha256 {actual} does not match the manifest's {sha256}"))

@@ -45,7 +45,7 @@ __all__ = ["LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin", "mode
 #: File of a checkpoint directory holding the training loader's state.
 LOADER_STATE_NAME = "lmshards_loader_state.json"
 logger = logging.getLogger(__name__)
-_LOADER_OPTIONS = ("group_batches", "shared_ring", "multiprocessing_context", "timeout")
+_LOADER_OPTIONS = ("group_batches", "multiprocessing_context", "timeout")
 
 
 class LMShardsTrainerMixin:
@@ -53,7 +53,7 @@ class LMShardsTrainerMixin:
 
     Args:
         loader_kwargs: options of :func:`~loaders.dataloader.make_dataloader` (``group_batches``,
-            ``shared_ring``, ...) and of the automatic collator (``documents``, ``mask_dtype``,
+            ``timeout``, ...) and of the automatic collator (``documents``, ``mask_dtype``,
             ``flash_attention_kwargs``, ...).
         *args, **kwargs: ``Trainer``'s.
 

@@ -1,5 +1,5 @@
-"""The columnar fast path (ExampleBatch gathers), batch groups and the shared-memory ring give
-exactly the batches of the per-example path, in the same order, and resume exactly."""
+"""The columnar fast path (ExampleBatch gathers) and batch groups give exactly the batches of the
+per-example path, in the same order, and resume exactly."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from loaders import (
 )
 from loaders.shards import SegmentTable
 from loaders.state import RankSchedule, samples_per_rank
-from loaders.transport import RingReceiver, RingSender
 
 BLOCK = 64
 
@@ -74,9 +73,9 @@ def family_dataset(request, tmp_path_factory):
     return path, rows, request.param
 
 
-def batches(path, collate, *, world=1, rank=0, workers=0, batch=4, group=8, ring=True, state=None, epoch=0, **kw):
+def batches(path, collate, *, world=1, rank=0, workers=0, batch=4, group=8, state=None, epoch=0, **kw):
     ds = ShardedDataset(path, batch_size=batch, seed=5, shuffle_block_size=BLOCK, rank=rank, world_size=world, **kw)
-    loader = make_dataloader(ds, collate_fn=collate, num_workers=workers, group_batches=group, shared_ring=ring)
+    loader = make_dataloader(ds, collate_fn=collate, num_workers=workers, group_batches=group)
     if state is not None:
         loader.load_state_dict(state)
     loader.set_epoch(epoch)
@@ -91,8 +90,8 @@ def test_columnar_batches_equal_per_example_batches(family_dataset, world, worke
             columnar = ColumnarRows()
             _, fast = batches(path, columnar, world=world, rank=rank, workers=workers, group=group, uneven=uneven,
                               epoch=1)
-            _, slow = batches(path, plain_rows, world=world, rank=rank, workers=workers, group=1, ring=False,
-                              uneven=uneven, epoch=1)
+            _, slow = batches(path, plain_rows, world=world, rank=rank, workers=workers, group=1, uneven=uneven,
+                              epoch=1)
             assert len(fast) == len(slow) > 0
             for a, b in zip(fast, slow, strict=True):
                 same_rows(a, b)
@@ -228,73 +227,33 @@ def test_stack_collator():
         StackCollator(["nope"])(examples)
 
 
-def test_segment_table_row_by_row_fallback_is_the_same(small_dataset, monkeypatch):
+def test_segment_table_row_by_row_fallback_is_the_same(small_dataset):
+    """The strided window and the row-by-row copy (chosen with ``strided``) gather the same examples."""
     path, _ = small_dataset
-    _, fast = batches(path, ColumnarRows(), batch=7)
-    monkeypatch.setattr(SegmentTable, "_window", lambda self, name: None)
-    _, slow = batches(path, ColumnarRows(), batch=7)
-    for a, b in zip(fast, slow, strict=True):
-        same_rows(a, b)
+    shards = ShardedDataset(path, seed=5).shards
+    g = np.random.default_rng(0)
+    ids = np.array([0, 2, 3, 4, 0, 4, 2, 3, 0], dtype=np.int64)
+    rows = np.array([g.integers(0, n) for n in np.asarray(shards.rows)[ids]], dtype=np.int64)
+    tables = [SegmentTable(len(shards.shards), strided=strided) for strided in (True, False)]
+    for table in tables:
+        for index in (3, 0, 4, 2):  # registered out of order: segments of different shards interleave
+            table.register(index, shards.arrow(index))
+    window, by_row = (t.gather(*t.locate(ids, rows), tuple(shards.columns)) for t in tables)
+    assert tables[0]._window("input_ids") is not None and tables[1]._window("input_ids") is None
+    same_rows(list(window), list(by_row))
+    want = [shards.arrow(int(i)).take([int(r)])[0] for i, r in zip(ids, rows, strict=True)]
+    same_rows(list(window), want)
+    assert [e["key"] for e in window] == [f"s{i}-r{r}" for i, r in zip(ids, rows, strict=True)]
 
 
-def test_ring_is_used_and_gives_the_torch_transfer_batches(small_dataset):
+def test_workers_give_the_batches_of_the_main_process(small_dataset):
     path, _ = small_dataset
     collate = CausalCollator(0)
-    ds = ShardedDataset(path, batch_size=3, seed=5, shuffle_block_size=BLOCK)
-    ring_loader = make_dataloader(ds, collate_fn=collate, num_workers=2, group_batches=2)
-    # a trainer that lets each batch go: every group comes through the ring
-    ring = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()} for batch in ring_loader]
-    assert ring_loader.transport_stats["ring"] > 0 and ring_loader.transport_stats["plain"] == 0
-    _, torch_way = batches(path, collate, workers=2, batch=3, group=1, ring=False)
-    _, kept = batches(path, collate, workers=2, batch=3, group=2)  # keeps every batch: the ring fills, no harm
-    assert len(ring) == len(torch_way) == len(kept)
-    for a, b in zip(kept, torch_way, strict=True):
+    _, here = batches(path, collate, workers=0, batch=3, group=1)
+    _, workers = batches(path, collate, workers=2, batch=3, group=2)
+    assert len(here) == len(workers) > 0
+    for a, b in zip(workers, here, strict=True):
         same_tensors(a, b)
-    for a, b in zip(ring, torch_way, strict=True):
-        same_tensors(a, b)
-
-
-def test_ring_round_trip_and_fallbacks():
-    sender, receiver = RingSender(worker=0, slots=3), RingReceiver()
-
-    def group(seed):
-        g = torch.Generator().manual_seed(seed)
-        return [{"a": torch.randint(0, 9, (2, 3), generator=g), "flag": torch.tensor(True), "n": 3, "s": "x",
-                 "nested": [torch.arange(4, dtype=torch.bfloat16)[::2], (torch.zeros(0, dtype=torch.int64),)]},
-                (torch.randn(5, generator=g), 7)]
-
-    def check(got, want):
-        assert type(got) is type(want)
-        if isinstance(want, torch.Tensor):
-            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-        elif isinstance(want, dict):
-            assert got.keys() == want.keys() and all(check(got[k], want[k]) is None for k in want)
-        elif isinstance(want, (list, tuple)):
-            assert len(got) == len(want) and all(check(x, y) is None for x, y in zip(got, want, strict=True))
-        else:
-            assert got == want
-
-    items = [sender.pack(group(i)) for i in range(3)]
-    assert [item[0] for item in items] == ["ring"] * 3
-    assert sender.pack(group(3))[0] == "plain"  # slot 0 still holds group 0, not released
-    outs = [receiver.unpack(item) for item in items]
-    for i, out in enumerate(outs):
-        check(out, group(i))
-    assert sender.pack(group(3))[0] == "plain"  # group 0's batches are still referenced
-    first = outs[0][0]["a"]
-    del outs[0], out
-    assert sender.pack(group(3))[0] == "plain"  # one tensor of group 0 is still alive
-    del first
-    item = sender.pack(group(3))  # every tensor of group 0 is gone: its slot is written again
-    assert item[0] == "ring"
-    check(receiver.unpack(item), group(3))
-    for i, out in enumerate(outs, start=1):  # the groups still held were not overwritten
-        check(out, group(i))
-    big = [{"a": torch.zeros(1 << 20)}]
-    assert sender.pack(big)[0] == "plain"  # does not fit a slot
-    needs_grad = [{"a": torch.zeros(2, requires_grad=True)}]
-    assert sender.pack(needs_grad)[0] == "plain"
-    assert receiver.stats == {"ring": 4, "plain": 0}
 
 
 @settings(max_examples=150, deadline=None)

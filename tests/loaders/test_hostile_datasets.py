@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 
@@ -247,9 +248,181 @@ def test_a_shard_truncated_under_dataloader_workers_is_a_python_error(tmp_path):
     next(batches)
     path = os.path.join(root, SHARD)
     os.truncate(path, os.path.getsize(path) // 4)
-    # A worker that had the shard open finds it shrunk; one that opens it now finds the wrong size:
-    # either way a Python error naming the shard, never a worker killed by SIGBUS.
+    # A worker that had the shard open finds it shrunk; one that opens it now finds the wrong size (or, when
+    # the truncation falls between its size check and its hashing, the wrong sha256): either way a Python
+    # error naming the shard, never a worker killed by SIGBUS.
     with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: (truncated while it was being read|"
-                                                  r"\d+ bytes on disk, the manifest says)"):
+                                                  r"\d+ bytes on disk, the manifest says|sha256 \w+ does not match)"):
         for _ in batches:
             pass
+
+
+# -- issue 22: one way in. Every reader (the loader, a mixture, open_dataset, the inspection commands) reads
+# the manifest, the shards and the tokenizer through the same doors, so a check one of them made is made by all.
+# Each case below was missed (read as data, or a raw library error) by at least one of them before.
+
+
+def _readers(root: str, fmt: str, verify: str = "once") -> dict:
+    """Every way to read a whole split, by name."""
+    from loaders import MixtureDataset
+    from pipelines.inspect import show_main
+
+    readers = {
+        "ShardedDataset": lambda: list(ShardedDataset(root, fmt=fmt, shuffle=False, verify=verify)),
+        "open_dataset": lambda: list(open_dataset(root, verify).iter_examples(fmt=fmt)),
+        "inspection": lambda: list(open_inspected(root).iter_split("train", fmt)),
+    }
+    if fmt == "arrow":  # (a mixture reads Arrow shards only)
+        readers["MixtureDataset"] = lambda: list(MixtureDataset(
+            [ShardedDataset(root, shuffle=False, verify=verify)], [1.0], samples_per_epoch=9))
+    readers["show"] = lambda: show_main([root, "-n", "20", "--format", fmt])
+    return readers
+
+
+def _all_refuse(root: str, fmt: str, match: str, verify: str = "once", capsys=None) -> None:
+    for name, read in _readers(root, fmt, verify).items():
+        if name == "show":
+            assert read() == 1, name
+            err = capsys.readouterr().err
+            assert len(err.strip().splitlines()) == 1 and re.search(match, err), (name, err)
+            continue
+        with pytest.raises(ShardIntegrityError, match=match):
+            read()
+
+
+def _rewrite_arrow(root: str, relative: str, change) -> None:
+    """Rewrite an Arrow shard as ``change(table) -> table`` (same column types) and re-hash it in the manifest."""
+    import pyarrow as pa
+
+    path = os.path.join(root, relative)
+    with pa.memory_map(path) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    table = change(table)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches():
+            writer.write_batch(batch)
+    data = sink.getvalue()
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+    def rehash(manifest):
+        for shard in manifest["splits"]["train"]["shards"]:
+            entry = shard["files"]["arrow"]
+            if entry["path"] == relative:
+                entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+
+    _edit(root, rehash)
+
+
+def _with_null(name: str):
+    """A table whose column ``name`` has row 1 null (the types, as printed, unchanged)."""
+    import pyarrow as pa
+
+    def change(table):
+        values = table.column(name).to_pylist()
+        values[1] = None
+        return table.set_column(table.schema.get_field_index(name), pa.field(name, table.schema.field(name).type),
+                                pa.array(values, table.schema.field(name).type))
+
+    return change
+
+
+@pytest.mark.parametrize("column", ["input_ids", "doc_lengths", "key"])
+def test_a_null_in_an_arrow_shard_is_refused_by_every_reader(dataset, capsys, column):
+    # Nulls are not in the format; a null row's bytes are whatever the writer left there. Before, every reader
+    # read them as data (input_ids, doc_lengths) or crashed on a None key.
+    _rewrite_arrow(dataset, SHARD, _with_null(column))
+    _all_refuse(dataset, "arrow", f"shard {re.escape(SHARD)}: column {column} has nulls", capsys=capsys)
+
+
+def test_list_offsets_out_of_order_are_refused_by_every_reader(dataset, capsys):
+    # pyarrow's stream reader accepts offsets that go backwards (its cheap validation checks the ends only);
+    # before, the loader and the readers sliced an empty doc_lengths row out of them.
+    import pyarrow as pa
+
+    def backwards(table):
+        column = table.column("doc_lengths").combine_chunks()
+        offsets = np.asarray(column.offsets).copy()
+        offsets[2] = offsets[1] - 1  # row 1 ends before it starts
+        broken = pa.ListArray.from_buffers(column.type, len(column), [None, pa.py_buffer(offsets.tobytes())],
+                                           children=[column.values])
+        return table.set_column(table.schema.get_field_index("doc_lengths"), "doc_lengths", broken)
+
+    _rewrite_arrow(dataset, SHARD, backwards)
+    _all_refuse(dataset, "arrow", f"shard {re.escape(SHARD)}: not a readable Arrow IPC stream .*non-monotonic offset",
+                capsys=capsys)
+
+
+def test_a_tar_member_twice_in_one_example_is_refused_by_every_reader(dataset, capsys):
+    # Before: open_dataset and the inspection commands kept the second copy, the loader (webdataset) raised a
+    # bare ValueError.
+    copy = ("s0-r1.input_ids.npy", _npy(np.arange(8, dtype=np.int32)))
+    _rewrite_tar(dataset, TAR, lambda name, payload: [(name, payload), copy] if name == copy[0] else [(name, payload)])
+    _all_refuse(dataset, "webdataset",
+                f"shard {re.escape(TAR)}: example s0-r1 has the member s0-r1.input_ids.npy twice", capsys=capsys)
+
+
+def test_a_tar_member_without_a_type_is_refused_by_every_reader(dataset, capsys):
+    # Before, the loader (webdataset) skipped a member named without a suffix: its bytes silently not read.
+    hidden = ("s0-r2", b"hidden")
+    _rewrite_tar(dataset, TAR, lambda name, payload: [(name, payload), hidden] if name == "s0-r2.input_ids.npy"
+                 else [(name, payload)])
+    _all_refuse(dataset, "webdataset", f"shard {re.escape(TAR)}: member s0-r2. has unsupported type", capsys=capsys)
+
+
+def test_the_loader_checks_the_tokenizer_like_the_inspection_commands(tmp_path):
+    # The dynamic objective takes its special ids from the dataset's tokenizer.json; before, the loader used
+    # whatever file was there, while the inspection commands refused one that is not the manifest's.
+    from conftest import TOKENIZER
+
+    root = write_dataset(tmp_path / "ds", [5, 4], seq_len=32, tokenizer=TOKENIZER)
+    with open(os.path.join(root, "tokenizer.json"), "rb") as handle:
+        real = handle.read()
+    _edit(root, lambda data: data["tokenizer"].update(sha256=hashlib.sha256(real).hexdigest()))
+    first = next(iter(ShardedDataset(root, objective="mlm", shuffle=False)))
+    assert first["key"] == "s0-r0" and first["input_ids"].shape == (32,)
+    with open(os.path.join(root, "tokenizer.json"), "wb") as handle:
+        handle.write(real.replace(b'"<mask>"', b'"<MASK>"', 1))  # another tokenizer: no <mask> any more
+    match = "tokenizer tokenizer.json: sha256 .* does not match the manifest's"
+    with pytest.raises(ShardIntegrityError, match=match):
+        ShardedDataset(root, objective="mlm")
+    with pytest.raises(ShardIntegrityError, match=match):
+        _ = open_inspected(root).tokenizer
+    assert ShardedDataset(root, objective="mlm", verify="never").objective.name == "mlm"  # trusted, as documented
+
+
+def test_open_dataset_reads_a_url_through_the_loaders_cache_and_checks(gcs, dataset, tmp_path):
+    # Before, open_dataset refused URLs; it now reads them the way ShardedDataset does.
+    local = [e["key"] for e in open_dataset(dataset).iter_examples()]
+    url = f"gs://{BUCKET}/reader-url"
+    _serve(dataset, url)
+    remote = list(open_dataset(url, cache_dir=str(tmp_path / "cache")).iter_examples())
+    assert [e["key"] for e in remote] == local
+    assert np.array_equal(remote[3]["input_ids"], next(e for e in open_dataset(dataset).iter_examples()
+                                                       if e["key"] == remote[3]["key"])["input_ids"])
+    broken = dataset + "-flipped"
+    shutil.copytree(dataset, broken)
+    _flip(os.path.join(broken, SHARD))
+    _serve(broken, f"{url}-flipped")
+    with pytest.raises(ShardIntegrityError, match=f"shard {re.escape(SHARD)} downloaded from .*: sha256"):
+        list(open_dataset(f"{url}-flipped", cache_dir=str(tmp_path / "cache")).iter_examples())
+
+
+def test_a_download_stops_at_the_manifests_size(gcs, dataset, tmp_path):
+    # A served file longer than the manifest says is cut off at the manifest's size plus one byte (before, it
+    # was downloaded whole, then its sha256 compared): the manifest bounds what a reader fetches.
+    path = os.path.join(dataset, SHARD)
+    size = os.path.getsize(path)
+    url = f"gs://{BUCKET}/longer"
+    _serve(dataset, url)
+    grown = tmp_path / "grown.arrow"
+    grown.write_bytes(open(path, "rb").read() + b"\0" * (8 << 20))
+    upload(str(grown), f"{url}/{SHARD}")
+    match = f"{re.escape(SHARD)} downloaded from .*: more than the {size:,} bytes the manifest says"
+    for read in (lambda c: list(ShardedDataset(url, cache_dir=c, shuffle=False)),
+                 lambda c: list(open_dataset(url, cache_dir=c).iter_examples())):
+        cache = str(tmp_path / f"cache{id(read)}")
+        with pytest.raises(ShardIntegrityError, match=match):
+            read(cache)
+        assert not [n for _, _, names in os.walk(cache) for n in names if n.endswith(".arrow")]

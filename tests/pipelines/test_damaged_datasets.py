@@ -85,6 +85,48 @@ def _tar_int64(root):
     _write_manifest(root, data)
 
 
+def _rehash(root, relative, fmt, data: bytes) -> None:
+    manifest = _manifest(root)
+    entry = _shard0(manifest)["files"][fmt]
+    assert entry["path"] == relative
+    entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    _write_manifest(root, manifest)
+
+
+def _arrow_null(root):
+    """Row 1's input_ids null (types unchanged), re-hashed: only the data is wrong."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(root / ARROW)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    values = table.column("input_ids").to_pylist()
+    values[1] = None
+    field = table.schema.field("input_ids")
+    table = table.set_column(table.schema.get_field_index("input_ids"), pa.field("input_ids", field.type),
+                             pa.array(values, field.type))
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    (root / ARROW).write_bytes(sink.getvalue())
+    _rehash(root, ARROW, "arrow", sink.getvalue())
+
+
+def _tar_member_twice(root):
+    """The first example's input_ids member written twice (the second a copy of the second example's), re-hashed."""
+    path = root / TAR
+    out = io.BytesIO()
+    with tarfile.open(path) as source, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as target:
+        members = [(m.name, source.extractfile(m).read()) for m in source.getmembers()]
+        ids = [i for i, (name, _) in enumerate(members) if name.endswith(".input_ids.npy")]
+        members.insert(ids[0] + 1, (members[ids[0]][0], members[ids[1]][1]))
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            target.addfile(info, io.BytesIO(payload))
+    path.write_bytes(out.getvalue())
+    _rehash(root, TAR, "webdataset", out.getvalue())
+
+
 def _int64_schema(data):
     for column in data["schema"]["columns"]:
         if column["name"] == "input_ids":
@@ -118,6 +160,9 @@ DAMAGE = {
     "garbage shard": (lambda root: (root / ARROW).write_bytes(b"\x00" * (root / ARROW).stat().st_size), [ARROW],
                       ARROW_READERS),
     "int64 tar member": (_tar_int64, [TAR], ("show webdataset", "validate")),
+    # issue 22: checks the loader made that the inspection commands did not (one shard opener now)
+    "null in an arrow shard": (_arrow_null, [ARROW], ARROW_READERS),
+    "tar member twice": (_tar_member_twice, [TAR], ("show webdataset", "validate")),
     "truncated tar": (_truncate(TAR), [TAR], ("show webdataset", "validate")),
     "missing tokenizer": (lambda root: (root / "tokenizer.json").unlink(), ["tokenizer.json"], EVERY),
     "garbage tokenizer": (lambda root: (root / "tokenizer.json").write_bytes(b"{not json"), ["tokenizer.json"],
