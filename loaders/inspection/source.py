@@ -43,7 +43,6 @@ __all__ = [
     "special_ids_from_tokenizer",
 ]
 
-_DENOISER_KEYS = ("name", "mode_token", "kind", "mean_noise_span_length", "noise_density", "weight")
 
 
 def shard_of_key(seed: int, key: str, num_shards: int) -> int:
@@ -69,25 +68,12 @@ def dataset_files(root: str) -> DatasetLocation:
 def objective_from_manifest(objective: dict[str, Any]) -> Any:
     """The objective object that made the dataset, rebuilt from the manifest's ``objective`` block.
 
-    The manifest records ``params()`` (configuration plus derived lengths); only the
-    configuration fields are passed back.
+    The manifest records ``params()`` (configuration plus derived lengths); the objective's class
+    reads its configuration back from them (:meth:`Objective.config_from_params`).
     """
-    from transforms.objectives.registry import make_objective, objective_parameters
+    from transforms.objectives.registry import objective_from_params
 
-    name, params = objective["name"], dict(objective.get("params", {}))
-    if name == "ul2":
-        config = {
-            "inputs_length": params["inputs_length"],
-            "targets_length": params.get("targets_budget"),
-            "layout": params.get("layout", "encoder_decoder"),
-            "mixture": [
-                {k: d[k] for k in _DENOISER_KEYS if d.get(k) is not None} for d in params.get("mixture", [])
-            ] or "default",
-        }
-    else:
-        allowed = set(objective_parameters(name))
-        config = {k: v for k, v in params.items() if k in allowed}
-    return make_objective(name, config)
+    return objective_from_params(objective["name"], objective.get("params", {}))
 
 
 def special_ids_from_tokenizer(tokenizer: Any, manifest_tokenizer: dict[str, Any]) -> SpecialIds:
