@@ -83,9 +83,10 @@ def compare(before: str, after: str, label: str, args: list[str]) -> bool:
             code, tail = _run(tree, args, output)
             outputs[name] = (code, _written(output) if code == 0 else tail.strip().splitlines()[-1:])
         (code_b, got_b), (code_a, got_a) = outputs["before"], outputs["after"]
-        same = code_b == code_a and got_b == got_a
+        # Both refusing the run is no difference of bytes (exit codes and messages may differ).
+        same = (code_b == code_a == 0 and got_b == got_a) or (code_b != 0 and code_a != 0)
         files = len(got_a) if code_a == 0 else 0
-        verdict = "same" if same else "DIFFERENT"
+        verdict = ("same" if code_a == 0 else "refused") if same else "DIFFERENT"
         print(f"{label:40s} {verdict:9s} exit {code_b}/{code_a}, {files} files", flush=True)
         if not same:
             if code_b == 0 and code_a == 0:

@@ -134,6 +134,9 @@ def plan_run(options: MaterializeOptions) -> Plan:
         raise ValueError(_naming_the_flag(str(exc), options)) from exc
     if options.seed < 0:
         raise ValueError(f"--seed {options.seed}: must be >= 0")
+    if options.packing != "concat" and objective.fixed_raw_length is None:
+        raise ValueError(f"--packing {options.packing}: needs a fixed chunk length, and {objective.name} varies it "
+                         "from example to example; use --packing concat")
     try:
         data = read_tokenizer_bytes(options.tokenizer)
     except Exception as exc:

@@ -65,6 +65,17 @@ def test_a_split_with_no_examples_fails_the_run(tmp_path, capsys):
     assert not (out / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("packing", ["best_fit", "none"])
+def test_a_packing_mode_the_objective_cannot_take_fails_before_any_work(tmp_path, capsys, packing):
+    """UL2 varies its chunk length from example to example: best_fit and none are refused in
+    one line naming the flag (they once failed inside a worker, with a traceback)."""
+    code, err = _error(capsys, ["--input", FAQ, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
+                                "--objective", "ul2", "--inputs-length", "128", "--packing", packing])
+    assert code == 2 and err == [f"lmshards materialize: error: --packing {packing}: needs a fixed chunk length, "
+                                 "and ul2 varies it from example to example; use --packing concat"]
+    assert not (tmp_path / "o").exists()
+
+
 def test_stray_arguments_of_an_unquoted_glob_are_refused(tmp_path, capsys):
     files = sorted(str(p) for p in (ROOT / "data" / "sample").glob("*.jsonl"))
     code, err = _error(capsys, ["--input", *files, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o")])
