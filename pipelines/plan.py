@@ -28,15 +28,11 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import __version__
-from pipelines.options import (
-    MaterializeOptions,
-    RunnerSetup,
-    build_parser,
-    estimated_groups,
-    resolve_build_stage,
-)
+from pipelines.options import MaterializeOptions
+from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_stage
+from pipelines.parser import build_parser
 from schemas.examples import example_schema
-from transforms.encoder import EncoderChoice, choose_encoder
+from transforms.encoder_choice import EncoderChoice, choose_encoder
 from transforms.group import SUB_BUCKETS
 from transforms.objectives.registry import make_objective
 from transforms.read import file_format, iter_file_records, list_inputs, record_fields

@@ -7,14 +7,12 @@
   objects. It does not load every tokenizer (WordPiece, Unigram and some normalizers and
   pre-tokenizers are refused at load) and gives no offsets or word ids.
 
-Exactness is the contract: a dataset's bytes never depend on the backend. So ``auto``
-(:func:`choose_encoder`, run once when a job is planned) takes fastokens only when it
-loads the tokenizer, the job needs nothing but ids from the encoder, and a parity probe
-passes: :func:`probe_texts` (hard strings: every Unicode general category, emoji, CJK,
-combining marks, runs of whitespace, digits, the tokenizer's own added-token text in
-several contexts) plus the first documents of the corpus encode to identical ids with both
-backends. Otherwise the job uses ``tokenizers`` and says why. Workers then load the backend
-the plan chose (:func:`load_encoder`) and fail loudly if they cannot.
+Exactness is the contract: a dataset's bytes never depend on the backend. Which backend a
+job uses is decided once, when it is planned (:func:`transforms.encoder_choice.choose_encoder`,
+with the parity probe of :mod:`transforms.encoder_probe`); workers then load the backend the
+plan chose (:func:`load_encoder`) and fail loudly if they cannot. Texts longer than
+:data:`~transforms.long_text.PIECE_CHARS` characters are encoded in bounded pieces
+(:func:`encode_bounded`).
 
 Literal special-token text is text: both backends encode ``</s>`` or ``<extra_id_0>`` in a
 document as ordinary characters (``encode_special_tokens = True`` for ``tokenizers``,
@@ -24,11 +22,8 @@ document as ordinary characters (``encode_special_tokens = True`` for ``tokenize
 from __future__ import annotations
 
 import abc
-import functools
 import struct
-import unicodedata
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -41,20 +36,16 @@ __all__ = [
     "ENCODER_CHOICES",
     "EncodedBatch",
     "Encoder",
-    "EncoderChoice",
     "EncoderUnavailable",
     "FastokensEncoder",
     "TokenizersEncoder",
-    "choose_encoder",
     "encode_bounded",
     "error_line",
     "full_encoding",
     "offset_ends",
     "pieces_are_exact_for",
     "fastokens_version",
-    "first_difference",
     "load_encoder",
-    "probe_texts",
 ]
 
 BACKENDS = ("fastokens", "tokenizers")
@@ -263,187 +254,3 @@ def offset_ends(encoding) -> np.ndarray:
     if isinstance(encoding, PiecedEncoding):
         return encoding.offset_ends
     return np.array([end for _, end in encoding.offsets], dtype=np.int64)
-
-
-# -- the parity probe -------------------------------------------------------------------------
-
-#: Code points taken from each Unicode general category: the first ones and others spread
-#: over the whole range (surrogates cannot be UTF-8 encoded and are left out).
-_PER_CATEGORY_FIRST, _PER_CATEGORY_SPREAD = 6, 24
-#: Every code point below this one is looked at (the scripts of most text), then every 61st.
-_DENSE_BELOW = 0x3400
-
-
-@functools.lru_cache(maxsize=1)
-def _category_samples() -> dict[str, list[str]]:
-    seen: dict[str, list[int]] = {}
-    for code in (*range(_DENSE_BELOW), *range(_DENSE_BELOW, 0x110000, 61)):
-        category = unicodedata.category(chr(code))
-        if category != "Cs":
-            seen.setdefault(category, []).append(code)
-    samples = {}
-    for category, codes in sorted(seen.items()):
-        step = max(1, len(codes) // _PER_CATEGORY_SPREAD)
-        picked = dict.fromkeys(codes[:_PER_CATEGORY_FIRST] + codes[::step])
-        samples[category] = [chr(c) for c in picked]
-    return samples
-
-
-_FIXED_PROBES = (
-    "Hello, world! It's a test: don't, won't, I'M, we've, they'll, she'd; 'quoted' \"double\".",
-    "The cat sat.\nIt was (very) happy, wasn't it?",
-    "emoji \U0001f600\U0001f44d\U0001f3fd \U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f1e9\U0001f1ea "
-    "\U0001f3f3\ufe0f\u200d\U0001f308 \u2764\ufe0f \u2705 \U0001f937\u200d\u2640\ufe0f text\U0001f600text",
-    "日本語のテキストです。中文字符，标点！한국어 텍스트입니다. ภาษาไทย ລາວ ខ្មែរ",
-    "combining e\u0301 a\u0308\u0323 n\u0303 Z\u0351\u0352\u0353\u0354\u0355\u0356\u0357 "
-    "\u0915\u094d\u0937 \u05e9\u05c1",
-    "zalgo " + "a" + "\u0300\u0301\u0302\u0303\u0304" * 40,
-    "rtl שלום עולם مرحبا بالعالم \u200f\u200e mixed עברית and English",
-    "digits 0123456789 12345678901234567890123 3.14159 1,000,000 1e-10 0x1F -42 +7 ١٢٣٤ ۱۲۳ １２３ ½ Ⅻ",
-    "whitespace\u00a0nbsp\u2003em\u3000ideographic\u200bzero-width\ufefffeff \x0bvt\x0cff\x85nel",
-    "code: def f(x):\n    return x ** 2  # comment\n\tif a != b and c <= d: pass\n",
-    "urls https://example.com/a?b=c&d=e#f mail user@example.org <html><b>bold</b></html> {\"k\": [1, 2]}",
-    "control \x01\x02\x1b[31mred\x1b[0m \x7f del",
-    "a" * 3000,
-    "ab" * 1500 + " " + "xyz" * 1000,
-    "!" * 1000 + "?" * 500 + "." * 500,
-    "word " * 1000,
-    "\n" * 500 + "x" + "\r\n" * 200 + "y" + "\r" * 50,
-    "\t" * 300 + "tab",
-)
-
-#: Runs of whitespace of these lengths, alone, between words and around punctuation.
-_RUN_LENGTHS = (1, 2, 3, 4, 7, 8, 15, 16, 17, 31, 64, 100, 257, 1000)
-
-
-def probe_texts(added_tokens: list[str] = (), documents: list[str] = ()) -> list[str]:
-    """The texts both backends must encode to the same ids.
-
-    Args:
-        added_tokens: the tokenizer's added-token strings (special or not); each is used alone,
-            between spaces, glued to words, repeated and inside a sentence, since added-token
-            matching is where encoders differ most.
-        documents: the corpus sample (the first documents of the first input file).
-    """
-    texts = list(_FIXED_PROBES)
-    for category, chars in _category_samples().items():
-        texts.append("".join(chars))
-        texts.append(" ".join(chars))
-        texts.append(" ".join(f"a{c}b" for c in chars))
-        texts.append(f"{category}: " + "  ".join(c * 3 for c in chars))
-    for n in _RUN_LENGTHS:
-        for run in (" " * n, "\n" * n, "\t" * n, " \n" * n, "\u3000" * n):
-            texts.extend((run, f"a{run}b", f"end.{run}", f"{run}start", f"x,{run}(y){run}z"))
-        texts.append("9" * n)
-        texts.append(" ".join(["12", "345", "6789"] * n))
-    for token in added_tokens:
-        texts.extend((
-            token,
-            f" {token} ",
-            f"x{token}y",
-            f"{token}{token}{token}",
-            f"The {token} sat on the{token}mat, {token}.",
-            f"{token}\n{token}\t {token}  end",
-            token.lower() if token.lower() != token else token.upper(),
-        ))
-    if len(added_tokens) > 1:
-        texts.append(" ".join(added_tokens))
-        texts.append("".join(added_tokens))
-    texts.extend(documents)
-    return texts
-
-
-def first_difference(reference: EncodedBatch, other: EncodedBatch) -> int | None:
-    """Index of the first text whose ids differ between two encodings of the same texts, or None."""
-    if np.array_equal(reference.offsets, other.offsets) and np.array_equal(reference.ids, other.ids):
-        return None
-    for index in range(len(reference.offsets) - 1):
-        if not np.array_equal(reference.ids_of(index), other.ids_of(index)):
-            return index
-    return None
-
-
-@dataclass
-class EncoderChoice:
-    """The backend a job encodes with, decided when it is planned.
-
-    Attributes:
-        requested: the ``--encoder`` value.
-        backend: ``fastokens`` or ``tokenizers``.
-        reason: why ``auto`` did not take fastokens (None when it did, or when asked for tokenizers).
-        probe: the parity probe: ``result`` (``passed``, ``mismatch`` or ``not_run``), the number of
-            ``texts`` and ``characters`` compared, and for a mismatch the ``first_difference``.
-    """
-
-    requested: str
-    backend: str
-    reason: str | None = None
-    probe: dict[str, Any] = field(default_factory=lambda: {"result": "not_run"})
-
-    def to_json(self) -> dict[str, Any]:
-        """The manifest's ``run.encoder`` entry."""
-        from importlib import metadata
-
-        return {
-            "requested": self.requested,
-            "backend": self.backend,
-            "fastokens_version": fastokens_version(),
-            "tokenizers_version": metadata.version("tokenizers"),
-            "reason": self.reason,
-            "probe": dict(self.probe),
-        }
-
-
-def _excerpt(text: str, limit: int = 60) -> str:
-    shown = text if len(text) <= limit else text[:limit] + "..."
-    return repr(shown)
-
-
-def choose_encoder(requested: str, tokenizer_json: str, *, needs_full: bool = False,
-                   documents: list[str] = ()) -> EncoderChoice:
-    """Decide the job's encoder backend (``--encoder``), probing fastokens against tokenizers.
-
-    Args:
-        requested: ``auto``, ``fastokens`` or ``tokenizers``.
-        tokenizer_json: the tokenizer the job encodes with (added tokens included).
-        needs_full: the job needs offsets or word ids from the encoder (its per-token features
-            cannot be derived from the ids and the text for this tokenizer).
-        documents: the corpus sample for the probe.
-
-    Raises:
-        ValueError: ``--encoder fastokens`` where fastokens cannot be used or the probe fails
-            (a configuration error), or an unknown value.
-    """
-    if requested not in ENCODER_CHOICES:
-        raise ValueError(f"--encoder {requested}: expected one of {', '.join(ENCODER_CHOICES)}")
-    if requested == "tokenizers":
-        return EncoderChoice(requested, "tokenizers")
-
-    def refuse(reason: str, probe: dict[str, Any] | None = None) -> EncoderChoice:
-        if requested == "fastokens":
-            raise ValueError(f"--encoder fastokens: {reason} (use --encoder auto or tokenizers)")
-        return EncoderChoice(requested, "tokenizers", reason, probe or {"result": "not_run"})
-
-    if needs_full:
-        return refuse("this tokenizer's word or sentence starts need the offsets and word ids of tokenizers, "
-                      "which fastokens does not give")
-    try:
-        fast = FastokensEncoder(tokenizer_json)
-    except EncoderUnavailable as exc:
-        return refuse(str(exc))
-    reference_tokenizer = Tokenizer.from_str(tokenizer_json)
-    added = [token.content for token in reference_tokenizer.get_added_tokens_decoder().values()]
-    reference = TokenizersEncoder(reference_tokenizer)
-    texts = probe_texts(added, documents)
-    probe: dict[str, Any] = {"texts": len(texts), "characters": sum(map(len, texts))}
-    try:
-        fast_ids = fast.encode(texts)
-    except Exception as exc:
-        return refuse(f"fastokens failed on the parity probe ({error_line(exc)})", {**probe, "result": "error"})
-    index = first_difference(reference.encode(texts), fast_ids)
-    if index is not None:
-        where = "corpus document" if index >= len(texts) - len(documents) else "probe text"
-        probe.update(result="mismatch", first_difference=_excerpt(texts[index]))
-        return refuse(f"fastokens encodes the {where} {_excerpt(texts[index])} differently from tokenizers", probe)
-    probe["result"] = "passed"
-    return EncoderChoice(requested, "fastokens", None, probe)

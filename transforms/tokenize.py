@@ -350,7 +350,7 @@ class Tokenize(beam.PTransform):
             ``RAYON_NUM_THREADS`` and ``FASTOKENS_BPE_THREADS`` there where unset; None leaves
             the encoders' defaults, every core).
         encoder: the backend, ``fastokens`` or ``tokenizers`` (the reference; the default),
-            as :func:`transforms.encoder.choose_encoder` decided for the job. A worker where it
+            as :func:`transforms.encoder_choice.choose_encoder` decided for the job. A worker where it
             cannot load fails.
 
     Texts that encode to nothing go to the :attr:`REJECTED` output.

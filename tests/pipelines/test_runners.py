@@ -183,7 +183,7 @@ def test_shard_files_that_disagree_on_their_rows_fail_the_run(tmp_path, monkeypa
 
 
 def test_build_stage_auto_separates_the_objective_only_where_that_buys_parallelism():
-    from pipelines.options import RunnerSetup, estimated_groups, resolve_build_stage
+    from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_stage
 
     def stage(runner, objective, groups, multi_processing=False):
         return resolve_build_stage("auto", RunnerSetup(runner, multi_processing, 2, ()), objective, groups)

@@ -11,14 +11,9 @@ import pytest
 from lmshards_testing import TOKENIZER
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from transforms.encoder import (
-    EncodedBatch,
-    EncoderUnavailable,
-    choose_encoder,
-    first_difference,
-    load_encoder,
-    probe_texts,
-)
+from transforms.encoder import EncodedBatch, EncoderUnavailable, load_encoder
+from transforms.encoder_choice import choose_encoder
+from transforms.encoder_probe import first_difference, probe_texts
 
 PROJECT_JSON = open(TOKENIZER, encoding="utf-8").read()
 

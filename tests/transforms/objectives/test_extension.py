@@ -158,7 +158,8 @@ def test_the_registry_refuses_what_it_cannot_dispatch_to(registered):
 
 
 def test_its_flags_and_help_come_from_its_config_fields(registered, tmp_path):
-    from pipelines.options import build_parser, parse_args
+    from pipelines.options import parse_args
+    from pipelines.parser import build_parser
 
     flags = {f.flag: f for f in objective_flags()}
     assert flags["--reverse-window"] == ("--reverse-window", "window", int, ("reverse",),
