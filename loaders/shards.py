@@ -27,8 +27,9 @@ import numpy as np
 
 from loaders.arrow_shard import ArrowShard
 from loaders.batch import ExampleBatch
-from loaders.cache import Lease, Prefetcher
+from loaders.cache import Lease
 from loaders.files import DatasetLocation
+from loaders.prefetch import Prefetcher
 from loaders.segment_table import SegmentTable
 from loaders.tar_shard import FieldSpec, decode_npy, field_specs, iter_tar_shard, read_tar_rows
 from schemas.manifest import Manifest, ShardInfo
