@@ -1,4 +1,4 @@
-"""The shards of one split, opened lazily per process (:class:`ShardSet`), and their openers.
+"""The shards of one split, opened lazily per process and read in batches (:class:`ShardSet`).
 
 :class:`~loaders.arrow_shard.ArrowShard` (memory-mapped Arrow IPC streams, rows by index)
 and :func:`~loaders.tar_shard.iter_tar_shard` (WebDataset tars, read sequentially) are the
