@@ -28,15 +28,20 @@ cached there, and only files inside tag directories are ever counted or deleted.
   evicting a leased or soon-needed file is skipped. Partial downloads of other processes
   count at their current size (a few concurrent downloads can overshoot briefly);
   leftovers of crashed processes are deleted after :data:`STALE_PARTIAL_S` seconds.
-- :class:`Prefetcher`: one background thread per reader that downloads the next files.
+- Prefetches come from :class:`~loaders.prefetch.Prefetcher`: one background thread per reader
+  that downloads the next files.
 
 Without ``fcntl`` (Windows) there are no locks: deleting a file that is in use fails
 there and is skipped, which keeps the same guarantee.
+
+This module is over 400 lines on purpose: leases, downloads and eviction are one protocol
+(shared and exclusive ``flock`` plus inode checks), and the argument that no process deletes a
+file in use or reads half a file holds only across all three, so they are kept together.
+(:class:`~loaders.prefetch.Prefetcher` stays importable from here.)
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
@@ -45,14 +50,14 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
+from loaders.prefetch import Prefetcher
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["DEFAULT_CACHE_BYTES", "STALE_PARTIAL_S", "Lease", "Prefetcher", "ShardCache"]
-
-log = logging.getLogger(__name__)
 
 #: Default bound of a cache directory (bytes).
 DEFAULT_CACHE_BYTES = 20 << 30
@@ -437,69 +442,3 @@ class ShardCache:
     def size(self) -> int:
         """Bytes cached now (all datasets in this cache directory, partial downloads included)."""
         return self._scan()[1]
-
-
-class Prefetcher:
-    """Downloads a reader's next files in one background thread.
-
-    ``job(item, protect)`` downloads one item; :meth:`want` replaces the list of items
-    (nearest first). Failures are logged and dropped: the reader downloads the file again
-    when it needs it and gets the error then. The thread ends after a few idle seconds
-    and starts again on the next :meth:`want`.
-    """
-
-    IDLE_EXIT_S = 5.0
-
-    def __init__(self, job: Callable[[Any, frozenset[str]], Any]):
-        self._job = job
-        self._cond = threading.Condition()
-        self._pending: list[Any] = []
-        self._last: tuple[Any, ...] = ()
-        self._protect: frozenset[str] = frozenset()
-        self._busy = False
-        self._thread: threading.Thread | None = None
-        self.errors = 0
-
-    def want(self, items: Iterable[Any], protect: Iterable[str] = (), *, retry: bool = False) -> None:
-        """Download ``items`` (in order) unless cached; forget items asked for before.
-
-        The same items asked for again are only tried again with ``retry`` (say, once room
-        was freed for a prefetch that did not fit).
-        """
-        items = tuple(items)
-        with self._cond:
-            if items == self._last and not retry:
-                return
-            self._last, self._pending, self._protect = items, list(items), frozenset(protect)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="lmshards-prefetch", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending:
-                    self._busy = False
-                    self._cond.notify_all()
-                    if not self._cond.wait(self.IDLE_EXIT_S) and not self._pending:
-                        self._thread = None
-                        return
-                item, protect = self._pending.pop(0), self._protect
-                self._busy = True
-            try:
-                self._job(item, protect)
-            except Exception as exc:  # noqa: BLE001 - the reader gets the error when it needs the file
-                self.errors += 1
-                log.debug("prefetch of %s failed: %s", item, exc)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until nothing is being downloaded or pending; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while self._pending or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True

@@ -35,7 +35,7 @@ inspection commands): :meth:`DatasetLocation.read_manifest` is the only manifest
 :meth:`DatasetLocation.open_shard` the only way to a shard file (fetched, size and sha256
 checked) and :meth:`DatasetLocation.tokenizer_file` the only way to the tokenizer (its sha256
 checked when the manifest records one). What is inside a shard is checked by the one opener
-per format in :mod:`loaders.shards`.
+per format (:mod:`loaders.arrow_shard`, :mod:`loaders.tar_shard`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ shuffled order the writer chose).
 so it checks exactly what the loader checks: the manifest and its paths
 (:meth:`loaders.files.DatasetLocation.read_manifest`), each shard's size and sha256
 (:meth:`~loaders.files.DatasetLocation.open_shard`; ``verify``: ``once``, ``always`` or
-``never``, which trusts the bytes), and what is inside it (:class:`loaders.shards.ArrowShard`:
-a valid stream, schema, row count, no nulls; :func:`loaders.shards.iter_tar_shard`: member
+``never``, which trusts the bytes), and what is inside it (:class:`loaders.arrow_shard.ArrowShard`:
+a valid stream, schema, row count, no nulls; :func:`loaders.tar_shard.iter_tar_shard`: member
 names, types, dtypes, shapes, rows). A mismatch is a
 :class:`~loaders.errors.ShardIntegrityError` naming the shard. An Arrow shard whose file
 shrinks while it is read is an error before the next record batch is touched (not a SIGBUS).
@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from loaders.arrow_shard import ArrowShard
 from loaders.cache import DEFAULT_CACHE_BYTES
 from loaders.files import VERIFY_MODES, DatasetLocation
-from loaders.shards import ArrowShard, iter_tar_shard
+from loaders.tar_shard import iter_tar_shard
 from schemas.manifest import ShardInfo
 
 __all__ = ["DatasetReader", "iter_examples", "open_dataset", "read_arrow_shard", "read_tar_shard"]
@@ -32,7 +33,7 @@ __all__ = ["DatasetReader", "iter_examples", "open_dataset", "read_arrow_shard",
 def read_arrow_shard(path: str, *, name: str | None = None, columns: dict[str, str] | None = None,
                      rows: int | None = None) -> Iterator[dict[str, Any]]:
     """Examples of one Arrow IPC stream shard in stored order, memory-mapped
-    (opened by :class:`~loaders.shards.ArrowShard`, the loader's own opener, with its checks).
+    (opened by :class:`~loaders.arrow_shard.ArrowShard`, the loader's own opener, with its checks).
 
     With ``columns`` (``{name: arrow type}``) and ``rows`` from the manifest, the schema and the
     row count are checked before the first example.
@@ -53,7 +54,7 @@ def read_arrow_shard(path: str, *, name: str | None = None, columns: dict[str, s
 def read_tar_shard(path: str, *, name: str | None = None, columns: dict[str, str] | None = None,
                    rows: int | None = None) -> Iterator[dict[str, Any]]:
     """Examples of one WebDataset tar shard (``.npy`` and ``.txt`` members only), read by
-    :func:`~loaders.shards.iter_tar_shard`, the loader's own reader, with its checks.
+    :func:`~loaders.tar_shard.iter_tar_shard`, the loader's own reader, with its checks.
 
     With ``columns`` (``{name: arrow type}``) every example's fields, dtypes and shapes are checked
     against them, and with ``rows`` the row count at the end.

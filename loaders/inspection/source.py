@@ -7,8 +7,9 @@ Storage is reached through :func:`dataset_files` alone: the loader's own file la
 and the tokenizer are read through the same doors as the loader's
 (:meth:`~loaders.files.DatasetLocation.read_manifest`,
 :meth:`~loaders.files.DatasetLocation.open_shard`,
-:meth:`~loaders.files.DatasetLocation.tokenizer_file`, and the shard openers of
-:mod:`loaders.shards`), so every check the loader makes applies here too.
+:meth:`~loaders.files.DatasetLocation.tokenizer_file`, and the shard openers
+:class:`~loaders.arrow_shard.ArrowShard` and :func:`~loaders.tar_shard.iter_tar_shard`), so every
+check the loader makes applies here too.
 
 Rows inside a shard are stored sorted by a seeded digest of their key (the writer's global
 shuffle), so the first rows of each shard are a uniform random sample of the split:

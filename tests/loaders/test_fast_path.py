@@ -21,7 +21,7 @@ from loaders import (
     StackCollator,
     make_dataloader,
 )
-from loaders.shards import SegmentTable
+from loaders.segment_table import SegmentTable
 from loaders.state import RankSchedule, samples_per_rank
 
 BLOCK = 64
