@@ -25,7 +25,8 @@ ratio to the ceiling:
   - Pack: a group's ids (and features) joined once, EOS between documents, cut into
     ``Chunk`` elements of the objective's raw length (views; no sorting, no packer, no
     plan), the remainders through the same ``GroupRemainders`` shuffle;
-  - BuildExamples over the Flatten of both chunk outputs, with the split-token side input:
+  - BuildExamples over both chunk outputs as materialize's runner tuning applies it (on
+    FnApiRunner once per output, else over their Flatten), with the split-token side input:
     chunks stacked into blocks of ``BLOCK_ROWS`` rows, each block one element per shard, in
     the layout of ``ShardPiece.encode`` (16-byte order keys, shard hashes and token counts
     per row, and the chunk's tokens once per token column of the objective); no objective;
@@ -36,8 +37,9 @@ ratio to the ceiling:
     with WriteManifest's seven side inputs that checks documents and rows add up.
 
   The runner tuning is materialize's (:class:`pipelines.runner_tuning.RunnerTuning`): in
-  process, documents, chunks and example batches cross the shuffles by reference where
-  build_pipeline hands them over; with ``multi_processing`` they travel as bytes. Beam's
+  process, documents and example batches cross the shuffles by reference where
+  build_pipeline hands them over; with ``multi_processing`` they travel as bytes and the
+  workers freeze their heaps. Beam's
   pipeline type check is off, as in materialize.
 
 - reading the corpus and writing the bare floor's shard bytes alone, without Beam, in one
@@ -251,6 +253,20 @@ def _repack(element, length: int):
     yield from _chunks(split, f"{split}-r", tokens, features, length)[0]
 
 
+class _FloorBuild(beam.PTransform):
+    """BuildExamples' shape: ``(chunks, split_tokens)`` -> ``(batches, stats)`` through :class:`_Build`."""
+
+    def __init__(self, sizing: dict, columns: tuple[str, ...]):
+        super().__init__()
+        self._fn = _Build(sizing, columns)
+
+    def expand(self, inputs):
+        chunks, split_tokens = inputs
+        built = chunks | "ApplyObjective" >> beam.ParDo(
+            self._fn, split_tokens=beam.pvalue.AsDict(split_tokens)).with_outputs("stats", main="batches")
+        return built.batches, built.stats
+
+
 class _Build(beam.DoFn):
     """Chunks -> blocks of :data:`BLOCK_ROWS` rows, one ``ShardPiece.encode()``-shaped element
     per shard a block touches; no objective."""
@@ -382,8 +398,8 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     empty_stats = empty | "ReadCorpus/EmptyFileStats" >> beam.Map(lambda _: {"rejected": 1})
     read_stats = (read.stats, empty_stats) | "ReadCorpus/AllReadStats" >> beam.Flatten()
     # Tokenize, PlanGroups, DropDuplicates, AssignGroups
-    tokenized = read.texts | "Tokenize/Encode" >> beam.FlatMap(_tokenize, features=features).with_outputs(
-        "rejected", "sources", main="documents")
+    tokenized = tuning.before_tokenize(read.texts) | "Tokenize/Encode" >> beam.FlatMap(
+        _tokenize, features=features).with_outputs("rejected", "sources", main="documents")
     documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
     groups = documents | "PlanGroups" >> PlanGroups(group_tokens)
     unique = documents | "DropDuplicates" >> DropDuplicates()
@@ -410,19 +426,13 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
         | "DocumentTokens" >> beam.Map(lambda element: (element[0][0], element[1].tokens + 1))
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
-    # BuildExamples over both chunk outputs, WriteShards
-    all_chunks = (
-        (tuning.hand_over(packed.chunks, "HandOverChunks"), tuning.hand_over(repacked.chunks, "HandOverRest"))
-        | "AllChunks" >> beam.Flatten()
-    )
-    built = all_chunks | "BuildExamples/ApplyObjective" >> beam.ParDo(
-        _Build(sizing, tuple(columns)), split_tokens=beam.pvalue.AsDict(split_tokens)).with_outputs(
-        "stats", main="batches")
-    batches = tuning.hand_over(built.batches, "HandOverExamples", values_only=True)
-    objective_stats = built.stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
+    # BuildExamples over both chunk outputs (as materialize's runner tuning applies it), WriteShards
+    batches, build_stats = tuning.build_examples((packed.chunks, repacked.chunks), split_tokens,
+                                                 lambda separate_ok: _FloorBuild(sizing, tuple(columns)))
+    objective_stats = build_stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
     markers = split_tokens | "WriteShards/ShardMarkers" >> beam.FlatMap(_shard_markers, sizing=sizing)
     shards = (
-        (batches, markers)
+        (*batches, markers)
         | "WriteShards/AllPieces" >> beam.Flatten()
         | "WriteShards/GroupByShard" >> beam.GroupByKey()
         | "WriteShards/WriteShardFiles" >> beam.ParDo(_WriteShard(output))
@@ -499,7 +509,7 @@ def compare_graphs(corpus: str, tokenizer: str, objective: str, seq_len: int, mo
     graphs = []
     for build in ("materialize", "floor"):
         pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *MODES[mode]]))
-        tuning = RunnerTuning(in_one_process=options.in_one_process)
+        tuning = RunnerTuning(in_one_process=options.in_one_process, local_workers=options.local_workers)
         if build == "materialize":
             build_pipeline(pipeline, plan_run(options), tuning=tuning)
         else:
@@ -527,7 +537,8 @@ def run_floor(spec: dict) -> dict:
     options = PipelineOptions(["--runner=FnApiRunner", *MODES[spec["mode"]]])
     options.view_as(TypeOptions).pipeline_type_check = False  # as materialize sets it
     pipeline = beam.Pipeline(options=options)
-    tuning = RunnerTuning(in_one_process=spec["mode"] == "in_process")
+    tuning = RunnerTuning(in_one_process=spec["mode"] == "in_process",
+                          local_workers=spec["mode"] == "multi_processing")
     build_floor(pipeline, files, counts, output=output, tuning=tuning, **shape)
     try:
         pipeline.run().wait_until_finish()

@@ -84,10 +84,10 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
                    tuning: RunnerTuning | None = None, lock: RunLock | None = None) -> None:
     """Add the materialize steps to ``pipeline``.
 
-    ``tuning``: what differs for the run's runner (:mod:`pipelines.runner_tuning`: documents,
-    chunks and example batches handed over by reference on the in-process runner); None: the
-    plain graph. ``lock``: the run's lock, checked by every writer before it renames a file
-    into place.
+    ``tuning``: what differs for the run's runner (:mod:`pipelines.runner_tuning`: on
+    FnApiRunner, values handed over by reference in-process, the objective applied to each chunk
+    output apart, local workers' heaps frozen); None: the plain graph of every other runner.
+    ``lock``: the run's lock, checked by every writer before it renames a file into place.
     """
     tuning = tuning or RunnerTuning(in_one_process=False)
     o = plan.options
@@ -97,7 +97,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         text_field=o.text_field, policy=o.record_policy, split_bytes=max(1, int(o.input_split_mb * 2**20)),
         source_field=o.source_field,
     )
-    tokenized = read["texts"] | "Tokenize" >> Tokenize(
+    tokenized = tuning.before_tokenize(read["texts"]) | "Tokenize" >> Tokenize(
         tokenizer_out,
         features=plan.objective.features,
         validation_fraction=o.validation_fraction,
@@ -132,17 +132,15 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)
-    bucket_chunks, repacked_chunks = chunks
-    build = BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
-                          sizing=sizing, separate=o.build_stage == "separate", block_rows=o.block_rows)
-    all_chunks = (
-        (tuning.hand_over(bucket_chunks, "HandOverChunks"), tuning.hand_over(repacked_chunks, "HandOverRest"))
-        | "AllChunks" >> beam.Flatten()
-    )
-    batches, build_stats = (all_chunks, split_tokens) | "BuildExamples" >> build
-    batches = tuning.hand_over(batches, "HandOverExamples", values_only=True)
+
+    def make_build(separate_ok: bool) -> BuildExamples:
+        return BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
+                             sizing=sizing, separate=separate_ok and o.build_stage == "separate",
+                             block_rows=o.block_rows)
+
+    batches, build_stats = tuning.build_examples(chunks, split_tokens, make_build)
     objective_stats = build_stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
-    shards = (batches, split_tokens) | "WriteShards" >> WriteShards(
+    shards = (*batches, split_tokens) | "WriteShards" >> WriteShards(
         o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
     )
     rejected = (read[ReadCorpus.REJECTED], tokenized[Tokenize.REJECTED]) | "AllRejected" >> beam.Flatten()
@@ -201,7 +199,8 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     start = time.monotonic()
     options, plan, dry_run, pipeline = _prepare(argv)
-    tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run)
+    tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
+                          local_workers=options.local_workers)
     lock = None if dry_run else RunLock.new(options.output)
     build_pipeline(pipeline, plan, argv, tuning, lock)
     if lock is not None:

@@ -89,6 +89,8 @@ class MaterializeOptions:
     document_separator: str = "eos"
     #: the runner runs every stage in this process (large values cross its shuffles by reference)
     in_one_process: bool = False
+    #: FnApiRunner with ``--direct_running_mode=multi_processing`` (local SDK worker processes)
+    local_workers: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
     param_sources: dict[str, str] = field(default_factory=dict)
 
@@ -207,6 +209,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         verbose=args.verbose,
         source_field=args.source_field,
         in_one_process=runner_setup.in_one_process,
+        local_workers=runner_setup.runner == "FnApiRunner" and runner_setup.multi_processing,
         pipeline_type_check=args.pipeline_type_check,
         param_sources=sources,
     )

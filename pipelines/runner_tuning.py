@@ -2,12 +2,13 @@
 
 :func:`pipelines.materialize.build_pipeline` asks :class:`RunnerTuning` what to do; no
 transform takes an argument for a runner, and nothing here patches a library. What is in
-this module was measured to pay at least 5 % of a whole run on the benchmark corpus, in
-every one of at least five interleaved pairs of runs with and without it, on the runner it
-is active for; everything else that was once tuned for one runner is gone. The figures are
-in ``benchmarks/README.md`` ("Runner tuning, measured (issue 22)").
+this module was measured to pay at least 5 % of a whole run on the benchmark corpus, as the
+median of at least five interleaved pairs of runs with and without it, every pair gaining, on
+the runner it is active for (``benchmarks/bench_tuning.py``; the figures are in
+``benchmarks/README.md``, "Runner tuning, measured (issue 22)"). Dataflow and every other
+runner get the plain graph: nothing here is active there.
 
-**By-reference handoff (FnApiRunner in_memory only).** That runner runs every stage in
+**By-reference handoff (FnApiRunner in-process only).** That runner runs every stage in
 this process, yet moves each element between stages as encoded bytes: the producing bundle
 encodes it, the runner decodes it to group it and encodes it again per group, the consuming
 bundle decodes it once more. For the token arrays of a corpus, its chunks and its example
@@ -21,14 +22,28 @@ it, fails with :class:`HandoffError` rather than yield wrong data. Stored values
 :meth:`RunnerTuning.release` at the end of the run: Beam may decode an element more than
 once (``--direct_runner_bundle_repeat`` replays bundles). They are the values the runner
 would otherwise hold as bytes, so this adds no copies, only keeps them until the run ends.
-Other runners run stages in other processes (multi_processing's workers, Dataflow's), where
-a token means nothing: they get the values as they are.
+
+**The objective applied to each chunk output apart (FnApiRunner, in-process and local
+workers).** Pack has two chunk outputs (the groups' chunks, and the re-packed remainders).
+FnApiRunner materializes a ``Flatten``: every chunk would be encoded into a buffer and
+decoded out of it. Applying BuildExamples to each output keeps each in the fused stage that
+made it; the two example streams meet in the writers' shuffle, which exists anyway. On a
+runner that fuses a Flatten (Dataflow), the plain graph is the same work.
+
+**Frozen heap of local SDK workers (FnApiRunner multi-processing only).** A worker process
+of ``--direct_running_mode=multi_processing`` holds Beam's modules and its machinery, hundreds
+of thousands of objects that every full garbage collection walks. A pass-through stage before
+Tokenize freezes them (:func:`gc.freeze`, CPython's public API) once, when the worker starts
+its first bundle of it; what the run makes is collected as usual. The worker lives as long as
+the job. Not on Dataflow, where it was not measured.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
+import sys
 import threading
 from typing import Any
 
@@ -36,7 +51,7 @@ import apache_beam as beam
 
 from schemas.errors import JobFailedError
 
-__all__ = ["HandoffError", "RunnerTuning", "shared"]
+__all__ = ["SDK_WORKER_MAIN", "HandoffError", "RunnerTuning", "freeze_worker_heap", "shared"]
 
 _STORE: dict[str, dict[int, Any]] = {}  # scope -> token -> value
 _LOCK = threading.Lock()
@@ -95,6 +110,28 @@ def _share_value(element: tuple, scope: str) -> tuple:
     return key, shared(value, scope)
 
 
+#: The module a Beam SDK worker process runs as ``__main__``.
+SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
+
+
+def freeze_worker_heap() -> bool:
+    """In a Beam SDK worker process, freeze its objects as they are now, once; return whether it
+    froze them. Any other process (the one that runs the job, a test's) is left alone."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(spec, "name", None) != SDK_WORKER_MAIN or gc.get_freeze_count():
+        return False
+    gc.freeze()
+    return True
+
+
+class _FreezeWorkerHeap(beam.DoFn):
+    def setup(self):
+        freeze_worker_heap()
+
+    def process(self, element):
+        yield element
+
+
 class RunnerTuning:
     """What :func:`~pipelines.materialize.build_pipeline` does for the runner of a run.
 
@@ -102,9 +139,13 @@ class RunnerTuning:
         in_one_process: the runner runs every stage in this process (FnApiRunner in_memory:
             :attr:`pipelines.options.MaterializeOptions.in_one_process`); only then are values
             handed over by reference.
+        local_workers: FnApiRunner with ``--direct_running_mode=multi_processing``: its worker
+            processes freeze their heap.
     """
 
-    def __init__(self, in_one_process: bool):
+    def __init__(self, in_one_process: bool, local_workers: bool = False):
+        self.build_apart = in_one_process or local_workers  # FnApiRunner either way
+        self.freeze_workers = local_workers
         self.scope: str | None = None
         if in_one_process:
             self.scope = f"{os.getpid()}-{next(_COUNTER)}"
@@ -117,6 +158,31 @@ class RunnerTuning:
         if self.scope is None:
             return elements
         return elements | label >> beam.Map(_share_value if values_only else shared, self.scope)
+
+    def before_tokenize(self, texts: beam.PCollection) -> beam.PCollection:
+        """The texts Tokenize reads: on local workers through the stage that freezes their heap."""
+        if not self.freeze_workers:
+            return texts
+        return texts | "FreezeWorkerHeap" >> beam.ParDo(_FreezeWorkerHeap())
+
+    def build_examples(self, chunk_outputs: tuple, split_tokens: beam.PCollection, make_build) -> tuple:
+        """Apply the objective (``make_build(separate_ok)``: a BuildExamples) to Pack's chunk
+        outputs; return ``(example batch PCollections, objective statistics)``.
+
+        FnApiRunner: one BuildExamples per output (``separate_ok`` only for the first, as the
+        groups' chunks are the many), their statistics flattened. Elsewhere: one over the
+        outputs' Flatten."""
+        if self.build_apart:
+            batches, stats = [], []
+            for index, (label, chunks) in enumerate(zip(("BuildExamples", "BuildRepackedExamples"), chunk_outputs)):
+                built, built_stats = (chunks, split_tokens) | label >> make_build(index == 0)
+                batches.append(self.hand_over(built, f"HandOver{label[5:]}", values_only=True))
+                stats.append(built_stats)
+            return tuple(batches), tuple(stats) | "AllObjectiveStats" >> beam.Flatten()
+        all_chunks = tuple(self.hand_over(c, f"HandOverChunks{i}") for i, c in enumerate(chunk_outputs)) | (
+            "AllChunks" >> beam.Flatten())
+        built, built_stats = (all_chunks, split_tokens) | "BuildExamples" >> make_build(True)
+        return (self.hand_over(built, "HandOverExamples", values_only=True),), built_stats
 
     def release(self) -> None:
         """Drop every value this run handed over (the run is over: nothing reads them again)."""

@@ -226,11 +226,12 @@ def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, 
         assert on_disk.deterministic_view() == reference.deterministic_view(), name
 
 
-def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
-                                                                            sample_glob, tokenizer_path):
-    """The in-process runner gets documents, chunks and example batches by reference (the
-    shuffles copy no bytes), writes the bytes the copying runners write, and releases them when
-    done; other runners never get a reference."""
+def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
+                                                                      sample_glob, tokenizer_path):
+    """The in-process runner gets documents and example batches by reference (the shuffles copy
+    no bytes; chunks never cross one: the objective runs where they are packed), writes the
+    bytes the copying runners write, and releases them when done; other runners never get a
+    reference."""
     from pipelines import runner_tuning
     from pipelines.options import parse_args
     from pipelines.runner_tuning import RunnerTuning
@@ -249,15 +250,15 @@ def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tm
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
-    # Every document, chunk and example batch went by reference (the runner pickles an element
-    # more than once: its grouping re-encodes, its size estimates sample).
+    # Every document and example batch went by reference (the runner pickles an element more
+    # than once: its grouping re-encodes, its size estimates sample); no chunk had to.
     documents = {value[0] for value in handed if len(value) == 3}
     chunks = {value[1] for value in handed if len(value) == 4 and isinstance(value[3], Piece)}
     batch_rows = sum(len(value[0]) // 16 for value in {id(v): v for v in handed}.values()
                      if len(value) == 4 and not isinstance(value[3], Piece))
     examples = sum(info["examples"] for info in manifest.splits.values())
     assert len(documents) == manifest.counts["documents_written"] + manifest.counts["duplicates"]
-    assert len(chunks) == examples  # one draw: an example per chunk
+    assert not chunks
     assert examples <= batch_rows
     assert not runner_tuning._STORE
     base = _base_args(sample_glob, tokenizer_path)

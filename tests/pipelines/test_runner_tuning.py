@@ -113,3 +113,70 @@ def test_values_cross_a_real_group_by_key_of_the_in_process_runner_without_a_cop
     finally:
         tuning.release()
     assert tuning.scope not in runner_tuning._STORE
+
+
+def test_only_a_beam_worker_process_freezes_its_heap(monkeypatch):
+    """A local SDK worker (a process running ``sdk_worker_main``) freezes its objects once;
+    any other process, this test's included, is left alone."""
+    import gc
+    import importlib.machinery
+    import types
+
+    from pipelines.runner_tuning import SDK_WORKER_MAIN, freeze_worker_heap
+
+    assert gc.get_freeze_count() == 0
+    assert not freeze_worker_heap()
+    assert gc.get_freeze_count() == 0
+    worker_main = types.ModuleType("__main__")
+    worker_main.__spec__ = importlib.machinery.ModuleSpec(SDK_WORKER_MAIN, None)
+    monkeypatch.setitem(sys.modules, "__main__", worker_main)
+    try:
+        assert freeze_worker_heap()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000
+        assert not freeze_worker_heap()  # frozen already: nothing more
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+def _labels(tuning: RunnerTuning) -> set[str]:
+    """The transform labels of materialize's graph on the sample corpus under ``tuning``."""
+    from lmshards_testing import SAMPLE_GLOB, TOKENIZER
+
+    from pipelines.materialize import build_pipeline
+    from pipelines.options import parse_args
+    from pipelines.plan import plan_run
+
+    plan = plan_run(parse_args(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", "/nonexistent-out",
+                                "--objective", "bart", "--seq-len", "64"]))
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
+    build_pipeline(pipeline, plan, tuning=tuning)
+    labels = set()
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            labels.add(node.full_label)
+
+        def visit_transform(self, node):
+            labels.add(node.full_label)
+
+    pipeline.visit(Visitor())
+    tuning.release()
+    return labels
+
+
+def test_the_graph_differs_by_runner_only_where_the_tuning_says():
+    """Dataflow and other runners: one BuildExamples over the chunk outputs' Flatten, nothing
+    handed over, no worker freeze. FnApiRunner: the objective on each chunk output apart; in
+    process the large values handed over; with local workers their heaps frozen."""
+    plain = _labels(RunnerTuning(in_one_process=False))
+    assert {"AllChunks", "BuildExamples"} <= plain
+    assert not {label for label in plain if label.startswith(("HandOver", "BuildRepacked", "FreezeWorkerHeap"))}
+    in_process = _labels(RunnerTuning(in_one_process=True))
+    assert {"BuildExamples", "BuildRepackedExamples", "HandOverDocuments", "HandOverExamples",
+            "HandOverRepackedExamples", "AllObjectiveStats"} <= in_process
+    assert "AllChunks" not in in_process and "FreezeWorkerHeap" not in in_process
+    workers = _labels(RunnerTuning(in_one_process=False, local_workers=True))
+    assert {"BuildExamples", "BuildRepackedExamples", "FreezeWorkerHeap"} <= workers
+    assert not {label for label in workers if label.startswith("HandOver")}
