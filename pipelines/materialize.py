@@ -85,8 +85,9 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     """Add the materialize steps to ``pipeline``.
 
     ``tuning``: what differs for the run's runner (:mod:`pipelines.runner_tuning`: on
-    FnApiRunner, values handed over by reference in-process, the objective applied to each chunk
-    output apart, local workers' heaps frozen); None: the plain graph of every other runner.
+    FnApiRunner in-process, values handed over by reference; with its local workers, the
+    objective applied to each chunk output apart and the workers' heaps frozen); None: the
+    plain graph of every other runner.
     ``lock``: the run's lock, checked by every writer before it renames a file into place.
     """
     tuning = tuning or RunnerTuning(in_one_process=False)
@@ -219,7 +220,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         if lock is not None:
             tokenizer_bytes = plan.resolved.to_json_bytes()
             write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
-        with quiet_beam(options.verbose):
+        with quiet_beam(options.verbose), tuning.running():
             result = pipeline.run()
             result.wait_until_finish()
     except BaseException as exc:

@@ -23,12 +23,20 @@ it, fails with :class:`HandoffError` rather than yield wrong data. Stored values
 once (``--direct_runner_bundle_repeat`` replays bundles). They are the values the runner
 would otherwise hold as bytes, so this adds no copies, only keeps them until the run ends.
 
-**The objective applied to each chunk output apart (FnApiRunner, in-process and local
-workers).** Pack has two chunk outputs (the groups' chunks, and the re-packed remainders).
-FnApiRunner materializes a ``Flatten``: every chunk would be encoded into a buffer and
-decoded out of it. Applying BuildExamples to each output keeps each in the fused stage that
-made it; the two example streams meet in the writers' shuffle, which exists anyway. On a
-runner that fuses a Flatten (Dataflow), the plain graph is the same work.
+**The frozen heap of the run (FnApiRunner in-process only).** That runner holds its stages'
+data in this process, so full garbage collections come during the run, and each walked every
+object of the process, Beam's modules and the pipeline graph included. :meth:`RunnerTuning.running`
+freezes the objects that exist when the pipeline starts (:func:`gc.freeze`, CPython's public
+API) and unfreezes them when it ends; what the run makes is collected as usual. A process that
+froze objects itself is left alone (a freeze has no undo of one caller's part).
+
+**The objective applied to each chunk output apart (FnApiRunner with local workers only).**
+Pack has two chunk outputs (the groups' chunks, and the re-packed remainders). FnApiRunner
+materializes a ``Flatten``: every chunk would be encoded into a buffer and decoded out of it,
+which in-process the handoff makes cheap, but not between worker processes. Applying
+BuildExamples to each output keeps each in the fused stage that made it; the two example
+streams meet in the writers' shuffle, which exists anyway. On a runner that fuses a Flatten
+(Dataflow), the plain graph is the same work.
 
 **Frozen heap of local SDK workers (FnApiRunner multi-processing only).** A worker process
 of ``--direct_running_mode=multi_processing`` holds Beam's modules and its machinery, hundreds
@@ -40,6 +48,7 @@ the job. Not on Dataflow, where it was not measured.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import os
@@ -144,8 +153,9 @@ class RunnerTuning:
     """
 
     def __init__(self, in_one_process: bool, local_workers: bool = False):
-        self.build_apart = in_one_process or local_workers  # FnApiRunner either way
+        self.build_apart = local_workers
         self.freeze_workers = local_workers
+        self.freeze_run = in_one_process
         self.scope: str | None = None
         if in_one_process:
             self.scope = f"{os.getpid()}-{next(_COUNTER)}"
@@ -169,9 +179,9 @@ class RunnerTuning:
         """Apply the objective (``make_build(separate_ok)``: a BuildExamples) to Pack's chunk
         outputs; return ``(example batch PCollections, objective statistics)``.
 
-        FnApiRunner: one BuildExamples per output (``separate_ok`` only for the first, as the
+        Local workers: one BuildExamples per output (``separate_ok`` only for the first, as the
         groups' chunks are the many), their statistics flattened. Elsewhere: one over the
-        outputs' Flatten."""
+        outputs' Flatten (in-process, the chunks handed over by reference first)."""
         if self.build_apart:
             batches, stats = [], []
             for index, (label, chunks) in enumerate(zip(("BuildExamples", "BuildRepackedExamples"), chunk_outputs)):
@@ -183,6 +193,19 @@ class RunnerTuning:
             "AllChunks" >> beam.Flatten())
         built, built_stats = (all_chunks, split_tokens) | "BuildExamples" >> make_build(True)
         return (self.hand_over(built, "HandOverExamples", values_only=True),), built_stats
+
+    @contextlib.contextmanager
+    def running(self):
+        """Around the pipeline's run: in-process, the objects that exist now stay out of the
+        garbage collector's full passes until it ends."""
+        if not self.freeze_run or gc.get_freeze_count():
+            yield
+            return
+        gc.freeze()
+        try:
+            yield
+        finally:
+            gc.unfreeze()
 
     def release(self) -> None:
         """Drop every value this run handed over (the run is over: nothing reads them again)."""

@@ -226,12 +226,11 @@ def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, 
         assert on_disk.deterministic_view() == reference.deterministic_view(), name
 
 
-def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
-                                                                      sample_glob, tokenizer_path):
-    """The in-process runner gets documents and example batches by reference (the shuffles copy
-    no bytes; chunks never cross one: the objective runs where they are packed), writes the
-    bytes the copying runners write, and releases them when done; other runners never get a
-    reference."""
+def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
+                                                                            sample_glob, tokenizer_path):
+    """The in-process runner gets documents, chunks and example batches by reference (the
+    shuffles copy no bytes), writes the bytes the copying runners write, and releases them when
+    done; other runners never get a reference."""
     from pipelines import runner_tuning
     from pipelines.options import parse_args
     from pipelines.runner_tuning import RunnerTuning
@@ -250,15 +249,15 @@ def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path,
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
-    # Every document and example batch went by reference (the runner pickles an element more
-    # than once: its grouping re-encodes, its size estimates sample); no chunk had to.
+    # Every document, chunk and example batch went by reference (the runner pickles an element
+    # more than once: its grouping re-encodes, its size estimates sample).
     documents = {value[0] for value in handed if len(value) == 3}
     chunks = {value[1] for value in handed if len(value) == 4 and isinstance(value[3], Piece)}
     batch_rows = sum(len(value[0]) // 16 for value in {id(v): v for v in handed}.values()
                      if len(value) == 4 and not isinstance(value[3], Piece))
     examples = sum(info["examples"] for info in manifest.splits.values())
     assert len(documents) == manifest.counts["documents_written"] + manifest.counts["duplicates"]
-    assert not chunks
+    assert len(chunks) == examples  # one draw: an example per chunk
     assert examples <= batch_rows
     assert not runner_tuning._STORE
     base = _base_args(sample_glob, tokenizer_path)
@@ -284,6 +283,43 @@ def test_beam_type_check_is_off_unless_asked_for_and_never_changes_bytes(tmp_pat
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path, "--pipeline-type-check"))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
+
+
+def test_the_run_keeps_older_objects_out_of_full_collections_and_undoes_that_after(tmp_path, monkeypatch,
+                                                                                  clm_dataset, sample_glob,
+                                                                                  tokenizer_path):
+    """While an in-process pipeline runs, the objects made before it are frozen (full collections
+    skip them); afterwards nothing stays frozen. A freeze somebody else made is left as it is."""
+    import gc
+
+    import transforms.write as write
+
+    reference_out, reference = clm_dataset
+    seen = []
+    atomic = write.write_atomic
+
+    def spying(root, relative, writer, lock=None):  # every shard, rejected-record file and manifest write
+        seen.append(gc.get_freeze_count())
+        return atomic(root, relative, writer, lock)
+
+    monkeypatch.setattr(write, "write_atomic", spying)
+    assert gc.get_freeze_count() == 0
+    out = tmp_path / "frozen"
+    manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
+    assert seen and min(seen) > 1000
+    assert gc.get_freeze_count() == 0
+    assert file_digests(out) == file_digests(reference_out)
+    assert manifest.deterministic_view() == reference.deterministic_view()
+    seen.clear()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        materialize(tmp_path / "frozen-before", *_base_args(sample_glob, tokenizer_path))
+        # frozen objects may die, none is added (the run's own freeze adds hundreds of thousands)
+        assert seen and max(seen) <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_batch_sizes_inside_the_pipeline_never_change_bytes(tmp_path, clm_dataset, sample_glob,
