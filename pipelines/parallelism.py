@@ -66,7 +66,7 @@ class RunnerSetup:
 def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
     """``--encoder-threads``: ``auto`` shares the cores among the worker processes of
     ``--direct_running_mode=multi_processing`` (each worker's encoder would otherwise start a
-    thread per core: measured 6-9% slower on 2 cores with 2 workers) and is 1 on Dataflow,
+    thread per core, and the workers' threads would contend for the cores) and is 1 on Dataflow,
     whose workers run one SDK process per core (unless the ``no_use_multiple_sdk_containers``
     experiment makes it one process); elsewhere None, the tokenizer's own default (every
     core; one in-process encoder). A number is taken as given."""

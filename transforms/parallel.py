@@ -143,8 +143,8 @@ def _by_split(block: list[tuple[Chunk, int]]) -> list[tuple[str, int, list[Chunk
 
 def encode_chunks(chunks: list[Chunk]) -> tuple:
     """Chunks as a few lists and one array per column:
-    pickling a task then costs about a copy of its tokens instead of 15 us per chunk (and
-    as much again to unpickle) for its small arrays. :func:`decode_chunks` inverts it."""
+    encoding a block then costs about a copy of its tokens, not a pickle of every chunk's small
+    arrays (and as much again to decode). :func:`decode_chunks` inverts it."""
     pieces = [chunk.piece for chunk in chunks]
     names = sorted(pieces[0].features) if pieces else []
     if not pieces or any(sorted(piece.features) != names for piece in pieces):

@@ -57,7 +57,7 @@ class Piece:
         cuts_array = np.asarray(cuts, dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(self.doc_lengths, dtype=np.int64)])
         # every cut and document boundary, sorted, once each (both are sorted already; np.union1d
-        # would hash them, about 1 ms per bucket)
+        # would hash them)
         points = np.concatenate([bounds, cuts_array])
         points.sort(kind="stable")
         keep = np.empty(points.shape[0], dtype=bool)
