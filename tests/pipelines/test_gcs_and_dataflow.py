@@ -80,6 +80,7 @@ def _put(url: str, data: bytes) -> None:
         handle.write(data)
 
 
+@pytest.mark.e2e
 def test_gs_overwrite_replaces_every_old_object_and_cleans_tmp(gcs):
     out = f"gs://{BUCKET}/out/overwrite"
     _gs_run(out, "--num-shards", "4")
@@ -96,6 +97,7 @@ def test_gs_overwrite_replaces_every_old_object_and_cleans_tmp(gcs):
     assert not any(p.startswith(".tmp/") for p in objects) and ".lmshards.lock" not in objects
 
 
+@pytest.mark.e2e
 def test_gs_killed_run_debris_is_replaced_by_the_bytes_of_a_clean_run(gcs):
     clean = f"gs://{BUCKET}/out/clean"
     _gs_run(clean, "--num-shards", "2")

@@ -203,6 +203,7 @@ def _write_split_corpus(texts, directory, parts):
     return os.path.join(directory, "part-*")
 
 
+@pytest.mark.e2e
 def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, sample_glob, tokenizer_path,
                                                          sample_texts):
     reference_out, reference = clm_dataset

@@ -193,6 +193,7 @@ def test_beam_s_import_warnings_stay_unseen(argv):
     assert "apitools" not in done.stderr and "WARNING" not in done.stderr
 
 
+@pytest.mark.e2e
 def test_multi_process_workers_keep_their_warnings_unless_verbose(tmp_path):
     import subprocess
     import sys

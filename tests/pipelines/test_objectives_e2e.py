@@ -487,6 +487,7 @@ def test_a_bad_parameter_fails_in_one_line_naming_it(tmp_path, tokenizer_path, a
     assert len(err.getvalue().strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_bytes_identical_across_runner_modes(tmp_path, tokenizer_path, objective):
     args = _args(objective, SUBSET, tokenizer_path, "--num-shards", "2")

@@ -74,6 +74,7 @@ def _copy(reference: Path, to: Path) -> Path:
     return to
 
 
+@pytest.mark.e2e
 def test_two_concurrent_overwrite_runs_one_wins_and_the_dataset_validates(reference, tmp_path):
     for trial, delay in enumerate((0.0, 0.3, 1.0)):
         out = _copy(reference, tmp_path / f"ds{trial}")
@@ -95,6 +96,7 @@ def test_two_concurrent_overwrite_runs_one_wins_and_the_dataset_validates(refere
         assert not (out / LOCK_NAME).exists() and not (out / ".tmp").exists()
 
 
+@pytest.mark.e2e
 def test_a_live_lock_refuses_even_with_overwrite_and_a_stale_one_is_removed(reference, tmp_path):
     out = _copy(reference, tmp_path / "ds")
     before = file_digests(out)

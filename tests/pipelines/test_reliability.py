@@ -420,6 +420,7 @@ def _check_complete(path: Path) -> None:
         json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines()]
 
 
+@pytest.mark.e2e
 def test_killed_runs_leave_nothing_half_written_and_rerun_gives_the_same_bytes(tmp_path):
     corpus = _crash_corpus(tmp_path / "corpus")
     reference = tmp_path / "reference"

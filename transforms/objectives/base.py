@@ -229,9 +229,9 @@ class Objective(ABC):
         fixed_raw_length: the raw length of every chunk, or None when :meth:`plan` varies it.
         length_parameter: the config field that sizes an example; the loader's on-the-fly
             objectives fit it to the stored chunks when it is not given (None: never).
-        copies_chunks: examples are copies of their chunks, so sending a chunk to a build
-            worker and its example back costs as much as building it (``--build-processes``
-            and ``--build-stage`` auto keep such an objective where it is packed).
+        copies_chunks: examples are copies of their chunks, so sending a chunk to another
+            worker and its example back costs as much as building it (``--build-stage auto``
+            keeps such an objective where it is packed).
         decoder_start: the special role a seq2seq decoder starts with (collators, HF config).
         exact_counters: counters of :meth:`build` that the stored examples determine exactly,
             which ``lmshards validate`` recomputes from the shards (besides ``examples``,
