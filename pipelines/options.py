@@ -62,7 +62,7 @@ class MaterializeOptions:
     max_doc_chars: int | None = None
     long_docs: str = "split"
     max_rejected_fraction: float | None = DEFAULT_MAX_REJECTED_FRACTION
-    #: most rejected records per file of ``OUT/rejected/`` (``--rejected-per-file``)
+    #: rejected records per file of ``OUT/rejected/``, about (``--rejected-per-file``: spread by digest)
     rejected_per_file: int = REJECTED_PER_SHARD
     #: rows the objective builds in one call (``--block-rows``; never changes the output)
     block_rows: int = BLOCK_ROWS

@@ -175,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="F", help="fail the job, writing no manifest, when more than F of the documents read "
                      f"are rejected (default {DEFAULT_MAX_REJECTED_FRACTION}; 1 never fails)")
     bad.add_argument("--rejected-per-file", type=_positive_int("--rejected-per-file"), default=REJECTED_PER_SHARD,
-                     metavar="N", help="most rejected records per file of OUT/rejected/ (default "
-                     f"{REJECTED_PER_SHARD:,}; records spread over ceil(rejected / N) files by a digest of each)")
+                     metavar="N", help="about N rejected records per file of OUT/rejected/ (default "
+                     f"{REJECTED_PER_SHARD:,}): they are spread over ceil(rejected / N) files by a digest of each")
     from transforms.objectives.registry import OBJECTIVES, objective_flags
 
     obj = parser.add_argument_group("objective")
