@@ -72,17 +72,22 @@ class ExampleDigests(NamedTuple):
     randoms: Randoms
 
 
-def _digests(seed: int, keys: Sequence[str]) -> np.ndarray:
+def _keyed_digests(salted, seed: int, keys: Sequence[str]) -> bytes:
+    """The digests of ``keys`` by a copy of hasher ``salted`` fed ``"<seed>:"`` first, joined."""
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    prefix = _EXAMPLE.copy()
+    prefix = salted.copy()
     prefix.update(f"{seed}:".encode())
     parts = []
     for key in keys:
         hasher = prefix.copy()
         hasher.update(key.encode("utf-8"))
         parts.append(hasher.digest())
-    return np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(len(keys), 32)
+    return b"".join(parts)
+
+
+def _digests(seed: int, keys: Sequence[str]) -> np.ndarray:
+    return np.frombuffer(_keyed_digests(_EXAMPLE, seed, keys), dtype=np.uint8).reshape(len(keys), 32)
 
 
 def example_digests(seed: int, keys: Sequence[str]) -> ExampleDigests:
@@ -121,14 +126,5 @@ def chunk_key_of(example_key: str) -> str:
 def plan_uniforms(seed: int, chunk_keys: Sequence[str]) -> np.ndarray:
     """One number in [0, 1) per chunk key: what :meth:`~transforms.objectives.base.Objective.plan`
     plans the chunk with (stream 0, counter 0 of the chunk key's own row key)."""
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    prefix = _PLAN.copy()
-    prefix.update(f"{seed}:".encode())
-    parts = []
-    for key in chunk_keys:
-        hasher = prefix.copy()
-        hasher.update(key.encode("utf-8"))
-        parts.append(hasher.digest())
-    keys = np.frombuffer(b"".join(parts), dtype="<u8").astype(np.uint64)
+    keys = np.frombuffer(_keyed_digests(_PLAN, seed, chunk_keys), dtype="<u8").astype(np.uint64)
     return Randoms(keys).uniforms(0, 1).reshape(-1)
