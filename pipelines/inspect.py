@@ -125,11 +125,22 @@ def show_width(requested: int | None, stream=None) -> int | None:
     return 100
 
 
+def _count(text: str) -> int:
+    """``-n``: a whole number of examples, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def show_main(argv: list[str] | None = None) -> int:
     """``lmshards show``."""
     parser = argparse.ArgumentParser(prog="lmshards show", description="Decoded examples, corruption made visible.")
     _dataset_argument(parser)
-    parser.add_argument("-n", type=int, default=3, help="examples to show (default 3)")
+    parser.add_argument("-n", type=_count, default=3, help="examples to show (default 3)")
     parser.add_argument("--key", action="append", help="show this example key (repeatable); reads one shard per key")
     parser.add_argument("--split", default=None, help="split to read (default: train, or the first split)")
     parser.add_argument("--ids", action="store_true", help="also show token ids")

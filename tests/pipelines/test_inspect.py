@@ -244,6 +244,11 @@ def test_show_ids(capsys, dataset, name, column):
     assert code == 0 and " ".join(str(t) for t in strip_pad(row[column])) == id_lines[0]
 
 
+def test_show_refuses_a_negative_count_as_a_usage_error(capsys, dataset):
+    code, _, err = run(capsys, "show", dataset("clm"), "-n", "-1")
+    assert code == 2 and err.strip().splitlines()[-1] == "lmshards show: error: argument -n: must be >= 0, got -1"
+
+
 def test_show_reads_only_what_it_needs(capsys, dataset, tmp_path):
     source = dataset("clm")
     shards = manifest_of(source)["splits"]["train"]["shards"]
