@@ -121,9 +121,20 @@ def _naming_the_flag(message: str, options: MaterializeOptions) -> str:
     return f"{min(named)[1] if named else f'--objective {options.objective}'}: {message}"
 
 
+#: Most tokens one example's length parameter may ask for: far beyond any model's context, and
+#: below what an Arrow list offset (int32) and the objectives' length searches take.
+MAX_EXAMPLE_TOKENS = 1 << 24
+_LENGTH_PARAMETERS = ("seq_len", "inputs_length", "targets_length")
+
+
 def plan_run(options: MaterializeOptions) -> Plan:
     """Validate the configuration and resolve the tokenizer, without writing anything."""
     check_beam_args(options.beam_args)
+    for name in _LENGTH_PARAMETERS:
+        value = options.objective_params.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_EXAMPLE_TOKENS:
+            raise ValueError(_naming_the_flag(f"{name} {value} is more than {MAX_EXAMPLE_TOKENS:,} tokens per "
+                                              "example", options))
     try:
         objective = make_objective(options.objective, options.objective_params)
     except ValueError as exc:

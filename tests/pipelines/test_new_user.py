@@ -76,6 +76,18 @@ def test_a_packing_mode_the_objective_cannot_take_fails_before_any_work(tmp_path
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--seq-len", "100000000000"], "--seq-len 100000000000: seq_len 100000000000"),
+    (["--objective", "span_corruption", "--inputs-length", "100000000000"],
+     "--inputs-length 100000000000: inputs_length 100000000000"),
+])
+def test_an_example_length_beyond_any_model_fails_before_any_work(tmp_path, capsys, flags, message):
+    """Such a length once overflowed Arrow's int32 offsets (a traceback) or hung span
+    corruption's length search; it is a one-line configuration error."""
+    code, err = _error(capsys, ["--input", FAQ, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"), *flags])
+    assert code == 2 and err == [f"lmshards materialize: error: {message} is more than 16,777,216 tokens per example"]
+
+
 def test_stray_arguments_of_an_unquoted_glob_are_refused(tmp_path, capsys):
     files = sorted(str(p) for p in (ROOT / "data" / "sample").glob("*.jsonl"))
     code, err = _error(capsys, ["--input", *files, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o")])
