@@ -59,3 +59,26 @@ def run_with_blocked_imports(code: str, blocked: str, *args: str) -> subprocess.
     (comma-separated) cannot be imported; ``sys.argv[2:]`` holds ``args``."""
     return subprocess.run([sys.executable, "-c", _BLOCKER + code, blocked, *args], capture_output=True, text=True,
                           cwd=ROOT)
+
+
+def write_file(path: pathlib.Path, data: bytes) -> str:
+    """Write ``data`` to ``path``; its path as a string."""
+    path.write_bytes(data)
+    return str(path)
+
+
+def read_file_records(path: str, **kwargs) -> list:
+    """Everything ``transforms.read.iter_file_records`` yields for ``path``."""
+    from transforms.read import iter_file_records
+
+    return list(iter_file_records(path, **kwargs))
+
+
+def record_texts(items: list) -> list:
+    """``(position, text)`` of the records among ``items``."""
+    return [(r[1], r[2]) for r in items if isinstance(r, tuple)]
+
+
+def rejection_reasons(items: list) -> list:
+    """``(position, reason)`` of the rejected entries among ``items``."""
+    return [(r["position"], r["reason"]) for r in items if isinstance(r, dict)]

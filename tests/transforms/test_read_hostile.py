@@ -18,6 +18,10 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lmshards_testing import read_file_records as _read
+from lmshards_testing import record_texts as _texts
+from lmshards_testing import rejection_reasons as _reasons
+from lmshards_testing import write_file as _write
 
 from transforms.read import EXCERPT_CHARS, _ReadFile, iter_file_records
 from transforms.record_policy import RecordPolicy, replace_surrogates, split_text
@@ -35,23 +39,6 @@ REASONS = {
     "empty_file",
     "unverified_archive",
 }
-
-
-def _write(path: Path, data: bytes) -> str:
-    path.write_bytes(data)
-    return str(path)
-
-
-def _read(path: str, **kwargs) -> list:
-    return list(iter_file_records(path, **kwargs))
-
-
-def _texts(items: list) -> list:
-    return [(r[1], r[2]) for r in items if isinstance(r, tuple)]
-
-
-def _reasons(items: list) -> list:
-    return [(r["position"], r["reason"]) for r in items if isinstance(r, dict)]
 
 
 # --- invalid UTF-8 --------------------------------------------------------------------------

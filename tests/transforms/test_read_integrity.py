@@ -24,30 +24,16 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lmshards_testing import ROOT
+from lmshards_testing import read_file_records as _read
+from lmshards_testing import record_texts as _texts
+from lmshards_testing import rejection_reasons as _reasons
+from lmshards_testing import write_file as _write
 
 from transforms.archives import ZstdFrames, verify_archive
 from transforms.inputs import InputChangedError, InputFile, list_inputs
 from transforms.line_reader import RecordBuffer, cut_point, iter_lines
-from transforms.read import UNVERIFIED_PREFIX, _ReadFile, file_format, iter_file_records
+from transforms.read import UNVERIFIED_PREFIX, _ReadFile, file_format
 from transforms.record_policy import RecordPolicy
-
-
-def _write(path: Path, data: bytes) -> str:
-    path.write_bytes(data)
-    return str(path)
-
-
-def _read(path: str, **kwargs) -> list:
-    return list(iter_file_records(path, **kwargs))
-
-
-def _texts(items: list) -> list:
-    return [(r[1], r[2]) for r in items if isinstance(r, tuple)]
-
-
-def _reasons(items: list) -> list:
-    return [(r["position"], r["reason"]) for r in items if isinstance(r, dict)]
-
 
 # --- line ends and bounded lines -------------------------------------------------------------
 
