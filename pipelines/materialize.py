@@ -201,7 +201,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     start = time.monotonic()
     options, plan, dry_run, pipeline = _prepare(argv)
     tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
-                          local_workers=options.local_workers)
+                          local_workers=options.local_workers, output=None if dry_run else options.output)
     lock = None if dry_run else RunLock.new(options.output)
     build_pipeline(pipeline, plan, argv, tuning, lock)
     if lock is not None:

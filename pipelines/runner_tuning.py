@@ -38,6 +38,14 @@ BuildExamples to each output keeps each in the fused stage that made it; the two
 streams meet in the writers' shuffle, which exists anyway. On a runner that fuses a Flatten
 (Dataflow), the plain graph is the same work.
 
+**Example batches through files (FnApiRunner with local workers only).** Beam's FnApiRunner
+can drop parts of a large stage input it sends to an SDK worker process (a race in its timed
+data-stream flush, :mod:`pipelines.file_handoff`); the writers' Flatten of example batches is
+such an input. With local workers every batch is written once to a file of the run by the
+worker that built it, and only its place crosses the runner (:meth:`RunnerTuning.build_examples`).
+Applying the objective to each chunk output apart (above) also keeps the chunks, which are as
+large, out of a Flatten.
+
 **Frozen heap of local SDK workers (FnApiRunner multi-processing only).** A worker process
 of ``--direct_running_mode=multi_processing`` holds Beam's modules and its machinery, hundreds
 of thousands of objects that every full garbage collection walks. A pass-through stage before
@@ -58,6 +66,7 @@ from typing import Any
 
 import apache_beam as beam
 
+from pipelines.file_handoff import FileHandoff, spill_value
 from schemas.errors import JobFailedError
 
 __all__ = ["SDK_WORKER_MAIN", "HandoffError", "RunnerTuning", "freeze_worker_heap", "shared"]
@@ -149,13 +158,15 @@ class RunnerTuning:
             :attr:`pipelines.options.MaterializeOptions.in_one_process`); only then are values
             handed over by reference.
         local_workers: FnApiRunner with ``--direct_running_mode=multi_processing``: its worker
-            processes freeze their heap.
+            processes freeze their heap, and example batches pass between them through files.
+        output: the run's output directory (a local one holds the handoff files under ``.tmp/``).
     """
 
-    def __init__(self, in_one_process: bool, local_workers: bool = False):
+    def __init__(self, in_one_process: bool, local_workers: bool = False, output: str | None = None):
         self.build_apart = local_workers
         self.freeze_workers = local_workers
         self.freeze_run = in_one_process
+        self.files = FileHandoff(output) if local_workers else None
         self.scope: str | None = None
         if in_one_process:
             self.scope = f"{os.getpid()}-{next(_COUNTER)}"
@@ -180,13 +191,14 @@ class RunnerTuning:
         outputs; return ``(example batch PCollections, objective statistics)``.
 
         Local workers: one BuildExamples per output (``separate_ok`` only for the first, as the
-        groups' chunks are the many), their statistics flattened. Elsewhere: one over the
+        groups' chunks are the many), each batch handed over through a file, their statistics
+        flattened. Elsewhere: one over the
         outputs' Flatten (in-process, the chunks handed over by reference first)."""
         if self.build_apart:
             batches, stats = [], []
             for index, (label, chunks) in enumerate(zip(("BuildExamples", "BuildRepackedExamples"), chunk_outputs)):
                 built, built_stats = (chunks, split_tokens) | label >> make_build(index == 0)
-                batches.append(self.hand_over(built, f"HandOver{label[5:]}", values_only=True))
+                batches.append(built | f"HandOver{label[5:]}" >> beam.Map(spill_value, self.files.directory))
                 stats.append(built_stats)
             return tuple(batches), tuple(stats) | "AllObjectiveStats" >> beam.Flatten()
         all_chunks = tuple(self.hand_over(c, f"HandOverChunks{i}") for i, c in enumerate(chunk_outputs)) | (
@@ -209,6 +221,8 @@ class RunnerTuning:
 
     def release(self) -> None:
         """Drop every value this run handed over (the run is over: nothing reads them again)."""
+        if self.files is not None:
+            self.files.release()
         if self.scope is not None:
             with _LOCK:
                 _STORE.pop(self.scope, None)
