@@ -120,8 +120,8 @@ def _modules_root() -> str:
     """The directory that holds the lmshards packages as imported here (a checkout or site-packages)."""
     roots = {os.path.dirname(os.path.dirname(os.path.abspath(importlib.import_module(p).__file__))) for p in PACKAGES}
     if len(roots) != 1:
-        raise StagingError(f"lmshards: its packages are imported from different directories ({', '.join(sorted(roots))}),"
-                           f" so no one wheel holds what runs here; {_SHIP_IT_YOURSELF}")
+        raise StagingError(f"lmshards: its packages are imported from different directories "
+                           f"({', '.join(sorted(roots))}), so no one wheel holds what runs here; {_SHIP_IT_YOURSELF}")
     return roots.pop()
 
 
@@ -147,11 +147,13 @@ def project_metadata(work_dir: str) -> importlib.metadata.Distribution:
     else:
         found = [d for d in importlib.metadata.distributions(path=[root]) if _canonical(d.name or "") == "lmshards"]
         if not found:
-            raise StagingError(f"lmshards: no lmshards distribution metadata (.dist-info) beside its modules in {root}, "
-                               f"so it cannot build the wheel it stages for the Dataflow workers; {_SHIP_IT_YOURSELF}")
+            raise StagingError(f"lmshards: no lmshards distribution metadata (.dist-info) beside its modules in "
+                               f"{root}, so it cannot build the wheel it stages for the Dataflow workers; "
+                               f"{_SHIP_IT_YOURSELF}")
         distribution = found[0]
     if _canonical(distribution.name or "") != "lmshards":
-        raise StagingError(f"lmshards: the project in {root} is {distribution.name!r}, not lmshards; {_SHIP_IT_YOURSELF}")
+        raise StagingError(f"lmshards: the project in {root} is {distribution.name!r}, not lmshards; "
+                           f"{_SHIP_IT_YOURSELF}")
     return distribution
 
 
@@ -162,6 +164,7 @@ def pinned_requirements(distribution: importlib.metadata.Distribution | None = N
     Requirements of extras, and those whose environment marker is false here, are left out; a
     requirement not installed here keeps its declared range (the job was not planned with it).
     """
+    _import_build()  # packaging comes with build
     from packaging.requirements import Requirement
 
     if distribution is None:

@@ -16,7 +16,7 @@ import sys
 import zipfile
 
 import pytest
-from lmshards_testing import ROOT
+from lmshards_testing import ROOT, run_with_blocked_imports
 
 from pipelines.dataflow import PACKAGES, build_wheel, pinned_requirements, ships_itself
 
@@ -141,6 +141,17 @@ def test_the_pins_are_the_metadata_core_requirements_at_the_installed_versions(t
         f"tokenizers=={version('tokenizers')}", f"PyYAML=={version('pyyaml')}",
         "lmshards-no-such-package>=1.2",  # not installed here: the job was not planned with it
         f'numpy=={version("numpy")}; python_version >= "3.10"']
+
+
+def test_without_build_staging_is_a_one_line_configuration_error():
+    done = run_with_blocked_imports(
+        "from pipelines.dataflow import StagingError, stage_installed_package\n"
+        "try:\n    stage_installed_package(['--runner', 'DataflowRunner'])\n"
+        "except StagingError as exc:\n    print('REFUSED', exc.exit_code, str(exc))\n", "build")
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip()
+    assert line.startswith("REFUSED 2 lmshards: building the wheel it stages for the Dataflow workers needs the "
+                           "'build' package") and "--setup_file" in line and "\n" not in line
 
 
 def test_a_user_who_ships_the_code_is_left_alone(tmp_path):
