@@ -25,7 +25,8 @@ setup(
     extras_require={
         "torch": ["torch>=2.1"],
         "webdataset": ["webdataset>=0.2.86"],
-        "gcp": ["apache-beam[gcp]>=2.60,<3", "build"],
+        # build and setuptools build the wheel lmshards stages for Dataflow workers (pipelines/dataflow.py).
+        "gcp": ["apache-beam[gcp]>=2.60,<3", "build", "setuptools>=61"],
         # Remote datasets for the loader: fsspec URLs, gs:// through gcsfs (s3:// needs s3fs).
         "remote": ["fsspec>=2023.1", "gcsfs>=2023.1"],
         "dev": [
@@ -39,6 +40,7 @@ setup(
             "gcsfs>=2023.1",
             "apache-beam[gcp]>=2.60,<3",
             "build",
+            "setuptools>=61",
             # Training-stack interop tests (tiny models from configs; the versions tested).
             "transformers>=5.0,<6",
             "accelerate>=1.1,<2",

@@ -5,39 +5,55 @@ Beam's own ways to ship code (``--setup_file ./setup.py``, ``--extra_package``,
 ``--requirements_file``, a custom ``--sdk_container_image``) all need the user to point at
 something; after ``pip install 'lmshards[gcp]'`` there is no setup.py to point at. So when
 the runner is Dataflow and the user passed none of those flags, :func:`stage_installed_package`
-builds a wheel of the lmshards this process runs (the modules as imported here: an installed
-wheel, or an editable checkout with its edits) and adds it as ``--extra_package``. Beam's
-container installs an extra package with ``pip install --force-reinstall --no-deps`` and then
-resolves its dependencies, which the wheel pins to the versions installed here (Beam, pyarrow,
-tokenizers, numpy, zstandard, PyYAML): the workers encode, pack and noise with the same
-libraries as a local run, so they write the same bytes. The wheel's version carries a digest of
-the modules (``0.1.0+src1a2b3c4d5e6f``), so a worker log names exactly what it runs.
+builds a wheel of the lmshards this process runs and adds it as ``--extra_package``.
+
+The wheel is built by the standard tools: the modules as imported here (an installed wheel, or
+an editable checkout with its edits) are laid out in a temporary source tree whose
+``pyproject.toml`` is generated from the project's own metadata, and ``build`` runs the
+setuptools backend on it (PEP 517; offline with the setuptools installed here, in an isolated
+environment where it is missing). That metadata is the checkout's, from its build backend (so
+``setup.py`` as it is now), or, for an installed wheel, the ``.dist-info`` beside the modules.
+There is no second list of dependencies: every core requirement (``install_requires``, no
+extra) is pinned to the version installed here (a requirement not installed here keeps its
+declared range). Beam's container installs an extra package with ``pip install
+--force-reinstall --no-deps`` and then resolves its dependencies from those pins, so the
+workers plan nothing differently from the launcher: the encoder the job was planned with
+(fastokens, when its probe passed here) is there, and they encode, pack and noise with the
+same libraries as a local run, so they write the same bytes. The wheel's version carries a
+digest of the modules and the pins (``0.1.0+src1a2b3c4d5e6f``), so a worker log names exactly
+what it runs.
 """
 
 from __future__ import annotations
 
 import atexit
-import base64
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
+import pathlib
 import re
 import shutil
 import tempfile
-import zipfile
 
-__all__ = ["PACKAGES", "STAGING_FLAGS", "build_wheel", "pinned_requirements", "ships_itself",
-           "stage_installed_package"]
+from schemas.errors import ConfigError
+
+__all__ = ["PACKAGES", "STAGING_FLAGS", "StagingError", "build_wheel", "pinned_requirements", "project_metadata",
+           "ships_itself", "stage_installed_package"]
 
 #: The top-level packages of lmshards (setup.py's ``packages``).
 PACKAGES = ("pipelines", "transforms", "schemas", "loaders")
 #: Flags with which the user ships code to the workers in a way of their own.
 STAGING_FLAGS = ("--setup_file", "--extra_package", "--extra_packages", "--requirements_file",
                  "--sdk_container_image", "--worker_harness_container_image")
-#: What every install needs (setup.py's ``install_requires``), pinned to the installed versions.
-CORE_REQUIREMENTS = ("apache-beam", "pyarrow", "tokenizers", "numpy", "zstandard", "pyyaml")
-_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+#: What a user who cannot (or will not) let lmshards build its wheel can do instead.
+_SHIP_IT_YOURSELF = "or ship lmshards yourself with --setup_file, --extra_package or --sdk_container_image"
+
+
+class StagingError(ConfigError):
+    """lmshards cannot build the wheel it would stage for the Dataflow workers (exit 2, before any work)."""
 
 
 def _runner(beam_args: list[str]) -> str:
@@ -57,14 +73,114 @@ def ships_itself(beam_args: list[str]) -> bool:
     return not any(arg == flag or arg.startswith(flag + "=") for arg in beam_args for flag in STAGING_FLAGS)
 
 
-def pinned_requirements() -> list[str]:
-    """``name==version`` of every core requirement, as installed here."""
+def _import_build():
+    try:
+        import build
+        import pyproject_hooks
+    except ImportError:
+        raise StagingError("lmshards: building the wheel it stages for the Dataflow workers needs the 'build' "
+                           f"package (pip install 'lmshards[gcp]'), {_SHIP_IT_YOURSELF}") from None
+    return build, pyproject_hooks
+
+
+@contextlib.contextmanager
+def _backend(source_dir: str):
+    """A ``build.ProjectBuilder`` of ``source_dir`` whose build requirements are met: those
+    installed here when they suffice (offline), else a temporary isolated environment (as
+    ``python -m build`` makes one)."""
+    build, hooks = _import_build()
+    from build.env import DefaultIsolatedEnv
+
+    try:
+        builder = build.ProjectBuilder(source_dir, runner=hooks.quiet_subprocess_runner)
+        if not builder.check_dependencies("wheel"):
+            yield builder
+            return
+        with DefaultIsolatedEnv() as env:
+            builder = build.ProjectBuilder.from_isolated_env(env, source_dir, runner=hooks.quiet_subprocess_runner)
+            env.install(builder.build_system_requires)
+            env.install(builder.get_requires_for_build("wheel"))
+            yield builder
+    except (build.BuildException, build.BuildBackendException, OSError) as exc:
+        raise StagingError(f"lmshards: could not build the wheel it stages for the Dataflow workers from "
+                           f"{source_dir} ({_last_line(exc)}), {_SHIP_IT_YOURSELF}") from None
+
+
+def _last_line(exc: BaseException) -> str:
+    """The last line a failed build step printed, else the exception's own line."""
+    inner = getattr(exc, "exception", None)
+    output = getattr(inner, "output", None) or getattr(inner, "stderr", None)
+    if isinstance(output, bytes):
+        output = output.decode("utf-8", "replace")
+    lines = [line.strip() for line in (output or str(exc)).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _modules_root() -> str:
+    """The directory that holds the lmshards packages as imported here (a checkout or site-packages)."""
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(importlib.import_module(p).__file__))) for p in PACKAGES}
+    if len(roots) != 1:
+        raise StagingError(f"lmshards: its packages are imported from different directories "
+                           f"({', '.join(sorted(roots))}), so no one wheel holds what runs here; {_SHIP_IT_YOURSELF}")
+    return roots.pop()
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def project_metadata(work_dir: str) -> importlib.metadata.Distribution:
+    """The metadata of the lmshards whose modules run here.
+
+    In a checkout (a ``setup.py`` or ``pyproject.toml`` beside the packages) its build backend
+    writes it into ``work_dir`` (PEP 517 ``prepare_metadata_for_build_wheel``: ``setup.py`` as
+    it is now, not as it was when the checkout was installed); otherwise it is the installed
+    ``lmshards`` distribution beside the modules.
+
+    Raises:
+        StagingError: no such metadata, or the project there is not lmshards.
+    """
+    root = _modules_root()
+    if any(os.path.isfile(os.path.join(root, name)) for name in ("setup.py", "pyproject.toml")):
+        with _backend(root) as builder:
+            distribution = importlib.metadata.PathDistribution(pathlib.Path(builder.metadata_path(work_dir)))
+    else:
+        found = [d for d in importlib.metadata.distributions(path=[root]) if _canonical(d.name or "") == "lmshards"]
+        if not found:
+            raise StagingError(f"lmshards: no lmshards distribution metadata (.dist-info) beside its modules in "
+                               f"{root}, so it cannot build the wheel it stages for the Dataflow workers; "
+                               f"{_SHIP_IT_YOURSELF}")
+        distribution = found[0]
+    if _canonical(distribution.name or "") != "lmshards":
+        raise StagingError(f"lmshards: the project in {root} is {distribution.name!r}, not lmshards; "
+                           f"{_SHIP_IT_YOURSELF}")
+    return distribution
+
+
+def pinned_requirements(distribution: importlib.metadata.Distribution | None = None) -> list[str]:
+    """The core requirements of ``distribution`` (default: :func:`project_metadata`), each pinned
+    ``name==version`` to the version installed here, in the metadata's order.
+
+    Requirements of extras, and those whose environment marker is false here, are left out; a
+    requirement not installed here keeps its declared range (the job was not planned with it).
+    """
+    _import_build()  # packaging comes with build
+    from packaging.requirements import Requirement
+
+    if distribution is None:
+        with tempfile.TemporaryDirectory(prefix="lmshards-metadata-") as work:
+            return pinned_requirements(project_metadata(work))
     pins = []
-    for name in CORE_REQUIREMENTS:
+    for line in distribution.requires or []:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+        marker = f"; {requirement.marker}" if requirement.marker is not None else ""
         try:
-            pins.append(f"{name}=={importlib.metadata.version(name)}")
+            pins.append(f"{requirement.name}{extras}=={importlib.metadata.version(requirement.name)}{marker}")
         except importlib.metadata.PackageNotFoundError:
-            pins.append(name)
+            pins.append(f"{requirement.name}{extras}{requirement.specifier}{marker}")
     return pins
 
 
@@ -82,54 +198,69 @@ def _package_files() -> list[tuple[str, str]]:
     return sorted(files)
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+def _pyproject(distribution: importlib.metadata.Distribution, version: str, requirements: list[str],
+               packages: list[str]) -> str:
+    """The ``pyproject.toml`` of the staged wheel: ``distribution``'s metadata with ``version`` and
+    ``requirements``. (JSON strings and arrays of strings are TOML too.)"""
+    metadata = distribution.metadata
+    lines = ["[build-system]", 'requires = ["setuptools>=61"]', 'build-backend = "setuptools.build_meta"', "",
+             "[project]", f"name = {json.dumps(metadata['Name'])}", f"version = {json.dumps(version)}"]
+    if metadata["Summary"]:
+        lines.append(f"description = {json.dumps(metadata['Summary'])}")
+    if metadata["Requires-Python"]:
+        lines.append(f"requires-python = {json.dumps(metadata['Requires-Python'])}")
+    lines.append(f"dependencies = {json.dumps(requirements)}")
+    groups: dict[str, list[str]] = {}
+    for entry in sorted(distribution.entry_points, key=lambda e: (e.group, e.name)):
+        groups.setdefault(entry.group, []).append(f"{json.dumps(entry.name)} = {json.dumps(entry.value)}")
+    for group, entries in groups.items():
+        table = "[project.scripts]" if group == "console_scripts" else f"[project.entry-points.{json.dumps(group)}]"
+        lines += ["", table, *entries]
+    lines += ["", "[tool.setuptools]", f"packages = {json.dumps(packages)}", "include-package-data = false"]
+    return "\n".join(lines) + "\n"
 
 
 def build_wheel(directory: str) -> str:
-    """Write a wheel of the lmshards modules imported here into ``directory``; return its path.
+    """Build a wheel of the lmshards modules imported here into ``directory``; return its path.
 
-    Pure Python, ``py3-none-any``; its metadata pins :func:`pinned_requirements`, and its
-    version is the installed version plus a local label with a digest of the modules.
+    Pure Python (``py3-none-any``), built by the setuptools backend from a temporary source
+    tree of those modules and the project's metadata (:func:`project_metadata`); it requires
+    :func:`pinned_requirements`, and its version is the project's version with a local label,
+    a digest of the modules and the pins.
+
+    Raises:
+        StagingError: the wheel cannot be built here (no ``build`` package, a failed build).
     """
-    try:
-        base_version = importlib.metadata.version("lmshards")
-    except importlib.metadata.PackageNotFoundError:
-        from pipelines import __version__ as base_version
-    base_version = base_version.split("+", 1)[0]
-    files = [(inside, open(path, "rb").read()) for inside, path in _package_files()]
-    digest = hashlib.sha256()
-    for inside, data in files:
-        digest.update(inside.encode() + b"\0" + hashlib.sha256(data).digest())
-    version = f"{base_version}+src{digest.hexdigest()[:12]}"
-    dist_info = f"lmshards-{version}.dist-info"
-    metadata = "".join([
-        "Metadata-Version: 2.1\n", "Name: lmshards\n", f"Version: {version}\n",
-        "Summary: Turn raw text corpora into sharded pretraining examples with Apache Beam\n",
-        "Requires-Python: >=3.10\n", *(f"Requires-Dist: {pin}\n" for pin in pinned_requirements()),
-    ])
-    files += [
-        (f"{dist_info}/METADATA", metadata.encode()),
-        (f"{dist_info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: lmshards\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
-        (f"{dist_info}/entry_points.txt", b"[console_scripts]\nlmshards = pipelines.cli:main\n"),
-        (f"{dist_info}/top_level.txt", "".join(f"{p}\n" for p in PACKAGES).encode()),
-    ]
-    record = "".join(f"{inside},{_record_hash(data)},{len(data)}\n" for inside, data in files)
-    record += f"{dist_info}/RECORD,,\n"
-    files.append((f"{dist_info}/RECORD", record.encode()))
-    path = os.path.join(directory, f"lmshards-{re.sub('[^A-Za-z0-9.+]', '_', version)}-py3-none-any.whl")
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
-        for inside, data in files:
-            info = zipfile.ZipInfo(inside, date_time=_ZIP_TIME)
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            wheel.writestr(info, data)
-    return path
+    with tempfile.TemporaryDirectory(prefix="lmshards-build-") as work:
+        distribution = project_metadata(os.path.join(work, "metadata"))
+        requirements = pinned_requirements(distribution)
+        files = _package_files()
+        digest = hashlib.sha256()
+        for inside, path in files:
+            with open(path, "rb") as handle:
+                digest.update(inside.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
+        for requirement in requirements:
+            digest.update(b"requires\0" + requirement.encode())
+        version = f"{distribution.version.split('+', 1)[0]}+src{digest.hexdigest()[:12]}"
+        source = os.path.join(work, "source")
+        for inside, path in files:
+            os.makedirs(os.path.dirname(os.path.join(source, inside)), exist_ok=True)
+            shutil.copyfile(path, os.path.join(source, inside))
+        packages = sorted({os.path.dirname(inside).replace("/", ".") for inside, _ in files})
+        with open(os.path.join(source, "pyproject.toml"), "w", encoding="utf-8") as handle:
+            handle.write(_pyproject(distribution, version, requirements, packages))
+        os.makedirs(directory, exist_ok=True)
+        with _backend(source) as builder:
+            return builder.build("wheel", directory)
 
 
 def stage_installed_package(beam_args: list[str]) -> list[str]:
     """``beam_args``, plus ``--extra_package`` with a wheel of this lmshards when the job must
-    ship itself (:func:`ships_itself`); the wheel lives in a temporary directory removed at exit."""
+    ship itself (:func:`ships_itself`); the wheel lives in a temporary directory removed at exit.
+
+    Raises:
+        StagingError: the wheel cannot be built here.
+    """
     if not ships_itself(beam_args):
         return list(beam_args)
     directory = tempfile.mkdtemp(prefix="lmshards-wheel-")

@@ -7,6 +7,7 @@ without submitting it; no Google Cloud access is needed (``--no_auth``, local in
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -15,9 +16,9 @@ import sys
 import zipfile
 
 import pytest
-from lmshards_testing import ROOT
+from lmshards_testing import ROOT, run_with_blocked_imports
 
-from pipelines.dataflow import build_wheel, pinned_requirements, ships_itself
+from pipelines.dataflow import PACKAGES, build_wheel, pinned_requirements, ships_itself
 
 FAQ = str(ROOT / "data" / "sample" / "faq.jsonl")
 TOKENIZER = str(ROOT / "data" / "tokenizer.json")
@@ -62,10 +63,28 @@ def _job_args(out, *extra):
             *DATAFLOW, *extra]
 
 
+def _release_wheel(directory) -> str:
+    """A wheel of this checkout as ``python -m build --wheel`` makes a release (setup.py's ranges,
+    version 0.1.0), built from a copy so the checkout gains no build debris; its path."""
+    import shutil
+
+    import build
+    import pyproject_hooks
+
+    source = os.path.join(directory, "source")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        os.makedirs(source, exist_ok=True)
+        shutil.copyfile(ROOT / name, os.path.join(source, name))
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, os.path.join(source, package), ignore=shutil.ignore_patterns("__pycache__"))
+    builder = build.ProjectBuilder(source, runner=pyproject_hooks.quiet_subprocess_runner)
+    return builder.build("wheel", os.path.join(directory, "dist"))
+
+
 def _installed_from_a_wheel(root) -> str:
-    """A virtual environment where lmshards is installed from its wheel (as ``pip install`` does
-    for a pure-Python wheel: unpacked into site-packages), with this one's libraries beside it;
-    its python."""
+    """A virtual environment where lmshards is installed from its release wheel (as ``pip install``
+    does for a pure-Python wheel: unpacked into site-packages, no checkout), with this one's
+    libraries beside it; its python."""
     import sysconfig
     import venv
 
@@ -73,7 +92,7 @@ def _installed_from_a_wheel(root) -> str:
     python = os.path.join(root, "bin", "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    with zipfile.ZipFile(build_wheel(str(root))) as wheel:
+    with zipfile.ZipFile(_release_wheel(os.path.join(root, "release"))) as wheel:
         wheel.extractall(site)
     # this environment's libraries, as a plain path entry: its editable lmshards finder stays out
     with open(os.path.join(site, "libraries.pth"), "w") as handle:
@@ -87,7 +106,8 @@ def test_a_dry_run_outside_the_repository_stages_the_installed_lmshards(tmp_path
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     assert not str(outside).startswith(str(ROOT))
-    where = subprocess.run([python, "-c", "import pipelines; print(pipelines.__file__)"], cwd=outside,
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([python, "-c", "import pipelines; print(pipelines.__file__)"], cwd=outside, env=env,
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(tmp_path / "venv"))  # not the checkout
     result = _dry_run(outside, *_job_args(tmp_path / "out"), python=python)
@@ -102,8 +122,36 @@ def test_a_dry_run_outside_the_repository_stages_the_installed_lmshards(tmp_path
         assert module in files
     requires = [line.split(": ", 1)[1] for line in result["metadata"].splitlines() if line.startswith("Requires-Dist")]
     assert requires == pinned_requirements()
-    assert all("==" in pin for pin in requires) and any(pin.startswith("tokenizers==") for pin in requires)
+    # every core requirement of setup.py, pinned to the version installed here; no extra's
+    assert requires == [f"{name}=={importlib.metadata.version(name)}" for name in (
+        "apache-beam", "pyarrow", "tokenizers", "fastokens", "numpy", "zstandard", "pyyaml", "tqdm")]
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_the_pins_are_the_metadata_core_requirements_at_the_installed_versions(tmp_path):
+    info = tmp_path / "lmshards-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: lmshards\nVersion: 0.1.0\nRequires-Dist: tokenizers>=0.20\n"
+        "Requires-Dist: PyYAML>=6\nRequires-Dist: lmshards-no-such-package>=1.2\n"
+        'Requires-Dist: numpy>=1.24; python_version >= "3.10"\nRequires-Dist: torch>=2.1; extra == "torch"\n'
+        'Requires-Dist: pywin32>=300; sys_platform == "win32"\n')
+    version = importlib.metadata.version
+    assert pinned_requirements(importlib.metadata.PathDistribution(info)) == [
+        f"tokenizers=={version('tokenizers')}", f"PyYAML=={version('pyyaml')}",
+        "lmshards-no-such-package>=1.2",  # not installed here: the job was not planned with it
+        f'numpy=={version("numpy")}; python_version >= "3.10"']
+
+
+def test_without_build_staging_is_a_one_line_configuration_error():
+    done = run_with_blocked_imports(
+        "from pipelines.dataflow import StagingError, stage_installed_package\n"
+        "try:\n    stage_installed_package(['--runner', 'DataflowRunner'])\n"
+        "except StagingError as exc:\n    print('REFUSED', exc.exit_code, str(exc))\n", "build")
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip()
+    assert line.startswith("REFUSED 2 lmshards: building the wheel it stages for the Dataflow workers needs the "
+                           "'build' package") and "--setup_file" in line and "\n" not in line
 
 
 def test_a_user_who_ships_the_code_is_left_alone(tmp_path):
