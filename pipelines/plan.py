@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import importlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
+    StandardOptions,
     _BeamArgumentParser,
 )
 
@@ -39,8 +41,9 @@ from transforms.read import file_format, iter_file_records, list_inputs, record_
 from transforms.tokenize import needs_full_encodings, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 
-__all__ = ["Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args", "check_text_field", "plan_encoder", "plan_run",
-           "sample_records", "serial_encoder_warning", "shard_sizing", "static_manifest"]
+__all__ = ["DASK_RUNNER", "Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args", "check_text_field",
+           "plan_encoder", "plan_run", "runner_path", "sample_records", "serial_encoder_warning", "shard_sizing",
+           "static_manifest"]
 
 _LOG = logging.getLogger("lmshards")
 
@@ -62,8 +65,58 @@ class Plan:
         self.splits = ["train", "validation"] if options.validation_fraction > 0 else ["train"]
 
 
+#: Beam's DaskRunner: Beam ships it but lists it in none of its runner names, so Beam only takes
+#: its qualified name; lmshards knows ``--runner DaskRunner`` too, to refuse it (see check_beam_args).
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+#: What to install for a runner module that does not import, by a word of its module path.
+_RUNNER_EXTRAS = {"dask": "apache-beam[dask]", "dataflow": "lmshards[gcp]", "interactive": "apache-beam[interactive]"}
+
+#: Why ``--runner DaskRunner`` is refused (checked with a plain Beam pipeline on a dask
+#: LocalCluster: benchmarks/dask_runner_repro.py).
+DASK_REFUSAL = (
+    "--runner DaskRunner: not supported: Beam {version}'s DaskRunner hands every output of a multi-output DoFn "
+    "(the main one and each TaggedOutput) to the readers of each of them, drops what a DoFn outputs in "
+    "finish_bundle, and computes only the last transform of the graph; use --runner PrismRunner, FlinkRunner, "
+    "SparkRunner or DataflowRunner"
+)
+
+
+def runner_path(runner: str | None) -> str | None:
+    """The qualified class name Beam resolves ``--runner`` to (as ``create_runner`` does: a
+    known runner by its class name, case-insensitive, ``Runner`` optional, else a qualified
+    name as given), or None for a name Beam does not know (Beam refuses it itself)."""
+    known = {path.rsplit(".", 1)[-1].lower(): path for path in (*StandardOptions.ALL_KNOWN_RUNNERS, DASK_RUNNER)}
+    name = (runner or StandardOptions.DEFAULT_RUNNER).lower()
+    path = known.get(name, known.get(name + "runner", runner or ""))
+    return path if "." in path else None
+
+
+def _load_runner(runner: str, path: str) -> None:
+    """Import the module of the runner (which registers the options classes it defines, such as
+    Beam's DaskOptions), so that its flags are known; a module that does not import fails in one line."""
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = next((extra for word, extra in _RUNNER_EXTRAS.items() if word in module_name.split(".")), None)
+        raise ValueError(f"--runner {runner}: cannot import {module_name} ({exc})"
+                         + (f"; pip install '{extra}'" if extra else "")) from exc
+    if not hasattr(module, class_name):
+        raise ValueError(f"--runner {runner}: {module_name} has no {class_name}")
+
+
+class _CheckingParser(_BeamArgumentParser):
+    """Beam's flag parser, whose errors (a value a flag does not take) are one line, not its usage."""
+
+    def error(self, message):
+        raise ValueError(message)
+
+
 def _beam_parser() -> argparse.ArgumentParser:
-    parser = _BeamArgumentParser(allow_abbrev=False)
+    """A parser of every flag Beam knows now: the options classes defined so far (Beam's own,
+    and those of every runner module imported, like the runner's: see :func:`_load_runner`)."""
+    parser = _CheckingParser(allow_abbrev=False)
     seen = set()
     for cls in PipelineOptions.__subclasses__():
         if str(cls) not in seen:
@@ -88,7 +141,19 @@ def _suggestion(flag: str, beam_flags: list[str]) -> str:
 def check_beam_args(beam_args: list[str]) -> None:
     """Fail on flags neither we nor Beam know (Beam itself only logs and drops them), with a
     suggestion for a typo, and on stray positional arguments (an unquoted glob the shell
-    expanded into several file names: only the first would be read)."""
+    expanded into several file names: only the first would be read). The flags of the chosen
+    runner's own options classes (Beam's DaskOptions) count as Beam's: its module is imported
+    first, and one that does not import fails here. Runners and modes that lose data are refused."""
+    parsed, _ = _beam_parser().parse_known_args(beam_args)
+    runner = parsed.runner if isinstance(parsed.runner, str) else None
+    path = runner_path(runner)
+    if path is not None:
+        try:
+            _load_runner(runner or StandardOptions.DEFAULT_RUNNER, path)
+        except ValueError:
+            if path == DASK_RUNNER:  # refused whether dask is installed or not
+                raise ValueError(_dask_refusal()) from None
+            raise
     parser = _beam_parser()
     _, unknown = parser.parse_known_args(beam_args)
     flags = [a for a in unknown if a.startswith("-")]
@@ -101,12 +166,20 @@ def check_beam_args(beam_args: list[str]) -> None:
         raise ValueError(f"unexpected argument{'s' if len(unknown) > 1 else ''} {shown}: an unquoted glob? The shell "
                          "expands --input data/*.jsonl into several names and only the first is read; quote it "
                          "(--input 'data/*.jsonl') or repeat --input for each file")
+    if path == DASK_RUNNER:
+        raise ValueError(_dask_refusal())
     if PipelineOptions(beam_args).view_as(DirectOptions).direct_running_mode == "multi_threading":
         raise ValueError(
             "--direct_running_mode=multi_threading: not supported: Beam's multi-threading mode drops elements "
             "of long bundles (reproduced with a plain Beam pipeline, Beam 2.77); use in_memory (the default) "
             "or multi_processing"
         )
+
+
+def _dask_refusal() -> str:
+    from apache_beam.version import __version__ as beam_version
+
+    return DASK_REFUSAL.format(version=".".join(beam_version.split(".")[:2]))
 
 
 def _naming_the_flag(message: str, options: MaterializeOptions) -> str:
