@@ -46,6 +46,9 @@ setup(
             "accelerate>=1.1,<2",
             "lightning>=2.4,<3",
             "torchdata>=0.10,<0.12",
+            # The DaskRunner evidence test (tests/pipelines/test_runner_flags.py): lmshards refuses that runner.
+            "dask>=2024.4.2",
+            "distributed>=2024.4.2",
         ],
     },
     entry_points={"console_scripts": ["lmshards = pipelines.cli:main"]},
