@@ -81,11 +81,15 @@ def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
 
 
 #: Beam flags that --workers sets, which the user must not also give.
-_WORKER_FLAGS = ("--direct_running_mode", "--direct_num_workers", "--num_workers")
+_WORKER_FLAGS = ("--direct_running_mode", "--direct_num_workers", "--num_workers", "--parallelism",
+                 "--spark_master_url", "--sdk_worker_parallelism")
 
 
 def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
-    """The Beam flags of ``--workers N`` for the runner in ``beam_args``.
+    """The Beam flags of ``--workers N`` for the runner in ``beam_args``: the local runner's worker
+    processes, Dataflow's workers, Flink's parallelism (an SDK worker process per task slot,
+    :mod:`pipelines.engines`), Spark's ``local[N]`` master; Prism runs one SDK worker process, so
+    only ``--workers 1``.
 
     Raises:
         ValueError: the user also gave one of those flags, or the runner has no such setting.
@@ -100,6 +104,15 @@ def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
         return ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
     if runner == "DataflowRunner":
         return [f"--num_workers={workers}"]
+    if runner == "FlinkRunner":
+        return [f"--parallelism={workers}", f"--sdk_worker_parallelism={workers}"]
+    if runner == "SparkRunner":
+        return [f"--spark_master_url=local[{workers}]", f"--sdk_worker_parallelism={workers}"]
+    if runner == "PrismRunner":
+        if workers == 1:
+            return []
+        raise ValueError(f"--workers {workers}: PrismRunner runs one SDK worker process (it runs bundles on "
+                         "threads inside it); leave --workers out")
     raise ValueError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
                      "its parallelism")
 
