@@ -203,9 +203,9 @@ def _prepare(argv: list[str] | None):
     return options, plan, dry_run, pipeline, engine
 
 
-def _running(engine: LocalEngine | None, dry_run: bool):
+def _running(engine: LocalEngine | None, dry_run: bool, verbose: bool):
     """The engine's processes while the pipeline runs (none for a dry run, or another runner)."""
-    return engine.running() if engine is not None and not dry_run else contextlib.nullcontext()
+    return engine.running(verbose) if engine is not None and not dry_run else contextlib.nullcontext()
 
 
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
@@ -232,7 +232,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         if lock is not None:
             tokenizer_bytes = plan.resolved.to_json_bytes()
             write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
-        with quiet_beam(options.verbose), tuning.running(), _running(engine, dry_run):
+        with quiet_beam(options.verbose), tuning.running(), _running(engine, dry_run, options.verbose):
             result = pipeline.run()
             result.wait_until_finish()
     except BaseException as exc:

@@ -1,0 +1,185 @@
+"""The real engines (Prism, Flink, Spark: :mod:`pipelines.engines`) write the bytes of the
+in-process runner, and a run whose SDK worker is killed either retries to those bytes or
+fails in one line with nothing published.
+
+Each engine is started once for the module's runs of the bundled sample corpus (a run given
+``--job_endpoint`` uses it as the user's own engine); one run per engine goes through the
+command line as a user's does, starting and stopping the engine itself, and so does the run
+whose worker is killed. The engines come from the cache that ``python -m pipelines.engines
+fetch`` fills (CI warms it before the tests; here the first test fetches what is missing).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize
+
+from schemas.manifest import Manifest
+
+pytestmark = pytest.mark.e2e
+
+OBJECTIVE_ARGS = {
+    "clm": ["--objective", "clm", "--seq-len", "512"],
+    "bart": ["--objective", "bart", "--seq-len", "256"],
+    "ul2": ["--objective", "ul2", "--inputs-length", "128"],
+}
+COMMON = ["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--formats", "arrow,webdataset",
+          "--validation-fraction", "0.05", "--num-buckets", "8", "--num-shards", "2"]
+#: --workers per engine: Flink and Spark run two SDK worker processes side by side; Prism runs one.
+WORKERS = {"PrismRunner": 1, "FlinkRunner": 2, "SparkRunner": 2}
+RUN_SECONDS = 600
+
+
+def _args(objective: str) -> list[str]:
+    return [*COMMON, *OBJECTIVE_ARGS[objective]]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """The in-process runner's output for each objective: ``{objective: (folder, manifest)}``."""
+    root = tmp_path_factory.mktemp("in-process")
+    return {objective: (root / objective, materialize(root / objective, *_args(objective)))
+            for objective in OBJECTIVE_ARGS}
+
+
+@pytest.fixture(scope="module", params=sorted(WORKERS))
+def runner(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine_flags(runner):
+    """An engine started once for the module: the Beam flags that point a run at it."""
+    from pipelines.engines import local_engine
+    from pipelines.parallelism import worker_flags
+
+    beam_args = [f"--runner={runner}"]
+    engine = local_engine([*beam_args, *worker_flags(WORKERS[runner], beam_args)])
+    with engine.running():
+        yield engine.beam_args
+
+
+def _same_dataset(out, reference) -> None:
+    reference_out, reference_manifest = reference
+    assert file_digests(out) == file_digests(reference_out)
+    manifest = Manifest.loads((out / "manifest.json").read_text())
+    assert manifest.deterministic_view() == reference_manifest.deterministic_view()
+
+
+def _children(pid: int) -> list[int]:
+    """Every process descended from ``pid`` (read from /proc)."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as handle:
+                    parents[int(name)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [child for child, ppid in parents.items() if ppid == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(processes: dict[int, str]) -> dict[int, str]:
+    """Those of ``processes`` (pid -> command line) that still run."""
+    return {pid: cmd for pid, cmd in processes.items() if _cmdline(pid) == cmd}
+
+
+def _watch(proc: subprocess.Popen, seen: dict[int, str]) -> list[int]:
+    """Record the run's processes in ``seen``; the pids of its SDK workers."""
+    for pid in _children(proc.pid):
+        seen.setdefault(pid, _cmdline(pid))
+    return sorted(pid for pid in _children(proc.pid) if "SdkHarness" in seen.get(pid, ""))
+
+
+def _launch(runner: str, out, *extra: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pipelines.materialize", "--output", str(out), *_args("clm"),
+               "--runner", runner, "--workers", str(WORKERS[runner]), *extra]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=RUN_SECONDS)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVE_ARGS))
+def test_every_objective_on_the_engine_writes_the_in_process_bytes(tmp_path, references, runner, engine_flags,
+                                                                   objective):
+    out = tmp_path / "out"
+    materialize(out, *_args(objective), *engine_flags)
+    _same_dataset(out, references[objective])
+
+
+def test_the_command_line_starts_and_stops_its_own_engine(tmp_path, references, runner):
+    out = tmp_path / "out"
+    proc = _launch(runner, out)
+    seen: dict[int, str] = {}
+    try:
+        while proc.poll() is None:
+            _watch(proc, seen)
+            time.sleep(0.2)
+    finally:
+        stdout, stderr = _finish(proc)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert stdout.splitlines()[0] == f"dataset: {out} (manifest.json)"
+    _same_dataset(out, references["clm"])
+    # SDK workers were processes of their own, as many side by side as --workers (at least)
+    workers = [pid for pid, cmd in seen.items() if "SdkHarness" in cmd]
+    assert len(workers) >= WORKERS[runner], seen
+    assert not _alive(seen)  # the job server, the worker pool and its workers all ended with the run
+
+
+def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_published(tmp_path, references, runner):
+    out = tmp_path / "out"
+    proc = _launch(runner, out)
+    killed, seen = None, {}
+    try:
+        while proc.poll() is None and killed is None:
+            workers = _watch(proc, seen)
+            # mid-run: the tokenizer is written just before the pipeline starts, and a worker is up
+            if workers and (out / "tokenizer.json").exists() and not (out / "manifest.json").exists():
+                time.sleep(1.0)
+                if proc.poll() is None and not (out / "manifest.json").exists():
+                    os.kill(workers[0], signal.SIGKILL)
+                    killed = workers[0]
+            time.sleep(0.05)
+    finally:
+        stdout, stderr = _finish(proc)
+    assert killed is not None, "the run ended before a worker could be killed"
+    assert "Traceback" not in stderr
+    if proc.returncode == 0:  # the engine retried the work of the lost worker
+        _same_dataset(out, references["clm"])
+    else:
+        lines = stderr.strip().splitlines()
+        assert proc.returncode == 1, stderr
+        assert lines[-1].startswith(f"lmshards materialize: error: the pipeline failed on {runner}: "), stderr
+        assert not (out / "manifest.json").exists()
+        published = [rel for rel in (file_digests(out) if out.exists() else {}) if not rel.startswith("rejected/")]
+        assert published == [], published
+    assert not _alive(seen)
