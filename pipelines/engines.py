@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -59,6 +60,7 @@ _SPARK_JVM_ARGS = ("--add-opens=java.base/sun.nio.ch=ALL-UNNAMED", "--add-opens=
                    "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED")
 _PRISM_PACKAGE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
 _STARTUP_SECONDS = 180
+_CANCEL_SECONDS = 30
 #: How long Flink and Spark keep an idle SDK worker for the next stage (the run ends them all).
 _ENVIRONMENT_CACHE_MILLIS = 3_600_000
 
@@ -259,6 +261,8 @@ class LocalEngine:
         self._master = ""
         if engine.name == "flink":
             self._master = options.view_as(FlinkRunnerOptions).flink_master
+            if not any(a.split("=", 1)[0] == "--flink_master" for a in beam_args):
+                self._master = "[local]"
             parallelism = options.view_as(FlinkRunnerOptions).parallelism
             if parallelism is None or parallelism < 1:
                 parallelism = _usable_cores()
@@ -279,6 +283,8 @@ class LocalEngine:
         self.beam_args = [*beam_args, *added]
         self._logs: str | None = None
         self._processes: list[_Process] = []
+        self._stopping = threading.Event()
+        self.worker_death: str | None = None
 
     def _job_server_command(self, artifacts: str) -> list[str]:
         if self.engine.name == "prism":
@@ -322,6 +328,51 @@ class LocalEngine:
                                      f"{port} within {_STARTUP_SECONDS} s; its log: {process.log}")
             time.sleep(0.1)
 
+    def _watch_workers(self) -> None:
+        """End the run when an SDK worker process dies (its exit not a stop's SIGTERM): the engines
+        do not notice a worker that dies before it connects (Flink waits for it for ever, Prism a
+        minute), and one that dies later fails the job with a gRPC error that does not say so."""
+        if len(self._processes) < 2:
+            return
+        pool = self._processes[1].popen.pid
+        while not self._stopping.wait(0.5):
+            for pid, status in _dead_children(pool):
+                killed_by = status & 0x7F
+                if (killed_by and killed_by != signal.SIGTERM) or (not killed_by and status >> 8):
+                    how = (f"killed by {signal.Signals(killed_by).name}" if killed_by
+                           else f"exited with status {status >> 8}")
+                    self.worker_death = f"an SDK worker process (pid {pid}) died: {how}"
+                    self._cancel_jobs()
+                    return
+
+    def _cancel_jobs(self) -> None:
+        """Cancel the jobs on the job server (Beam's job API; the server is this run's alone): the
+        pipeline's wait then ends. Where the engine does not cancel in time, the job server is
+        ended, which ends the wait too."""
+        import grpc
+        from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
+
+        done = (beam_job_api_pb2.JobState.CANCELLED, beam_job_api_pb2.JobState.FAILED,
+                beam_job_api_pb2.JobState.DONE)
+        try:
+            with grpc.insecure_channel(f"localhost:{self._job_port}") as channel:
+                service = beam_job_api_pb2_grpc.JobServiceStub(channel)
+                jobs = [job.job_id for job in service.GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=10).job_info]
+                for job in jobs:
+                    service.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=job), timeout=10)
+                deadline = time.monotonic() + _CANCEL_SECONDS
+                while time.monotonic() < deadline and not self._stopping.is_set():
+                    states = [service.GetState(beam_job_api_pb2.GetJobStateRequest(job_id=job), timeout=10).state
+                              for job in jobs]
+                    if all(state in done for state in states):
+                        return
+                    time.sleep(0.5)
+        except grpc.RpcError:
+            pass
+        if not self._stopping.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._processes[0].popen.pid, signal.SIGKILL)
+
     def stop(self) -> None:
         """End the engine's processes (SIGTERM to each one's process group, SIGKILL after 10 s)."""
         for process in self._processes:
@@ -356,13 +407,21 @@ class LocalEngine:
                 self._start("worker pool", self._pool_command(), self._worker_env())
                 self._wait_until_listening(self._processes[1], self._pool_port)
             self._wait_until_listening(self._processes[0], self._job_port)
+            watchdog = threading.Thread(target=self._watch_workers, name="lmshards-engine-watchdog", daemon=True)
+            watchdog.start()
             yield self
+            if self.worker_death is not None:  # the job was cancelled: Beam's wait returned
+                raise JobFailedError(self._death_message())
             failed = False
         finally:
+            self._stopping.set()
             root.removeFilter(_drop_job_messages)
             self.stop()
             if not failed:
                 shutil.rmtree(self._logs, ignore_errors=True)
+
+    def _death_message(self) -> str:
+        return f"the pipeline failed on {self.engine.runner}: {self.worker_death}; the engine's logs: {self._logs}"
 
     def job_error(self, exc: BaseException) -> tuple[BaseException, bool]:
         """Like :func:`pipelines.failures.job_error`, except that a job the engine failed (not one
@@ -372,6 +431,8 @@ class LocalEngine:
 
         if isinstance(exc, EngineStartError):
             return exc, False
+        if self.worker_death is not None and isinstance(exc, Exception):
+            return JobFailedError(self._death_message()), False
         error, chained = job_error(exc)
         if not chained:
             return error, chained
@@ -379,6 +440,23 @@ class LocalEngine:
         first = text.splitlines()[0] if text else type(exc).__name__
         return JobFailedError(f"the pipeline failed on {self.engine.runner}: {first[:500]}; "
                               f"the engine's logs: {self._logs}"), False
+
+
+def _dead_children(parent: int) -> list[tuple[int, int]]:
+    """``(pid, wait status)`` of the exited, not yet reaped children of ``parent`` (Linux /proc)."""
+    found = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is the state (3rd field of stat), fields[1] the parent, fields[-1] the exit status
+        if len(fields) > 40 and fields[0] == "Z" and int(fields[1]) == parent:
+            found.append((int(name), int(fields[-1])))
+    return found
 
 
 def _drop_job_messages(record: logging.LogRecord) -> bool:

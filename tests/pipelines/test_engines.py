@@ -12,6 +12,7 @@ fetch`` fills (CI warms it before the tests; here the first test fetches what is
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,16 +159,17 @@ def test_the_command_line_starts_and_stops_its_own_engine(tmp_path, references, 
 def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_published(tmp_path, references, runner):
     out = tmp_path / "out"
     proc = _launch(runner, out)
-    killed, seen = None, {}
+    killed, seen, first_seen = None, {}, {}
     try:
         while proc.poll() is None and killed is None:
-            workers = _watch(proc, seen)
-            # mid-run: the tokenizer is written just before the pipeline starts, and a worker is up
-            if workers and (out / "tokenizer.json").exists() and not (out / "manifest.json").exists():
-                time.sleep(1.0)
-                if proc.poll() is None and not (out / "manifest.json").exists():
-                    os.kill(workers[0], signal.SIGKILL)
-                    killed = workers[0]
+            now = time.monotonic()
+            for pid in _watch(proc, seen):
+                first_seen.setdefault(pid, now)
+            # mid-run: a worker that has been up for 2 s (connected, running bundles), no manifest yet
+            working = [pid for pid, since in first_seen.items() if now - since > 2 and _cmdline(pid)]
+            if working and not (out / "manifest.json").exists():
+                os.kill(working[0], signal.SIGKILL)
+                killed = working[0]
             time.sleep(0.05)
     finally:
         stdout, stderr = _finish(proc)
@@ -178,7 +180,10 @@ def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_publis
     else:
         lines = stderr.strip().splitlines()
         assert proc.returncode == 1, stderr
-        assert lines[-1].startswith(f"lmshards materialize: error: the pipeline failed on {runner}: "), stderr
+        assert len(lines) == 1, stderr
+        assert lines[0].startswith(f"lmshards materialize: error: the pipeline failed on {runner}: an SDK worker "
+                                   f"process (pid {killed}) died: killed by SIGKILL; the engine's logs: "), stderr
+        shutil.rmtree(lines[0].rsplit("the engine's logs: ", 1)[1], ignore_errors=True)
         assert not (out / "manifest.json").exists()
         published = [rel for rel in (file_digests(out) if out.exists() else {}) if not rel.startswith("rejected/")]
         assert published == [], published
