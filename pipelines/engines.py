@@ -332,18 +332,23 @@ class LocalEngine:
         """End the run when an SDK worker process dies (its exit not a stop's SIGTERM): the engines
         do not notice a worker that dies before it connects (Flink waits for it for ever, Prism a
         minute), and one that dies later fails the job with a gRPC error that does not say so."""
-        if len(self._processes) < 2:
-            return
-        pool = self._processes[1].popen.pid
         while not self._stopping.wait(0.5):
-            for pid, status in _dead_children(pool):
-                killed_by = status & 0x7F
-                if (killed_by and killed_by != signal.SIGTERM) or (not killed_by and status >> 8):
-                    how = (f"killed by {signal.Signals(killed_by).name}" if killed_by
-                           else f"exited with status {status >> 8}")
-                    self.worker_death = f"an SDK worker process (pid {pid}) died: {how}"
-                    self._cancel_jobs()
-                    return
+            if self._found_worker_death():
+                self._cancel_jobs()
+                return
+
+    def _found_worker_death(self) -> bool:
+        """Whether an SDK worker of the pool died (then :attr:`worker_death` says how)."""
+        if len(self._processes) < 2:
+            return False
+        for pid, status in _dead_children(self._processes[1].popen.pid):
+            killed_by = status & 0x7F
+            if (killed_by and killed_by != signal.SIGTERM) or (not killed_by and status >> 8):
+                how = (f"killed by {signal.Signals(killed_by).name}" if killed_by
+                       else f"exited with status {status >> 8}")
+                self.worker_death = f"an SDK worker process (pid {pid}) died: {how}"
+                return True
+        return False
 
     def _cancel_jobs(self) -> None:
         """Cancel the jobs on the job server (Beam's job API; the server is this run's alone): the
@@ -409,7 +414,12 @@ class LocalEngine:
             self._wait_until_listening(self._processes[0], self._job_port)
             watchdog = threading.Thread(target=self._watch_workers, name="lmshards-engine-watchdog", daemon=True)
             watchdog.start()
-            yield self
+            try:
+                yield self
+            except BaseException:
+                if self.worker_death is None:  # the engine may have failed the job before the watchdog looked
+                    self._found_worker_death()
+                raise
             if self.worker_death is not None:  # the job was cancelled: Beam's wait returned
                 raise JobFailedError(self._death_message())
             failed = False
