@@ -41,7 +41,8 @@ from apache_beam.options.pipeline_options import (
 
 from pipelines.beam_logging import set_beam_verbosity
 from pipelines.dataflow import stage_installed_package
-from pipelines.engines import LocalEngine, local_engine
+from pipelines.engine_run import LocalEngine
+from pipelines.engines import local_engine
 from pipelines.failures import job_error, quiet_beam
 from pipelines.options import (
     parse_args,
