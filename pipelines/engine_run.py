@@ -88,6 +88,10 @@ class LocalEngine:
 
         self.engine, self.home = engine, home
         options = PipelineOptions(beam_args)
+
+        def given(flag: str) -> bool:
+            return any(a.split("=", 1)[0] == flag for a in beam_args)
+
         portable = options.view_as(PortableOptions)
         self._job_port, self._pool_port = _free_port(), None
         added = [f"--job_endpoint=localhost:{self._job_port}"]
@@ -104,19 +108,19 @@ class LocalEngine:
         self._master = ""
         if engine.name == "flink":
             self._master = options.view_as(FlinkRunnerOptions).flink_master
-            if not any(a.split("=", 1)[0] == "--flink_master" for a in beam_args):
+            if not given("--flink_master"):
                 self._master = "[local]"
             parallelism = options.view_as(FlinkRunnerOptions).parallelism
             if parallelism is None or parallelism < 1:
                 parallelism = _usable_cores()
                 added.append(f"--parallelism={parallelism}")
-            if not portable.sdk_worker_parallelism:  # an SDK worker per task slot, not one shared by all
+            if not given("--sdk_worker_parallelism"):  # an SDK worker per task slot, not one shared by all
                 added.append(f"--sdk_worker_parallelism={parallelism}")
         if engine.name == "spark":
             self._master = options.view_as(SparkRunnerOptions).spark_master_url
-            if not any(a.split("=", 1)[0] == "--spark_master_url" for a in beam_args):
+            if not given("--spark_master_url"):
                 self._master = f"local[{_usable_cores()}]"
-            if not portable.sdk_worker_parallelism:
+            if not given("--sdk_worker_parallelism"):
                 match = re.fullmatch(r"local\[(\d+)\]", self._master)
                 added.append(f"--sdk_worker_parallelism={match.group(1) if match else 1}")
         if engine.name != "prism" and not portable.environment_cache_millis:

@@ -7,6 +7,8 @@ Each engine is started once for the module's runs of the bundled sample corpus (
 command line as a user's does, starting and stopping the engine itself, and so does the run
 whose worker is killed. The engines come from the cache that ``python -m pipelines.engines
 fetch`` fills (CI warms it before the tests; here the first test fetches what is missing).
+Without the tools an engine needs, a run fails before any work in one line naming them (the
+quick tests at the end, which need no engine).
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ import pytest
 from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize
 
 from schemas.manifest import Manifest
-
-pytestmark = pytest.mark.e2e
 
 OBJECTIVE_ARGS = {
     "clm": ["--objective", "clm", "--seq-len", "512"],
@@ -128,6 +128,7 @@ def _finish(proc: subprocess.Popen) -> tuple[str, str]:
             proc.wait()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("objective", sorted(OBJECTIVE_ARGS))
 def test_every_objective_on_the_engine_writes_the_in_process_bytes(tmp_path, references, runner, engine_flags,
                                                                    objective):
@@ -136,6 +137,7 @@ def test_every_objective_on_the_engine_writes_the_in_process_bytes(tmp_path, ref
     _same_dataset(out, references[objective])
 
 
+@pytest.mark.e2e
 def test_the_command_line_starts_and_stops_its_own_engine(tmp_path, references, runner):
     out = tmp_path / "out"
     proc = _launch(runner, out)
@@ -156,6 +158,7 @@ def test_the_command_line_starts_and_stops_its_own_engine(tmp_path, references, 
     assert not _alive(seen)  # the job server, the worker pool and its workers all ended with the run
 
 
+@pytest.mark.e2e
 def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_published(tmp_path, references, runner):
     out = tmp_path / "out"
     proc = _launch(runner, out)
@@ -189,3 +192,66 @@ def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_publis
         published = [rel for rel in (file_digests(out) if out.exists() else {}) if not rel.startswith("rejected/")]
         assert published == [], published
     assert not _alive(seen)
+
+
+# --- before any work: what an engine needs, and --workers ------------------------------------
+
+
+@pytest.mark.parametrize("runner, message", [
+    ("PrismRunner", "--runner PrismRunner: building Beam's Prism runner needs Go, and `go` is not on PATH; install Go "
+                    "(https://go.dev/doc/install) and run `go install github.com/apache/beam/sdks/v2/go/cmd/prism@v"),
+    ("FlinkRunner", "--runner FlinkRunner: fetching Beam's Flink 1.19 job server needs Java 11+ and Maven, and `java` "
+                    "and `mvn` is not on PATH; install them (for example `apt-get install openjdk-17-jre-headless "
+                    "maven`) and run `python -m pipelines.engines fetch flink`"),
+    ("SparkRunner", "--runner SparkRunner: fetching Beam's Spark 3.5.1 job server needs Java 11+ and Maven"),
+])
+def test_an_engine_without_its_tools_fails_in_one_line_before_any_work(tmp_path, monkeypatch, capfd, runner,
+                                                                       message):
+    from pipelines.materialize import main
+
+    monkeypatch.setenv("LMSHARDS_CACHE", str(tmp_path / "cache"))  # nothing cached
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    out = tmp_path / "out"
+    assert main(["--output", str(out), *_args("clm"), "--runner", runner]) == 2
+    captured = capfd.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"lmshards materialize: error: {message}"), lines[0]
+    assert not out.exists() and not (tmp_path / "cache" / "engines").exists() or not any(
+        (tmp_path / "cache" / "engines").iterdir())
+
+
+def test_workers_become_each_engines_parallelism():
+    from pipelines.parallelism import worker_flags
+
+    assert worker_flags(2, ["--runner=FlinkRunner"]) == ["--parallelism=2", "--sdk_worker_parallelism=2"]
+    assert worker_flags(3, ["--runner=SparkRunner"]) == ["--spark_master_url=local[3]", "--sdk_worker_parallelism=3"]
+    assert worker_flags(1, ["--runner=PrismRunner"]) == []
+    with pytest.raises(ValueError, match=r"--workers 2: PrismRunner runs one SDK worker process"):
+        worker_flags(2, ["--runner=PrismRunner"])
+    with pytest.raises(ValueError, match="--workers 2: also given --parallelism"):
+        worker_flags(2, ["--runner=FlinkRunner", "--parallelism=4"])
+
+
+def test_the_engine_flags_point_beam_at_the_engine_the_run_starts(tmp_path):
+    from pipelines.engine_run import LocalEngine
+    from pipelines.engines import ENGINES
+
+    flink = LocalEngine(ENGINES["FlinkRunner"], ["--runner=FlinkRunner", "--parallelism=2"], str(tmp_path)).beam_args
+    added = {flag.split("=", 1)[0]: flag.split("=", 1)[1] for flag in flink[2:]}
+    assert added.keys() == {"--job_endpoint", "--environment_type", "--environment_config",
+                            "--sdk_worker_parallelism", "--environment_cache_millis"}
+    assert added["--environment_type"] == "EXTERNAL" and added["--sdk_worker_parallelism"] == "2"
+    spark = LocalEngine(ENGINES["SparkRunner"], ["--runner=SparkRunner", "--spark_master_url=local[3]",
+                                                 "--environment_type=LOOPBACK"], str(tmp_path)).beam_args
+    assert [f.split("=", 1)[0] for f in spark[3:]] == ["--job_endpoint", "--sdk_worker_parallelism",
+                                                       "--environment_cache_millis"]  # the user's environment kept
+    with pytest.raises(ValueError, match="--prism_location /nowhere/prism: not a file"):
+        LocalEngine(ENGINES["PrismRunner"], ["--runner=PrismRunner", "--prism_location=/nowhere/prism"], "")
+
+
+def test_the_fetch_command_names_its_engines(capfd):
+    from pipelines.engines import main
+
+    assert main(["fetch", "dask"]) == 2
+    assert capfd.readouterr().err.strip() == "usage: python -m pipelines.engines fetch [prism|flink|spark ...]"
