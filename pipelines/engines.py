@@ -47,6 +47,8 @@ _SPARK_JVM_ARGS = ("--add-opens=java.base/sun.nio.ch=ALL-UNNAMED", "--add-opens=
                    "--add-opens=java.base/java.util=ALL-UNNAMED",
                    "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED")
 _PRISM_PACKAGE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
+#: The Go that builds Prism where none new enough is installed (Beam 2.77's go.mod: toolchain go1.26.2).
+_GO_TOOLCHAIN = "1.26.2"
 
 
 @dataclass(frozen=True)
@@ -130,20 +132,80 @@ def _install(engine: Engine, build) -> str:
     return final
 
 
+def _go_version(go: str) -> tuple[int, ...]:
+    done = subprocess.run([go, "env", "GOVERSION"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    match = re.match(r"go(\d+)\.(\d+)", done.stdout.strip())
+    return tuple(int(part) for part in match.groups()) if match else (0,)
+
+
+def _fetch_go(engine: Engine, install: str) -> str:
+    """The Go toolchain :data:`_GO_TOOLCHAIN` from the Go module proxy (the module Go itself
+    switches to, ``golang.org/toolchain``), unpacked into the cache once; its ``go``."""
+    import platform
+    import urllib.error
+    import urllib.request
+    import zipfile
+
+    home = os.path.join(cache_root(), f"go-{_GO_TOOLCHAIN}")
+    go = os.path.join(home, "bin", "go")
+    if os.path.isfile(go):
+        return go
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower())
+    proxy = next((p for p in re.split(r"[,|]", os.environ.get("GOPROXY", "https://proxy.golang.org"))
+                  if p.startswith("http")), None)
+    hint = (f"install Go {_GO_TOOLCHAIN} or newer (https://go.dev/doc/install) and run `{install}`, or pass "
+            "--prism_location=PATH of a prism binary")
+    if arch is None or proxy is None:
+        why = f"GOPROXY={os.environ.get('GOPROXY')} names no proxy" if arch else f"no Go for {platform.machine()}"
+        raise ConfigError(f"--runner {engine.runner}: building {engine.title} needs Go {_GO_TOOLCHAIN}+, which is not "
+                          f"on PATH, and {why}; {hint}")
+    module = f"v0.0.1-go{_GO_TOOLCHAIN}.{platform.system().lower()}-{arch}"
+    url = f"{proxy.rstrip('/')}/golang.org/toolchain/@v/{module}.zip"
+    _announce(f"fetching Go {_GO_TOOLCHAIN} from {proxy} into {cache_root()} (once, to build {engine.title})")
+    work = tempfile.mkdtemp(prefix=".go-", dir=cache_root())
+    try:
+        archive = os.path.join(work, "go.zip")
+        with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as handle:
+            shutil.copyfileobj(response, handle, 1 << 20)
+        prefix = f"golang.org/toolchain@{module}/"
+        with zipfile.ZipFile(archive) as zipped:
+            for member in zipped.infolist():
+                name = member.filename[len(prefix):] if member.filename.startswith(prefix) else ""
+                if not name or name.endswith("/") or ".." in name.split("/"):
+                    continue
+                target = os.path.join(work, "go", name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with zipped.open(member) as source, open(target, "wb") as handle:
+                    shutil.copyfileobj(source, handle)
+                if name.startswith(("bin/", "pkg/tool/")):
+                    os.chmod(target, 0o755)
+        os.rename(os.path.join(work, "go"), home)
+    except (OSError, zipfile.BadZipFile, urllib.error.URLError) as exc:
+        if os.path.isfile(go):  # another process unpacked it first
+            return go
+        raise ConfigError(f"--runner {engine.runner}: building {engine.title} needs Go {_GO_TOOLCHAIN}+, which is not "
+                          f"on PATH, and fetching {url} failed ({exc}); {hint}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return go
+
+
 def _build_prism(engine: Engine, directory: str) -> None:
-    go = shutil.which("go")
     version = _beam_version()
-    command = f"go install {_PRISM_PACKAGE}@v{version}"
-    if go is None:
-        raise ConfigError(f"--runner {engine.runner}: building {engine.title} needs Go, and `go` is not on PATH; "
-                          f"install Go (https://go.dev/doc/install) and run `{command}`, or pass "
-                          "--prism_location=PATH of a prism binary")
+    install = f"go install {_PRISM_PACKAGE}@v{version}"
+    go = shutil.which("go")
+    env = {**os.environ, "GOBIN": directory}
+    if go is not None and _go_version(go) >= (1, 21):
+        env.setdefault("GOTOOLCHAIN", "auto")  # Go fetches the toolchain Beam's module asks for
+    else:  # no Go, or one older than toolchain switching (Debian 12's is 1.19)
+        go = _fetch_go(engine, install)
+        env["GOTOOLCHAIN"] = "local"
     _announce(f"building {engine.title} {version} into {cache_root()} (go install, once)")
-    done = subprocess.run([go, "install", f"{_PRISM_PACKAGE}@v{version}"], env={**os.environ, "GOBIN": directory},
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    done = subprocess.run([go, "install", f"{_PRISM_PACKAGE}@v{version}"], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True)
     if done.returncode != 0 or not os.path.isfile(os.path.join(directory, "prism")):
         why = last_error_line(done.stderr + done.stdout)
-        raise ConfigError(f"--runner {engine.runner}: `{command}` failed: {why}")
+        raise ConfigError(f"--runner {engine.runner}: `{install}` failed: {why}")
 
 
 def _pom(engine: Engine) -> str:

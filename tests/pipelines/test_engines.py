@@ -198,8 +198,9 @@ def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_publis
 
 
 @pytest.mark.parametrize("runner, message", [
-    ("PrismRunner", "--runner PrismRunner: building Beam's Prism runner needs Go, and `go` is not on PATH; install Go "
-                    "(https://go.dev/doc/install) and run `go install github.com/apache/beam/sdks/v2/go/cmd/prism@v"),
+    ("PrismRunner", "--runner PrismRunner: building Beam's Prism runner needs Go 1.26.2+, which is not on PATH, and "
+                    "GOPROXY=off names no proxy; install Go 1.26.2 or newer (https://go.dev/doc/install) and run "
+                    "`go install github.com/apache/beam/sdks/v2/go/cmd/prism@v"),
     ("FlinkRunner", "--runner FlinkRunner: fetching Beam's Flink 1.19 job server needs Java 11+ and Maven, and `java` "
                     "and `mvn` is not on PATH; install them (for example `apt-get install openjdk-17-jre-headless "
                     "maven`) and run `python -m pipelines.engines fetch flink`"),
@@ -211,6 +212,7 @@ def test_an_engine_without_its_tools_fails_in_one_line_before_any_work(tmp_path,
 
     monkeypatch.setenv("LMSHARDS_CACHE", str(tmp_path / "cache"))  # nothing cached
     monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    monkeypatch.setenv("GOPROXY", "off")  # and Go cannot be fetched
     out = tmp_path / "out"
     assert main(["--output", str(out), *_args("clm"), "--runner", runner]) == 2
     captured = capfd.readouterr()
