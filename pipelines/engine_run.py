@@ -217,6 +217,7 @@ class LocalEngine:
                     states = [service.GetState(beam_job_api_pb2.GetJobStateRequest(job_id=job), timeout=10).state
                               for job in jobs]
                     if all(state in done for state in states):
+                        time.sleep(0.5)  # for Beam's readers of the job's streams to see them end
                         return
                     time.sleep(0.5)
         except grpc.RpcError:
@@ -266,6 +267,9 @@ class LocalEngine:
             except BaseException:
                 if self.worker_death is None:  # the engine may have failed the job before the watchdog looked
                     self._found_worker_death()
+                # Ctrl-C or a failure here: the job ends first, so that Beam's wait for its messages
+                # ends with the stream, not with a job server gone under it
+                self._cancel_jobs()
                 raise
             if self.worker_death is not None:  # the job was cancelled: Beam's wait returned
                 raise JobFailedError(self._death_message())

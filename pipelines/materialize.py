@@ -362,11 +362,16 @@ def encoder_summary(encoder: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: run and print the summary; an error is one line, its exit status that of its
-    class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed)."""
+    class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed; 130
+    interrupted, Ctrl-C)."""
     try:
         manifest = run(argv)
     except SystemExit as exc:  # argparse has printed its one-line error
         return int(exc.code or 0)
+    except KeyboardInterrupt:  # the run removed what it wrote, and stopped the engine it started
+        print("lmshards materialize: interrupted; no manifest written, what the run wrote is removed",
+              file=sys.stderr)
+        return 130
     except (LmshardsError, OSError) as exc:  # OSError: a file that cannot be read or written, outside the pipeline
         if isinstance(exc, JobFailedError) and exc.__cause__ is not None:  # not one of the job's checks
             traceback.print_exception(exc.__cause__, file=sys.stderr)

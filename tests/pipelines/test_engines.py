@@ -194,6 +194,33 @@ def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_publis
     assert not _alive(seen)
 
 
+@pytest.mark.e2e
+def test_ctrl_c_stops_the_engine_and_publishes_nothing(tmp_path, runner):
+    out = tmp_path / "out"
+    proc = _launch(runner, out)
+    seen, first_worker = {}, None
+    try:
+        while proc.poll() is None:
+            if _watch(proc, seen) and first_worker is None:
+                first_worker = time.monotonic()
+            if first_worker is not None and time.monotonic() - first_worker > 2:
+                _watch(proc, seen)
+                os.kill(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends lmshards (not its engine)
+                break
+            time.sleep(0.05)
+    finally:
+        _, stderr = _finish(proc)
+    assert first_worker is not None, "the run ended before it could be interrupted"
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [
+        "lmshards materialize: interrupted; no manifest written, what the run wrote is removed"], stderr
+    assert not out.exists()
+    deadline = time.monotonic() + 15
+    while _alive(seen) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(seen)
+
+
 # --- before any work: what an engine needs, and --workers ------------------------------------
 
 
