@@ -234,7 +234,9 @@ def _build_job_server(engine: Engine, directory: str) -> None:
                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if done.returncode != 0:
         raise ConfigError(f"--runner {engine.runner}: Maven could not fetch {coordinates}: "
-                          f"{last_error_line(done.stdout + done.stderr)}")
+                          f"{last_error_line(done.stdout + done.stderr)}; check that Maven reaches its repository "
+                          f"(a mirror or proxy goes in ~/.m2/settings.xml), then run `python -m pipelines.engines "
+                          f"fetch {engine.name}`")
 
 
 def fetch(name: str) -> str:
