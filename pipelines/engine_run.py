@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def _listening(port: int) -> bool:
 
 
 #: Run a command as a child that the kernel ends (SIGTERM) when this process dies, however it dies.
-_ORPHAN_GUARD = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15); "  # PR_SET_PDEATHSIG
+_ORPHAN_GUARD = ("import ctypes, os, sys\n"
+                 "try:\n    ctypes.CDLL(None).prctl(1, 15)\n"  # PR_SET_PDEATHSIG (Linux only)
+                 "except (AttributeError, OSError):\n    pass\n"
                  "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
@@ -153,7 +156,8 @@ class LocalEngine:
         env = dict(os.environ)
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         root = os.path.dirname(os.path.dirname(os.path.abspath(pipelines.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        if root not in {os.path.abspath(p) for p in site.getsitepackages()}:  # a checkout, not an install
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         return env
 
     def _start(self, role: str, command: list[str], env: dict[str, str] | None = None) -> None:
@@ -169,10 +173,11 @@ class LocalEngine:
             code = process.popen.poll()
             if code is not None:
                 raise EngineStartError(f"--runner {self.engine.runner}: the {process.role} exited at startup "
-                                     f"(status {code}): {last_error_line(_read(process.log))}; its log: {process.log}")
+                                       f"(status {code}): {last_error_line(_read(process.log))}; its log: "
+                                       f"{process.log}")
             if time.monotonic() > deadline:
                 raise EngineStartError(f"--runner {self.engine.runner}: the {process.role} did not listen on port "
-                                     f"{port} within {_STARTUP_SECONDS} s; its log: {process.log}")
+                                       f"{port} within {_STARTUP_SECONDS} s; its log: {process.log}")
             time.sleep(0.1)
 
     def _watch_workers(self) -> None:
