@@ -250,7 +250,8 @@ class LocalEngine:
     @contextlib.contextmanager
     def running(self, verbose: bool = False):
         """Start the job server (and the worker pool) for the pipeline's run; stop them after it.
-        On a failure the engine's logs are kept (:meth:`job_error` names them), else removed.
+        On a failure the engine's logs are kept (:meth:`job_error` names them), else (success,
+        Ctrl-C) removed.
         Unless ``verbose``, the engine's job messages, which Beam logs on the root logger, stay
         unseen meanwhile (a filter on that logger: records of other loggers pass): the error
         that ends a failed run is reported once."""
@@ -269,6 +270,10 @@ class LocalEngine:
             watchdog.start()
             try:
                 yield self
+            except KeyboardInterrupt:  # reported without the logs: they go
+                self._cancel_jobs()
+                failed = False
+                raise
             except BaseException:
                 if self.worker_death is None:  # the engine may have failed the job before the watchdog looked
                     self._found_worker_death()

@@ -113,10 +113,17 @@ def _watch(proc: subprocess.Popen, seen: dict[int, str]) -> list[int]:
 
 
 def _launch(runner: str, out, *extra: str) -> subprocess.Popen:
+    """The CLI on the sample (clm), its temporary files (the engine's logs) in ``tmp`` beside ``out``."""
     command = [sys.executable, "-m", "pipelines.materialize", "--output", str(out), *_args("clm"),
                "--runner", runner, "--workers", str(WORKERS[runner]), *extra]
+    os.makedirs(out.parent / "tmp", exist_ok=True)
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, "TMPDIR": str(out.parent / "tmp")})
+
+
+def _engine_logs(tmp_path) -> list[str]:
+    """The engine log folders a run of :func:`_launch` left (Beam's own temporary files aside)."""
+    return [name for name in os.listdir(tmp_path / "tmp") if name.startswith("lmshards-")]
 
 
 def _finish(proc: subprocess.Popen) -> tuple[str, str]:
@@ -152,6 +159,7 @@ def test_the_command_line_starts_and_stops_its_own_engine(tmp_path, references, 
     assert "Traceback" not in stderr
     assert stdout.splitlines()[0] == f"dataset: {out} (manifest.json)"
     _same_dataset(out, references["clm"])
+    assert not _engine_logs(tmp_path)  # the engine's logs are removed after a run that succeeded
     # SDK workers were processes of their own, as many side by side as --workers (at least)
     workers = [pid for pid, cmd in seen.items() if "SdkHarness" in cmd]
     assert len(workers) >= WORKERS[runner], seen
@@ -215,6 +223,7 @@ def test_ctrl_c_stops_the_engine_and_publishes_nothing(tmp_path, runner):
     assert stderr.strip().splitlines() == [
         "lmshards materialize: interrupted; no manifest written, what the run wrote is removed"], stderr
     assert not out.exists()
+    assert not _engine_logs(tmp_path)  # the engine's logs went too: no error names them
     deadline = time.monotonic() + 15
     while _alive(seen) and time.monotonic() < deadline:
         time.sleep(0.2)
