@@ -24,6 +24,7 @@ run holding the output's lock included).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -40,6 +41,8 @@ from apache_beam.options.pipeline_options import (
 
 from pipelines.beam_logging import set_beam_verbosity
 from pipelines.dataflow import stage_installed_package
+from pipelines.engine_run import LocalEngine
+from pipelines.engines import local_engine
 from pipelines.failures import job_error, quiet_beam
 from pipelines.options import (
     parse_args,
@@ -165,7 +168,8 @@ def run(argv: list[str] | None = None) -> Manifest | None:
 
 
 def _prepare(argv: list[str] | None):
-    """Parse, plan and check everything before any work; ``(options, plan, dry run, pipeline)``.
+    """Parse, plan and check everything before any work; ``(options, plan, dry run, pipeline,
+    the local engine of PrismRunner, FlinkRunner and SparkRunner or None)``.
 
     Raises:
         ConfigError: any problem found here (a ``ValueError`` of a check becomes one).
@@ -176,6 +180,10 @@ def _prepare(argv: list[str] | None):
         # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
         # (and its pinned dependencies) goes to the workers.
         options.beam_args = stage_installed_package(options.beam_args)
+        # Prism, Flink and Spark: the engine is fetched into the cache (once) and Beam pointed at it.
+        engine = local_engine(options.beam_args)
+        if engine is not None:
+            options.beam_args = engine.beam_args
         pipeline_options = PipelineOptions(options.beam_args)
         if not options.pipeline_type_check:
             # Beam type-checks every transform's hints while the graph is built, for a graph that is
@@ -193,13 +201,18 @@ def _prepare(argv: list[str] | None):
         raise
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    return options, plan, dry_run, pipeline
+    return options, plan, dry_run, pipeline, engine
+
+
+def _running(engine: LocalEngine | None, dry_run: bool, verbose: bool):
+    """The engine's processes while the pipeline runs (none for a dry run, or another runner)."""
+    return engine.running(verbose) if engine is not None and not dry_run else contextlib.nullcontext()
 
 
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     start = time.monotonic()
-    options, plan, dry_run, pipeline = _prepare(argv)
+    options, plan, dry_run, pipeline, engine = _prepare(argv)
     tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
                           local_workers=options.local_workers, output=None if dry_run else options.output)
     lock = None if dry_run else RunLock.new(options.output)
@@ -220,11 +233,11 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         if lock is not None:
             tokenizer_bytes = plan.resolved.to_json_bytes()
             write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
-        with quiet_beam(options.verbose), tuning.running():
+        with quiet_beam(options.verbose), tuning.running(), _running(engine, dry_run, options.verbose):
             result = pipeline.run()
             result.wait_until_finish()
     except BaseException as exc:
-        failure = job_error(exc)
+        failure = engine.job_error(exc) if engine is not None else job_error(exc)
         error, chained = failure
         if error is exc:
             raise
@@ -349,11 +362,16 @@ def encoder_summary(encoder: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: run and print the summary; an error is one line, its exit status that of its
-    class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed)."""
+    class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed; 130
+    interrupted, Ctrl-C)."""
     try:
         manifest = run(argv)
     except SystemExit as exc:  # argparse has printed its one-line error
         return int(exc.code or 0)
+    except KeyboardInterrupt:  # the run removed what it wrote, and stopped the engine it started
+        print("lmshards materialize: interrupted; no manifest written, what the run wrote is removed",
+              file=sys.stderr)
+        return 130
     except (LmshardsError, OSError) as exc:  # OSError: a file that cannot be read or written, outside the pipeline
         if isinstance(exc, JobFailedError) and exc.__cause__ is not None:  # not one of the job's checks
             traceback.print_exception(exc.__cause__, file=sys.stderr)

@@ -39,6 +39,8 @@ class RunnerSetup:
     multi_processing: bool  #: ``--direct_running_mode=multi_processing``
     num_workers: int  #: ``--direct_num_workers`` (0: one per core)
     experiments: tuple[str, ...]  #: ``--experiments``
+    #: SDK worker processes side by side on Flink and Spark here (0: one per core, their default)
+    engine_workers: int = 0
 
     @property
     def in_one_process(self) -> bool:
@@ -57,16 +59,31 @@ class RunnerSetup:
         options = PipelineOptions(beam_args)
         runner = options.view_as(StandardOptions).runner or "DirectRunner"
         direct = options.view_as(DirectOptions)
-        return cls(runner=(runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1],
+        runner = (runner if isinstance(runner, str) else type(runner).__name__).rsplit(".", 1)[-1]
+        return cls(runner=runner,
                    multi_processing=direct.direct_running_mode == "multi_processing",
                    num_workers=direct.direct_num_workers or 0,
-                   experiments=tuple(options.view_as(DebugOptions).experiments or ()))
+                   experiments=tuple(options.view_as(DebugOptions).experiments or ()),
+                   engine_workers=_engine_workers(runner, beam_args))
+
+
+def _engine_workers(runner: str, beam_args: list[str]) -> int:
+    """The SDK worker processes that Flink or Spark runs side by side (:mod:`pipelines.engine_run`
+    makes them as many as the parallelism); 0 for one per core, or another runner."""
+    if runner not in ("FlinkRunner", "SparkRunner"):
+        return 0
+    values = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in beam_args if "=" in a}
+    explicit = values.get("--sdk_worker_parallelism") or values.get("--parallelism")
+    if runner == "SparkRunner" and not values.get("--sdk_worker_parallelism"):
+        explicit = "".join(ch for ch in values.get("--spark_master_url", "") if ch.isdigit()) or None
+    return int(explicit) if explicit and explicit.isdigit() and int(explicit) > 0 else 0
 
 
 def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
     """``--encoder-threads``: ``auto`` shares the cores among the worker processes of
     ``--direct_running_mode=multi_processing`` (each worker's encoder would otherwise start a
-    thread per core, and the workers' threads would contend for the cores) and is 1 on Dataflow,
+    thread per core, and the workers' threads would contend for the cores), and so among Flink's and
+    Spark's SDK workers (:mod:`pipelines.engines`), and is 1 on Dataflow,
     whose workers run one SDK process per core (unless the ``no_use_multiple_sdk_containers``
     experiment makes it one process); elsewhere None, the tokenizer's own default (every
     core; one in-process encoder). A number is taken as given."""
@@ -74,6 +91,9 @@ def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
         return int(value)
     if setup.runner == "DataflowRunner":
         return None if "no_use_multiple_sdk_containers" in setup.experiments else 1
+    if setup.runner in ("FlinkRunner", "SparkRunner"):  # their SDK workers share the cores, as local ones do
+        cores = _usable_cores()
+        return max(1, cores // (setup.engine_workers or cores))
     if not setup.multi_processing:
         return None
     cores = _usable_cores()
@@ -81,11 +101,15 @@ def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
 
 
 #: Beam flags that --workers sets, which the user must not also give.
-_WORKER_FLAGS = ("--direct_running_mode", "--direct_num_workers", "--num_workers")
+_WORKER_FLAGS = ("--direct_running_mode", "--direct_num_workers", "--num_workers", "--parallelism",
+                 "--spark_master_url", "--sdk_worker_parallelism")
 
 
 def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
-    """The Beam flags of ``--workers N`` for the runner in ``beam_args``.
+    """The Beam flags of ``--workers N`` for the runner in ``beam_args``: the local runner's worker
+    processes, Dataflow's workers, Flink's parallelism (an SDK worker process per task slot,
+    :mod:`pipelines.engines`), Spark's ``local[N]`` master; Prism runs one SDK worker process, so
+    only ``--workers 1``.
 
     Raises:
         ValueError: the user also gave one of those flags, or the runner has no such setting.
@@ -100,6 +124,15 @@ def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
         return ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
     if runner == "DataflowRunner":
         return [f"--num_workers={workers}"]
+    if runner == "FlinkRunner":
+        return [f"--parallelism={workers}", f"--sdk_worker_parallelism={workers}"]
+    if runner == "SparkRunner":
+        return [f"--spark_master_url=local[{workers}]", f"--sdk_worker_parallelism={workers}"]
+    if runner == "PrismRunner":
+        if workers == 1:
+            return []
+        raise ValueError(f"--workers {workers}: PrismRunner runs one SDK worker process (it runs bundles on "
+                         "threads inside it); leave --workers out")
     raise ValueError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
                      "its parallelism")
 
