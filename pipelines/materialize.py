@@ -50,6 +50,7 @@ from pipelines.options import (
 from pipelines.output_dir import check_output, clean_failed_run, prepare_output
 from pipelines.plan import (
     Plan,
+    check_beam_args,
     plan_run,
     serial_encoder_warning,
     shard_sizing,
@@ -180,6 +181,8 @@ def _prepare(argv: list[str] | None):
         # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
         # (and its pinned dependencies) goes to the workers.
         options.beam_args = stage_installed_package(options.beam_args)
+        # Beam's flags are checked (one line each) before an engine is fetched or started for them.
+        check_beam_args(options.beam_args)
         # Prism, Flink and Spark: the engine is fetched into the cache (once) and Beam pointed at it.
         engine = local_engine(options.beam_args)
         if engine is not None:
