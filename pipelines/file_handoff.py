@@ -33,6 +33,7 @@ import threading
 import uuid
 
 from schemas.errors import JobFailedError
+from transforms.output import TMP_DIR
 
 __all__ = ["FileHandoff", "FileHandoffError", "SpilledValue", "spilled"]
 
@@ -137,15 +138,14 @@ class FileHandoff:
     def __init__(self, output: str | None):
         name = f"handoff-{uuid.uuid4().hex}"
         local = output is not None and "://" not in output
-        from transforms.output import TMP_DIR
-
         self.directory = os.path.abspath(os.path.join(output, TMP_DIR, name) if local else
                                          os.path.join(tempfile.gettempdir(), f"lmshards-{name}"))
 
     def release(self) -> None:
         with _LOCK:
-            for directory in [d for d in _WRITERS if d == self.directory]:
-                os.close(_WRITERS.pop(directory)[0])
+            writer = _WRITERS.pop(self.directory, None)
+            if writer is not None:
+                os.close(writer[0])
             for path in [p for p in _READERS if os.path.dirname(p) == self.directory]:
                 os.close(_READERS.pop(path))
         shutil.rmtree(self.directory, ignore_errors=True)
