@@ -13,6 +13,7 @@ quick tests at the end, which need no engine).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -66,6 +67,21 @@ def engine_flags(runner):
         yield engine.beam_args
 
 
+@pytest.fixture(scope="module")
+def longer_corpus(tmp_path_factory):
+    """Ten distinct copies of the sample (12 MB): a run that an interrupt 2 s after its first
+    SDK worker starts still finds mid-way, on a loaded machine too (the sample alone can be done
+    by then, and a signal that lands as the interpreter exits kills it without a word)."""
+    texts = [json.loads(line)["text"] for path in sorted((ROOT / "data" / "sample").glob("*.jsonl"))
+             for line in path.read_text(encoding="utf-8").splitlines()]
+    path = tmp_path_factory.mktemp("longer") / "copies.jsonl"
+    with open(path, "w", encoding="utf-8") as handle:
+        for copy in range(10):
+            for text in texts:
+                handle.write(json.dumps({"text": f"{text}\n\n(copy {copy})"}) + "\n")
+    return str(path)
+
+
 def _same_dataset(out, reference) -> None:
     reference_out, reference_manifest = reference
     assert file_digests(out) == file_digests(reference_out)
@@ -101,19 +117,24 @@ def _cmdline(pid: int) -> str:
 
 
 def _alive(processes: dict[int, str]) -> dict[int, str]:
-    """Those of ``processes`` (pid -> command line) that still run."""
-    return {pid: cmd for pid, cmd in processes.items() if _cmdline(pid) == cmd}
+    """Those of ``processes`` (pid -> command line) that still run: the pid is there with the
+    same command line (a zombie has none, a reused pid another one)."""
+    return {pid: cmd for pid, cmd in processes.items() if cmd and _cmdline(pid) == cmd}
 
 
 def _watch(proc: subprocess.Popen, seen: dict[int, str]) -> list[int]:
-    """Record the run's processes in ``seen``; the pids of its SDK workers."""
+    """Record the run's processes in ``seen``; the pids of its SDK workers. A process caught
+    between fork and exec, or already a zombie, has no command line yet: it is recorded on a
+    later look."""
     for pid in _children(proc.pid):
-        seen.setdefault(pid, _cmdline(pid))
+        if not seen.get(pid):
+            seen[pid] = _cmdline(pid)
     return sorted(pid for pid in _children(proc.pid) if "SdkHarness" in seen.get(pid, ""))
 
 
 def _launch(runner: str, out, *extra: str) -> subprocess.Popen:
-    """The CLI on the sample (clm), its temporary files (the engine's logs) in ``tmp`` beside ``out``."""
+    """The CLI on the sample (clm), its temporary files (the engine's logs) in ``tmp`` beside ``out``;
+    ``extra`` flags come last (an ``--input`` among them adds to the sample)."""
     command = [sys.executable, "-m", "pipelines.materialize", "--output", str(out), *_args("clm"),
                "--runner", runner, "--workers", str(WORKERS[runner]), *extra]
     os.makedirs(out.parent / "tmp", exist_ok=True)
@@ -203,9 +224,9 @@ def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_publis
 
 
 @pytest.mark.e2e
-def test_ctrl_c_stops_the_engine_and_publishes_nothing(tmp_path, runner):
+def test_ctrl_c_stops_the_engine_and_publishes_nothing(tmp_path, runner, longer_corpus):
     out = tmp_path / "out"
-    proc = _launch(runner, out)
+    proc = _launch(runner, out, "--input", longer_corpus)
     seen, first_worker = {}, None
     try:
         while proc.poll() is None:
@@ -217,9 +238,9 @@ def test_ctrl_c_stops_the_engine_and_publishes_nothing(tmp_path, runner):
                 break
             time.sleep(0.05)
     finally:
-        _, stderr = _finish(proc)
+        stdout, stderr = _finish(proc)
     assert first_worker is not None, "the run ended before it could be interrupted"
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, (stdout, stderr)
     assert stderr.strip().splitlines() == [
         "lmshards materialize: interrupted; no manifest written, what the run wrote is removed"], stderr
     assert not out.exists()
