@@ -34,6 +34,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
+    DirectOptions,
     PipelineOptions,
     TestOptions,
     TypeOptions,
@@ -217,7 +218,8 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     start = time.monotonic()
     options, plan, dry_run, pipeline, engine = _prepare(argv)
     tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
-                          local_workers=options.local_workers, output=None if dry_run else options.output)
+                          local_workers=options.local_workers, output=None if dry_run else options.output,
+                          replays=pipeline.options.view_as(DirectOptions).direct_runner_bundle_repeat > 0)
     lock = None if dry_run else RunLock.new(options.output)
     build_pipeline(pipeline, plan, argv, tuning, lock)
     if lock is not None:

@@ -18,10 +18,17 @@ as the tuple it is. Beam's default coder (``FastPrimitivesCoder``) encodes a typ
 not know by pickling it, and pickling such a value stores it in this process (under the
 run's scope) and writes only a token; unpickling the token gives the very object back, so
 no bytes are copied on the way. A token read in another process, or after its run released
-it, fails with :class:`HandoffError` rather than yield wrong data. Stored values stay until
-:meth:`RunnerTuning.release` at the end of the run: Beam may decode an element more than
-once (``--direct_runner_bundle_repeat`` replays bundles). They are the values the runner
-would otherwise hold as bytes, so this adds no copies, only keeps them until the run ends.
+it, fails with :class:`HandoffError` rather than yield wrong data. Each value is stored once,
+under a number of its own, however often Beam encodes it (Beam also encodes a sample of
+elements only to estimate their size, a grouped element with all its values, and those bytes
+are never read), and stays until the transform that reads it last lets go of it
+(:func:`transforms.handoff.let_go`: Pack for a document, the builders for a chunk, the writers
+for an example batch, dedup for a copy it drops); so a run holds about one copy of the corpus
+at a time (its documents, then its chunks, then its examples), not all three to the end. What
+no transform let go of goes at :meth:`RunnerTuning.release`, the end of the run. Where the
+runner replays bundles (``--direct_runner_bundle_repeat``, which decodes an input again after
+its reader let go of it), values stay until that release. A value read after it was let go of
+fails with :class:`HandoffError` ("no longer stored"), never yields another value.
 
 **The frozen heap of the run (FnApiRunner in-process only).** That runner holds its stages'
 data in this process, so full garbage collections come during the run, and each walked every
@@ -72,6 +79,8 @@ from schemas.errors import JobFailedError
 __all__ = ["SDK_WORKER_MAIN", "HandoffError", "RunnerTuning", "freeze_worker_heap", "shared"]
 
 _STORE: dict[str, dict[int, Any]] = {}  # scope -> token -> value
+_KEEP: set[str] = set()  # scopes whose values stay until release (the runner replays bundles)
+_NUMBERS = itertools.count()  # each handed-over value's number in its run's store
 _LOCK = threading.Lock()
 _COUNTER = itertools.count()
 _SHARED_TYPES: dict[type, type] = {}
@@ -94,13 +103,20 @@ def _resolve(pid: int, scope: str, token: int) -> Any:
 
 
 def _reduce_by_reference(self):
-    token = next(_COUNTER)
-    with _LOCK:
-        values = _STORE.get(self.handoff_scope)
-        if values is None:
-            raise HandoffError(f"by-reference values of run {self.handoff_scope} were released")
-        values[token] = self
+    token = self.handoff_number
+    values = _STORE.get(self.handoff_scope)
+    if values is None:
+        raise HandoffError(f"by-reference values of run {self.handoff_scope} were released")
+    values[token] = self  # the same entry however often it is encoded
     return _resolve, (os.getpid(), self.handoff_scope, token)
+
+
+def _let_go(self):
+    """The run will not read this value again (:func:`transforms.handoff.let_go`)."""
+    if self.handoff_scope not in _KEEP:
+        values = _STORE.get(self.handoff_scope)
+        if values is not None:
+            values.pop(self.handoff_number, None)
 
 
 def _shared_type(cls: type) -> type:
@@ -109,7 +125,8 @@ def _shared_type(cls: type) -> type:
     if shared_type is None:
         # No __slots__: an instance carries its run's scope in its __dict__.
         shared_type = _SHARED_TYPES[cls] = type(f"Shared{cls.__name__.capitalize()}", (cls,),
-                                                {"__reduce__": _reduce_by_reference, "__module__": __name__})
+                                                {"__reduce__": _reduce_by_reference, "let_go_of_handoff": _let_go,
+                                                 "__module__": __name__})
     return shared_type
 
 
@@ -120,6 +137,7 @@ def shared(value: tuple, scope: str) -> tuple:
         raise TypeError(f"only tuples are handed over by reference, not {type(value).__name__}")
     handed = tuple.__new__(_shared_type(type(value)), value)
     handed.handoff_scope = scope
+    handed.handoff_number = next(_NUMBERS)
     return handed
 
 
@@ -160,9 +178,12 @@ class RunnerTuning:
         local_workers: FnApiRunner with ``--direct_running_mode=multi_processing``: its worker
             processes freeze their heap, and example batches pass between them through files.
         output: the run's output directory (a local one holds the handoff files under ``.tmp/``).
+        replays: the runner decodes bundles' inputs more than once (``--direct_runner_bundle_repeat``):
+            values handed over by reference then stay until :meth:`release`, not until read.
     """
 
-    def __init__(self, in_one_process: bool, local_workers: bool = False, output: str | None = None):
+    def __init__(self, in_one_process: bool, local_workers: bool = False, output: str | None = None,
+                 replays: bool = False):
         self.build_apart = local_workers
         self.freeze_workers = local_workers
         self.freeze_run = in_one_process
@@ -172,6 +193,8 @@ class RunnerTuning:
             self.scope = f"{os.getpid()}-{next(_COUNTER)}"
             with _LOCK:
                 _STORE[self.scope] = {}
+                if replays:
+                    _KEEP.add(self.scope)
 
     def hand_over(self, elements: beam.PCollection, label: str, *, values_only: bool = False) -> beam.PCollection:
         """``elements`` (tuples; with ``values_only``, ``(key, tuple)`` pairs whose keys the runner
@@ -226,3 +249,4 @@ class RunnerTuning:
         if self.scope is not None:
             with _LOCK:
                 _STORE.pop(self.scope, None)
+                _KEEP.discard(self.scope)

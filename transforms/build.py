@@ -25,6 +25,8 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.free_memory import return_freed_memory
+from transforms.handoff import let_go
 from transforms.objectives.layout import shard_count
 from transforms.parallel import (
     BLOCK_ROWS,
@@ -48,6 +50,7 @@ class _Build(beam.DoFn):
         self._examples = beam.metrics.Metrics.counter("lmshards", "examples")
 
     def start_bundle(self):
+        return_freed_memory()  # the documents' holes, freed as Pack cut these chunks
         self._builder = ChunkBuilder(self._config)
         self._counts: dict[str, int] = {}
 
@@ -73,6 +76,7 @@ class _BlockChunks(beam.DoFn):
     redistributing shuffle costs a copy of its tokens, not a pickle per chunk."""
 
     def start_bundle(self):
+        return_freed_memory()  # the documents' holes, freed as Pack cut these chunks
         self._chunks, self._tokens = [], 0
 
     def process(self, chunk):
@@ -83,6 +87,8 @@ class _BlockChunks(beam.DoFn):
 
     def _block(self):
         block = encode_chunks(self._chunks)
+        for chunk in self._chunks:  # copied into the block
+            let_go(chunk)
         self._chunks, self._tokens = [], 0
         return block
 

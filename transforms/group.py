@@ -36,6 +36,8 @@ from typing import Any
 
 import apache_beam as beam
 
+from transforms.handoff import let_go
+
 __all__ = ["DEFAULT_PACK_GROUP_TOKENS", "SUB_BUCKETS", "AssignGroups", "DropDuplicates", "KeepOneCombineFn",
            "PlanGroups", "group_of", "plan_groups", "plan_summary"]
 
@@ -163,13 +165,18 @@ class KeepOneCombineFn(beam.CombineFn):
 
     def add_input(self, accumulator, value):
         kept, count = accumulator
-        return (value if kept is None else kept), count + 1
+        if kept is None:
+            return value, count + 1
+        let_go(value)  # a copy dropped: nothing reads it again
+        return kept, count + 1
 
     def merge_accumulators(self, accumulators):
         kept, count = None, 0
         for value, n in accumulators:
             if kept is None:
                 kept = value
+            elif value is not None and value is not kept:
+                let_go(value)
             count += n
         return kept, count
 

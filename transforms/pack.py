@@ -23,6 +23,8 @@ import apache_beam as beam
 import numpy as np
 
 from transforms.elements import Chunk
+from transforms.free_memory import return_freed_memory
+from transforms.handoff import let_go
 from transforms.objectives.counters import length_counters
 from transforms.objectives.layout import plan_uniforms
 from transforms.objectives.packing import (
@@ -122,10 +124,18 @@ class _PackBucket(beam.DoFn):
     def process(self, element):
         (split, bucket), grouped = element
         docs = list(grouped)
-        del grouped
+        if isinstance(grouped, list):
+            # Pack is the grouped values' only reader, and Beam's runner holds the element (and
+            # with it this list) until process returns: emptied, the list no longer keeps every
+            # document of the group alive while its chunks are cut (only ``kept`` below does,
+            # each entry until it is copied).
+            grouped.clear()
+        del grouped, element
         docs.sort(key=lambda document: document.key)
         kept = [(document.ids, document.features) for document in docs]
         lengths = [document.tokens for document in docs]
+        for document in docs:  # the group's last reader: only ``kept`` holds their tokens now
+            let_go(document)
         del docs
         stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
         total = sum(lengths) + (len(lengths) if self._eos is not None else 0)  # separators included
@@ -135,6 +145,8 @@ class _PackBucket(beam.DoFn):
             packer = ConcatPacker(kept, self._eos, planner)
             for index, chunk in enumerate(packer):
                 yield Chunk(split, planner.key(index), planner.plans[index], chunk)
+                # the documents copied so far leave holes that the chunks' blocks do not fit in
+                return_freed_memory()
             rest = packer.rest
             yield beam.pvalue.TaggedOutput(Pack.STATS, (split, {**stats, "packed_tokens": total - len(rest)}))
             if len(rest):

@@ -25,6 +25,8 @@ from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.elements import ShardPiece
+from transforms.free_memory import return_freed_memory
+from transforms.handoff import let_go
 from transforms.hashing_writer import HashingWriter
 from transforms.objectives.common import digest_u64
 from transforms.objectives.layout import shard_count
@@ -95,6 +97,7 @@ class _WriteShard(beam.DoFn):
         self._lock = lock
 
     def start_bundle(self):
+        return_freed_memory()  # the chunks' holes, freed as the examples were built
         PROGRESS.stage("writing shards")
 
     def write(self, split: str, index: int, count: int, parts: list) -> dict:
@@ -125,8 +128,12 @@ class _WriteShard(beam.DoFn):
 
     def process(self, element):
         (split, index, count), pieces = element
-        parts = [ShardPiece.decode(p, self._schema) for p in pieces if p is not SHARD_MARKER]
-        yield self.write(split, index, count, parts)
+        pieces = [p for p in pieces if p is not SHARD_MARKER]
+        parts = [ShardPiece.decode(p, self._schema) for p in pieces]
+        info = self.write(split, index, count, parts)
+        for piece in pieces:  # written: the run does not read these examples again
+            let_go(piece)
+        yield info
 
 
 def _shard_markers(element, sizing: dict):

@@ -230,37 +230,48 @@ def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, 
 def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
                                                                             sample_glob, tokenizer_path):
     """The in-process runner gets documents, chunks and example batches by reference (the
-    shuffles copy no bytes), writes the bytes the copying runners write, and releases them when
-    done; other runners never get a reference."""
+    shuffles copy no bytes), writes the bytes the copying runners write, and holds none of them
+    to the end: each is let go of by its last reader; other runners never get a reference."""
     from pipelines import runner_tuning
-    from pipelines.options import parse_args
     from pipelines.runner_tuning import RunnerTuning
     from transforms.objectives.packing import Piece
 
     reference_out, reference = clm_dataset
-    handed = []
+    stored, left = {}, []  # every value a run's store took (by id), and what it held at the end
     release = RunnerTuning.release
 
+    class Recording(dict):
+        def __setitem__(self, token, value):
+            stored[id(value)] = value
+            super().__setitem__(token, value)
+
+    class Stores(dict):  # the run's store of values becomes a Recording one
+        def __setitem__(self, scope, values):
+            super().__setitem__(scope, Recording(values))
+
     def recording(self):
-        handed.extend(runner_tuning._STORE.get(self.scope, {}).values())
+        left.extend(runner_tuning._STORE.get(self.scope, {}).values())
         release(self)
 
+    monkeypatch.setattr(runner_tuning, "_STORE", Stores())
     monkeypatch.setattr(RunnerTuning, "release", recording)
     out = tmp_path / "by-reference"
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
-    # Every document, chunk and example batch went by reference (the runner pickles an element
-    # more than once: its grouping re-encodes, its size estimates sample).
+    # Every document, chunk and example batch went by reference
+    handed = list(stored.values())
     documents = {value[0] for value in handed if len(value) == 3}
     chunks = {value[1] for value in handed if len(value) == 4 and isinstance(value[3], Piece)}
-    batch_rows = sum(len(value[0]) // 16 for value in {id(v): v for v in handed}.values()
-                     if len(value) == 4 and not isinstance(value[3], Piece))
+    batch_rows = sum(len(value[0]) // 16 for value in handed if len(value) == 4 and not isinstance(value[3], Piece))
     examples = sum(info["examples"] for info in manifest.splits.values())
     assert len(documents) == manifest.counts["documents_written"] + manifest.counts["duplicates"]
     assert len(chunks) == examples  # one draw: an example per chunk
     assert examples <= batch_rows
-    assert not runner_tuning._STORE
+    # and none of them waited for the end of the run (Beam's size samples of them included)
+    assert left == []
+    from pipelines.options import parse_args
+
     base = _base_args(sample_glob, tokenizer_path)
     assert parse_args(["--output", "o", *base]).in_one_process
     for beam_args in (["--direct_running_mode=multi_processing"], ["--runner", "DataflowRunner"],

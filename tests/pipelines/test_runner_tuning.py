@@ -17,6 +17,24 @@ from lmshards_testing import ROOT
 
 from pipelines import runner_tuning
 from pipelines.runner_tuning import HandoffError, RunnerTuning, shared
+from transforms.handoff import let_go
+
+#: index -> the bytes object made, for the GroupByKey test (this process runs every stage; a
+#: module global read by module-level functions, which Beam pickles by reference).
+_PRODUCED: dict[int, bytes] = {}
+
+
+def _produce(index):
+    ids = _PRODUCED.setdefault(index, np.full(100_000, index, dtype=np.int32).tobytes())
+    yield index % 3, (index, ids)
+
+
+def _consume(element):
+    key, values = element
+    for value in values:
+        index, ids = value  # a plain tuple to the consumer
+        let_go(value)
+        yield key, index, ids is _PRODUCED[index], len(ids)
 
 
 class _Named(NamedTuple):
@@ -24,7 +42,7 @@ class _Named(NamedTuple):
     ids: bytes
 
 
-def test_pickling_stores_the_value_and_writes_only_a_token():
+def test_pickling_stores_the_value_once_and_writes_only_a_token_until_its_reader_lets_go():
     tuning = RunnerTuning(in_one_process=True)
     ids = np.arange(1_000_000, dtype=np.int32).tobytes()
     try:
@@ -32,12 +50,33 @@ def test_pickling_stores_the_value_and_writes_only_a_token():
         assert value == (b"key", ids) and isinstance(value, tuple)
         blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         assert len(blob) < 200  # a token, not 4 MB
+        assert pickle.dumps(value) and len(runner_tuning._STORE[tuning.scope]) == 1  # encoded again: one entry
         back = pickle.loads(blob)
         assert back is value  # the same object: no copy
-        assert pickle.loads(blob) is value  # read again (a replayed bundle)
-        assert pickle.loads(pickle.dumps(back)) is value  # re-encoded, as the runner's grouping does
+        assert pickle.loads(blob) is value  # read again before its reader let go
+        assert pickle.loads(pickle.dumps(back)) is value  # re-encoded, as a pass-through stage does
+        let_go(back)
+        assert runner_tuning._STORE[tuning.scope] == {}  # the run no longer holds it
+        with pytest.raises(HandoffError, match="no longer stored"):
+            pickle.loads(blob)  # read after: an error, never another value
+        let_go(back)  # twice: nothing more happens
+        let_go((b"a", b"plain tuple"))  # not handed over: nothing happens
     finally:
         tuning.release()
+
+
+def test_a_runner_that_replays_bundles_keeps_the_values_until_the_run_ends():
+    tuning = RunnerTuning(in_one_process=True, replays=True)
+    try:
+        value = shared((b"key", b"ids"), tuning.scope)
+        blob = pickle.dumps(value)
+        let_go(pickle.loads(blob))
+        assert pickle.loads(blob) is value  # read again (a replayed bundle)
+    finally:
+        tuning.release()
+    assert tuning.scope not in runner_tuning._KEEP
+    with pytest.raises(HandoffError, match="no longer stored"):
+        pickle.loads(blob)
 
 
 def test_a_named_tuple_stays_one_with_its_fields():
@@ -92,24 +131,19 @@ def test_a_token_read_in_another_process_fails_clearly():
 def test_values_cross_a_real_group_by_key_of_the_in_process_runner_without_a_copy(beam_args):
     """The values a GroupByKey hands on are the very objects handed over (no bytes copied),
     read as plain tuples, also when the runner replays every bundle."""
-    tuning = RunnerTuning(in_one_process=True)
-
-    def produce(index):
-        yield index % 3, (index, np.full(100_000, index, dtype=np.int32).tobytes())
-
-    def consume(element):
-        key, values = element
-        stored = list(runner_tuning._STORE[tuning.scope].values())
-        for index, ids in values:  # a plain tuple to the consumer
-            yield key, index, any(s[1] is ids for s in stored), len(ids)
+    tuning = RunnerTuning(in_one_process=True, replays=bool(beam_args))
+    produced_ids = _PRODUCED
+    produced_ids.clear()
 
     expected = [(i % 3, i, True, 400_000) for i in range(12)]
     try:
         with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *beam_args])) as pipeline:
-            produced = pipeline | beam.Create(range(12)) | beam.FlatMap(produce)
+            produced = pipeline | beam.Create(range(12)) | beam.FlatMap(_produce)
             got = (tuning.hand_over(produced, "HandOver", values_only=True) | beam.GroupByKey()
-                   | beam.FlatMap(consume))
+                   | beam.FlatMap(_consume))
             assert_that(got, equal_to(expected))
+        if not beam_args:  # every value let go of by its reader (Beam's size samples too): none waits for the end
+            assert runner_tuning._STORE[tuning.scope] == {}
     finally:
         tuning.release()
     assert tuning.scope not in runner_tuning._STORE
