@@ -34,6 +34,7 @@ from pipelines.options import MaterializeOptions
 from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_stage
 from pipelines.parser import build_parser
 from schemas.examples import example_schema
+from schemas.manifest import LENGTH_PARAMETERS, MAX_EXAMPLE_TOKENS
 from transforms.encoder_choice import EncoderChoice, choose_encoder
 from transforms.group import SUB_BUCKETS
 from transforms.objectives.registry import make_objective
@@ -194,16 +195,11 @@ def _naming_the_flag(message: str, options: MaterializeOptions) -> str:
     return f"{min(named)[1] if named else f'--objective {options.objective}'}: {message}"
 
 
-#: Most tokens one example's length parameter may ask for: far beyond any model's context, and
-#: below what an Arrow list offset (int32) and the objectives' length searches take.
-MAX_EXAMPLE_TOKENS = 1 << 24
-_LENGTH_PARAMETERS = ("seq_len", "inputs_length", "targets_length")
-
 
 def plan_run(options: MaterializeOptions) -> Plan:
     """Validate the configuration and resolve the tokenizer, without writing anything."""
     check_beam_args(options.beam_args)
-    for name in _LENGTH_PARAMETERS:
+    for name in LENGTH_PARAMETERS:
         value = options.objective_params.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_EXAMPLE_TOKENS:
             raise ValueError(_naming_the_flag(f"{name} {value} is more than {MAX_EXAMPLE_TOKENS:,} tokens per "
