@@ -29,50 +29,25 @@ import logging
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import (
-    PipelineOptions,
-    TestOptions,
-    TypeOptions,
-)
-
-from pipelines.beam_logging import set_beam_verbosity
-from pipelines.dataflow import stage_installed_package
-from pipelines.engine_run import LocalEngine
-from pipelines.engines import local_engine
-from pipelines.failures import job_error, quiet_beam
-from pipelines.options import (
-    parse_args,
-)
-from pipelines.output_dir import check_output, clean_failed_run, prepare_output
-from pipelines.plan import (
-    Plan,
-    check_beam_args,
-    plan_run,
-    serial_encoder_warning,
-    shard_sizing,
-    static_manifest,
-)
-from pipelines.runner_tuning import RunnerTuning
+from pipelines.beam_logging import import_beam_quietly, set_beam_verbosity
+from pipelines.options import parse_args
 from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.manifest import MANIFEST_NAME, Manifest
-from transforms.accounting import RejectedFractionError
-from transforms.build import BuildExamples
-from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
-from transforms.manifest import WriteManifest
-from transforms.objectives.counters import sum_counters
 from transforms.objectives.registry import objective_flags
-from transforms.output import (
-    RunLock,
-)
-from transforms.pack import Pack
-from transforms.progress import PROGRESS
-from transforms.read import ReadCorpus
-from transforms.tokenize import Tokenize
-from transforms.write import WriteRejected, WriteShards, join_path, write_atomic
+
+if TYPE_CHECKING:
+    import apache_beam as beam
+
+    from pipelines.engine_run import LocalEngine
+    from pipelines.plan import Plan
+    from pipelines.runner_tuning import RunnerTuning
+    from transforms.output import RunLock
+
+# Apache Beam, and every module that imports it, is imported inside the functions below, once
+# lmshards' own flags are parsed (pipelines.options.parse_args): a mistyped flag or --help is
+# answered without the seconds Beam's import takes.
 
 _LOG = logging.getLogger("lmshards")
 
@@ -94,6 +69,19 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     plain graph of every other runner.
     ``lock``: the run's lock, checked by every writer before it renames a file into place.
     """
+    import apache_beam as beam
+
+    from pipelines.plan import shard_sizing, static_manifest
+    from pipelines.runner_tuning import RunnerTuning
+    from transforms.build import BuildExamples
+    from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
+    from transforms.manifest import WriteManifest
+    from transforms.objectives.counters import sum_counters
+    from transforms.pack import Pack
+    from transforms.read import ReadCorpus
+    from transforms.tokenize import Tokenize
+    from transforms.write import WriteRejected, WriteShards, join_path
+
     tuning = tuning or RunnerTuning(in_one_process=False)
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
@@ -176,7 +164,17 @@ def _prepare(argv: list[str] | None):
         ConfigError: any problem found here (a ``ValueError`` of a check becomes one).
     """
     try:
-        options = parse_args(argv)
+        options = parse_args(argv)  # lmshards' own flags, before Beam is imported
+        import_beam_quietly()
+        import apache_beam as beam
+        from apache_beam.io.filesystems import FileSystems
+        from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
+
+        from pipelines.dataflow import stage_installed_package
+        from pipelines.engines import local_engine
+        from pipelines.output_dir import check_output
+        from pipelines.plan import check_beam_args, plan_run, serial_encoder_warning
+
         set_beam_verbosity(options.verbose)
         # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
         # (and its pinned dependencies) goes to the workers.
@@ -216,6 +214,16 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     start = time.monotonic()
     options, plan, dry_run, pipeline, engine = _prepare(argv)
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipelines.failures import job_error, quiet_beam
+    from pipelines.output_dir import clean_failed_run, prepare_output
+    from pipelines.runner_tuning import RunnerTuning
+    from transforms.accounting import RejectedFractionError
+    from transforms.output import RunLock
+    from transforms.progress import PROGRESS
+    from transforms.write import join_path, write_atomic
+
     tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
                           local_workers=options.local_workers, output=None if dry_run else options.output)
     lock = None if dry_run else RunLock.new(options.output)
@@ -289,6 +297,8 @@ def _objective_line(manifest: Manifest) -> str:
 def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
     """Human summary of a finished run: where it went, what was built, the document accounting,
     the splits with their shards, what was added to the tokenizer, the encoder."""
+    from transforms.write import join_path
+
     output = manifest.run.get("output", "")
     counts = manifest.counts
     reasons = ", ".join(f"{k} {v:,}" for k, v in counts["rejected_by_reason"].items())
