@@ -72,8 +72,8 @@ def _texts(files: list[str], text_mode: str, text_field: str, max_documents: int
             if progress is not None:
                 step = max(0, min(len(text) + 1, size - counted))  # (about: a line's bytes and its end)
                 counted += step
-                progress.add_bytes(step)
                 progress.add(1, 0)
+                progress.add_bytes(step)
             if documents >= max_documents or chars >= max_chars:
                 return
         if progress is not None:
