@@ -267,6 +267,9 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     return manifest, result
 
 
+#: Share of a split's document tokens dropped (its last partial chunk) from which the summary warns.
+DROPPED_WARNING = 0.05
+
 #: Objective parameters the summary names (the lengths that shape every example).
 _KEY_LENGTHS = ("seq_len", "inputs_length", "targets_length")
 
@@ -346,6 +349,12 @@ def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
             f"{split}: {info['examples']:,} examples, {info['tokens']:,} tokens in {shards} ({formats}; "
             f"padding {info['padding_tokens']:,}, dropped {info['dropped_tokens']:,})"
         )
+        if info["document_tokens"] and info["dropped_tokens"] / info["document_tokens"] >= DROPPED_WARNING:
+            lines.append(
+                f"warning: {split} dropped {info['dropped_tokens'] / info['document_tokens']:.0%} of its document "
+                f"tokens ({info['dropped_tokens']:,} of {info['document_tokens']:,}: the last partial chunk of its "
+                "examples' length); lower the example length, or --last-chunk pad keeps it as padding"
+            )
     if "validation" not in manifest.splits:
         lines.append("validation: none (--validation-fraction 0; e.g. --validation-fraction 0.01 holds out 1%)")
     added = manifest.tokenizer.get("added_tokens") or []

@@ -208,7 +208,12 @@ def plan_run(options: MaterializeOptions) -> Plan:
     try:
         data = read_tokenizer_bytes(options.tokenizer)
     except Exception as exc:
-        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc})") from exc
+        hint = ""
+        if "://" not in options.tokenizer and not os.path.exists(options.tokenizer):
+            hint = ("; names on the Hugging Face hub (gpt2, t5-base) are not fetched: pass a tokenizer.json file, "
+                    "trained with python -m pipelines.train_tokenizer or saved from HF "
+                    "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR) writes DIR/tokenizer.json)")
+        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc}){hint}") from exc
     tokenizer = tokenizer_from_bytes(data, options.tokenizer)
     dropout = json.loads(tokenizer.to_str()).get("model", {}).get("dropout")
     if dropout:
