@@ -24,7 +24,8 @@ cached there, and only files inside tag directories are ever counted or deleted.
   files (by access time, which leases set explicitly) that are not leased are deleted
   until the new file fits. A file that must be read now is downloaded even when the
   leased files alone fill the bound, so the cache holds at most ``max_bytes`` plus the
-  files in use. Prefetches never exceed the bound: a prefetch that does not fit without
+  files in use, but never one larger than the whole bound (a :class:`~schemas.errors.ConfigError`
+  before anything is evicted). Prefetches never exceed the bound: a prefetch that does not fit without
   evicting a leased or soon-needed file is skipped. Partial downloads of other processes
   count at their current size (a few concurrent downloads can overshoot briefly);
   leftovers of crashed processes are deleted after :data:`STALE_PARTIAL_S` seconds.
@@ -51,6 +52,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from loaders.prefetch import Prefetcher
+from schemas.errors import ConfigError
 
 try:
     import fcntl
@@ -300,6 +302,13 @@ class ShardCache:
                 if not prefetch:
                     self.stats["hits"] += 1
                 return lease
+            if self.max_bytes is not None and (size or 0) > self.max_bytes:
+                if prefetch:
+                    self.stats["prefetch_skipped"] += 1
+                    return None
+                # Making room for it would evict every other file, of every dataset cached here, first.
+                raise ConfigError(f"{path}: {size:,} bytes, more than the whole cache ({self.max_bytes:,} bytes, "
+                                  "cache_size_bytes); nothing was evicted for it; raise cache_size_bytes")
             if not self._make_room(path, size or 0, protect, strict=prefetch):
                 self.stats["prefetch_skipped"] += 1
                 return None

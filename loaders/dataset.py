@@ -81,7 +81,10 @@ class ShardedDataset(ResumableStream):
         storage_options: ``fsspec`` filesystem options of a remote dataset (credentials, endpoint).
 
     Raises:
-        FileNotFoundError: no manifest (missing or incomplete dataset).
+        FileNotFoundError: no manifest (missing or incomplete dataset), or a shard or the
+            tokenizer it lists missing.
+        ShardIntegrityError: a damaged manifest, a shard whose size is not the manifest's, a
+            tokenizer whose sha256 is not (the examples' ids mean what that tokenizer says).
         ValueError: bad arguments, split or format.
         UnsupportedSchemaError: an objective that cannot run on this dataset.
     """
@@ -119,6 +122,7 @@ class ShardedDataset(ResumableStream):
         self.location = DatasetLocation(path, cache_dir, cache_size_bytes=cache_size_bytes,
                                         storage_options=storage_options)
         self.manifest = self.location.read_manifest()
+        self.location.check_tokenizer(self.manifest, verify=verify)
         self.split = split
         self.shards = ShardSet(self.location, self.manifest, split, fmt, verify, prefetch_shards)
         self.shuffle = shuffle

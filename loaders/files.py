@@ -36,17 +36,28 @@ inspection commands): :meth:`DatasetLocation.read_manifest` is the only manifest
 checked) and :meth:`DatasetLocation.tokenizer_file` the only way to the tokenizer (its sha256
 checked when the manifest records one). What is inside a shard is checked by the one opener
 per format (:mod:`loaders.arrow_shard`, :mod:`loaders.tar_shard`).
+
+Claims before allocations: a manifest's row counts are only believed when the file sizes it
+states can hold them (:func:`schemas.manifest.min_row_bytes`, checked as it is parsed), and
+its sizes only when the files have them (:meth:`DatasetLocation.check_claims`: one ``stat``
+per local shard, one listing per remote directory) and, remote, when each fits the cache's
+bound. A reader sizes its epoch order from the rows, and the cache makes room from the sizes,
+so both are checked before either happens: a lying manifest is a
+:class:`~loaders.errors.ShardIntegrityError`, not a ``MemoryError`` or a cache emptied of
+another dataset's files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from stat import S_ISREG
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 from loaders.cache import DEFAULT_CACHE_BYTES, Lease, ShardCache
 from loaders.errors import ShardIntegrityError
+from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardFile
 
 __all__ = ["MAX_MANIFEST_BYTES", "VERIFY_MODES", "DatasetLocation", "check_manifest_paths", "check_relative",
@@ -214,6 +225,59 @@ class DatasetLocation:
                 raw = handle.read(MAX_MANIFEST_BYTES + 1)
         return parse_manifest(raw, f"{self.path}/{MANIFEST_NAME}")
 
+    def check_claims(self, files: list[ShardFile]) -> None:
+        """Check the sizes a manifest states for ``files`` against the files themselves, and for a
+        remote dataset against the cache's bound, before anything is sized or evicted by them.
+
+        Raises:
+            ShardIntegrityError: a file whose size is not the manifest's (naming it).
+            FileNotFoundError: a file the manifest lists that does not exist.
+            ConfigError: a remote shard larger than the whole cache (``cache_size_bytes``).
+        """
+        if self.remote:
+            bound = self.cache.max_bytes if self.cache is not None else None
+            for file in files:
+                if bound is not None and file.bytes > bound:
+                    raise ConfigError(f"shard {file.path} of {self.path}: the manifest says {file.bytes:,} bytes, more "
+                                      f"than the whole cache (cache_size_bytes={bound:,}); raise cache_size_bytes")
+        sizes = self._sizes(files)
+        for file in files:
+            size = sizes.get(file.path)
+            if size is None:
+                raise FileNotFoundError(f"shard {file.path} listed in the manifest is missing from {self.path}")
+            if size != file.bytes:
+                where = f"at {self.path}" if self.remote else "on disk"
+                raise ShardIntegrityError(f"shard {file.path}: {size} bytes {where}, the manifest says {file.bytes}")
+
+    def _sizes(self, files: list[ShardFile]) -> dict[str, int]:
+        """``{relative path: size}`` of the files that exist (remote: one listing per directory)."""
+        sizes: dict[str, int] = {}
+        if not self.remote:
+            for file in files:
+                try:
+                    stat = os.stat(self.local_path(file.path))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if S_ISREG(stat.st_mode):
+                    sizes[file.path] = stat.st_size
+            return sizes
+        fs, root = self._fs()
+        directories: dict[str, list[str]] = {}
+        for file in files:
+            directory, _, name = check_relative(file.path, self.path).rpartition("/")
+            directories.setdefault(directory, []).append(name)
+        for directory, names in directories.items():
+            try:
+                listing = fs.ls(f"{root}/{directory}" if directory else root, detail=True)
+            except FileNotFoundError:
+                continue
+            found = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry for entry in listing
+                     if entry.get("type") != "directory"}
+            for name in names:
+                if name in found and isinstance(found[name].get("size"), int):
+                    sizes[f"{directory}/{name}" if directory else name] = found[name]["size"]
+        return sizes
+
     # -- the cache -------------------------------------------------------------------------
     def cache_path(self, relative: str) -> str:
         """Where a remote dataset file lives in the local cache.
@@ -336,6 +400,18 @@ class DatasetLocation:
             lease.close()
             raise
         return lease
+
+    def check_tokenizer(self, manifest: Manifest, *, verify: str = "once") -> None:
+        """Check the dataset's tokenizer as every reader does on open, when the manifest records its
+        sha256 (the writer always does): the ids in the shards mean what that tokenizer says, so a
+        missing, altered or replaced tokenizer.json is an error before any example is read.
+
+        Raises:
+            ShardIntegrityError: a sha256 that differs (naming the file).
+            FileNotFoundError: the tokenizer is missing.
+        """
+        if isinstance(manifest.tokenizer.get("sha256"), str) and manifest.tokenizer["sha256"]:
+            self.tokenizer_file(manifest, verify=verify)
 
     def tokenizer_file(self, manifest: Manifest, *, verify: str = "once") -> str:
         """Local path of the dataset's ``tokenizer.json``, checked against the manifest's sha256

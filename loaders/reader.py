@@ -74,8 +74,9 @@ class DatasetReader:
             :class:`~loaders.dataset.ShardedDataset`.
 
     Raises:
-        FileNotFoundError: no ``manifest.json`` (missing or incomplete dataset).
-        ShardIntegrityError: a damaged manifest (see :func:`loaders.files.parse_manifest`).
+        FileNotFoundError: no ``manifest.json`` (missing or incomplete dataset), or no tokenizer.
+        ShardIntegrityError: a damaged manifest (see :func:`loaders.files.parse_manifest`), or a
+            tokenizer whose sha256 is not the manifest's.
     """
 
     def __init__(self, path: str, verify: str = "once", *, cache_dir: str | None = None,
@@ -87,6 +88,7 @@ class DatasetReader:
         self._location = DatasetLocation(path, cache_dir, cache_size_bytes=cache_size_bytes,
                                          storage_options=storage_options)
         self.manifest = self._location.read_manifest()
+        self._location.check_tokenizer(self.manifest, verify=verify)
         self.columns = {c["name"]: c["type"] for c in self.manifest.schema.get("columns", [])}
 
     @property

@@ -70,12 +70,16 @@ class ShardSet:
         self.location, self.fmt, self.verify = location, fmt, verify
         self.prefetch_shards = prefetch_shards
         self.shards: list[ShardInfo] = manifest.shards(split)
+        # The epoch order is sized by the rows, the cache's room by the bytes: both believed only
+        # once the files back them (see loaders.files).
+        location.check_claims([shard.files[fmt] for shard in self.shards if fmt in shard.files])
         self.columns = {c["name"]: c["type"] for c in manifest.schema.get("columns", [])}
         self._row_counts = np.asarray(self.rows, dtype=np.int64)
         self._reset()
 
     def _reset(self) -> None:
         self._open: dict[int, ArrowShard] = {}
+        self._opened_as: dict[int, tuple[str, tuple[int, int, int, int]]] = {}  # index -> (path, file identity)
         self._protect: frozenset[str] = frozenset()
         self._prefetcher: Prefetcher | None = None
         self._released = False  # since the last prefetch request: room may have been freed
@@ -84,7 +88,7 @@ class ShardSet:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for name in ("_open", "_protect", "_prefetcher", "_released", "_pid", "_table"):
+        for name in ("_open", "_opened_as", "_protect", "_prefetcher", "_released", "_pid", "_table"):
             state.pop(name)  # memory maps, leases and threads are per process
         return state
 
@@ -128,17 +132,31 @@ class ShardSet:
                 raise
             shard.lease = lease if self.location.remote else None
             self._open[index] = shard
+            self._opened_as[index] = (lease.path, _identity(os.fstat(shard._fd)))
         return shard
 
     def start_epoch(self) -> None:
-        """Forget opened shards when ``verify="always"``, so that each epoch checks them again."""
+        """Forget opened shards when ``verify="always"``, so that each epoch checks them again;
+        with ``once``, forget those whose file changed since it was opened (another inode, size or
+        mtime: rewritten in place or replaced), so that the next epoch checks the new bytes and
+        never serves them unchecked through the old mapping."""
         if self.verify == "always":
             self.release(list(self._open))
+        elif self.verify == "once":
+            self.release([index for index in self._open if self._changed(index)])
+
+    def _changed(self, index: int) -> bool:
+        path, identity = self._opened_as[index]
+        try:
+            return _identity(os.stat(path)) != identity
+        except OSError:
+            return True
 
     def release(self, indices) -> None:
         """Close opened shards: their cached files may be evicted (rows already read stay valid)."""
         for index in indices:
             shard = self._open.pop(index, None)
+            self._opened_as.pop(index, None)
             if shard is not None:
                 shard.close()
                 self._released = True
@@ -217,6 +235,11 @@ class ShardSet:
     def wait_prefetch(self, timeout: float | None = None) -> bool:
         """Wait for the background downloads asked for so far; False on timeout."""
         return self._prefetcher is None or self._prefetcher.wait(timeout)
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file's version apart: device, inode, size, mtime (the key of a verified checksum)."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _prefetch_one(shards: weakref.ref[ShardSet], index: int, protect: frozenset[str]) -> bool:

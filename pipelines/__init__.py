@@ -1,11 +1,9 @@
 """Entry points of lmshards: options, the materialize pipeline and the ``lmshards`` CLI.
 
-Every entry point imports Apache Beam, so it is imported here first, without the warnings
-it logs at import (:mod:`pipelines.beam_logging`).
+Apache Beam is not imported here: the CLI, the flag parsers and the inspection commands do
+without it, so that ``lmshards --help`` and a mistyped flag answer at once. The modules that
+need Beam import it through :func:`pipelines.beam_logging.import_beam_quietly` first (without
+the warnings it logs at import), once lmshards' own flags are parsed.
 """
 
-from pipelines.beam_logging import import_beam_quietly
-
 __version__ = "0.1.0"
-
-import_beam_quietly()

@@ -29,51 +29,25 @@ import logging
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import (
-    DirectOptions,
-    PipelineOptions,
-    TestOptions,
-    TypeOptions,
-)
-
-from pipelines.beam_logging import set_beam_verbosity
-from pipelines.dataflow import stage_installed_package
-from pipelines.engine_run import LocalEngine
-from pipelines.engines import local_engine
-from pipelines.failures import job_error, quiet_beam
-from pipelines.options import (
-    parse_args,
-)
-from pipelines.output_dir import check_output, clean_failed_run, prepare_output
-from pipelines.plan import (
-    Plan,
-    check_beam_args,
-    plan_run,
-    serial_encoder_warning,
-    shard_sizing,
-    static_manifest,
-)
-from pipelines.runner_tuning import RunnerTuning
+from pipelines.beam_logging import import_beam_quietly, set_beam_verbosity
+from pipelines.options import parse_args
 from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.manifest import MANIFEST_NAME, Manifest
-from transforms.accounting import RejectedFractionError
-from transforms.build import BuildExamples
-from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
-from transforms.manifest import WriteManifest
-from transforms.objectives.counters import sum_counters
 from transforms.objectives.registry import objective_flags
-from transforms.output import (
-    RunLock,
-)
-from transforms.pack import Pack
-from transforms.progress import PROGRESS
-from transforms.read import ReadCorpus
-from transforms.tokenize import Tokenize
-from transforms.write import WriteRejected, WriteShards, join_path, write_atomic
+
+if TYPE_CHECKING:
+    import apache_beam as beam
+
+    from pipelines.engine_run import LocalEngine
+    from pipelines.plan import Plan
+    from pipelines.runner_tuning import RunnerTuning
+    from transforms.output import RunLock
+
+# Apache Beam, and every module that imports it, is imported inside the functions below, once
+# lmshards' own flags are parsed (pipelines.options.parse_args): a mistyped flag or --help is
+# answered without the seconds Beam's import takes.
 
 _LOG = logging.getLogger("lmshards")
 
@@ -95,6 +69,19 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     plain graph of every other runner.
     ``lock``: the run's lock, checked by every writer before it renames a file into place.
     """
+    import apache_beam as beam
+
+    from pipelines.plan import shard_sizing, static_manifest
+    from pipelines.runner_tuning import RunnerTuning
+    from transforms.build import BuildExamples
+    from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
+    from transforms.manifest import WriteManifest
+    from transforms.objectives.counters import sum_counters
+    from transforms.pack import Pack
+    from transforms.read import ReadCorpus
+    from transforms.tokenize import Tokenize
+    from transforms.write import WriteRejected, WriteShards, join_path
+
     tuning = tuning or RunnerTuning(in_one_process=False)
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
@@ -177,7 +164,17 @@ def _prepare(argv: list[str] | None):
         ConfigError: any problem found here (a ``ValueError`` of a check becomes one).
     """
     try:
-        options = parse_args(argv)
+        options = parse_args(argv)  # lmshards' own flags, before Beam is imported
+        import_beam_quietly()
+        import apache_beam as beam
+        from apache_beam.io.filesystems import FileSystems
+        from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
+
+        from pipelines.dataflow import stage_installed_package
+        from pipelines.engines import local_engine
+        from pipelines.output_dir import check_output
+        from pipelines.plan import check_beam_args, plan_run, serial_encoder_warning
+
         set_beam_verbosity(options.verbose)
         # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
         # (and its pinned dependencies) goes to the workers.
@@ -217,6 +214,17 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     start = time.monotonic()
     options, plan, dry_run, pipeline, engine = _prepare(argv)
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from pipelines.failures import job_error, quiet_beam
+    from pipelines.output_dir import clean_failed_run, prepare_output
+    from pipelines.runner_tuning import RunnerTuning
+    from transforms.accounting import RejectedFractionError
+    from transforms.output import RunLock
+    from transforms.progress import PROGRESS
+    from transforms.write import join_path, write_atomic
+
     tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
                           local_workers=options.local_workers, output=None if dry_run else options.output,
                           replays=pipeline.options.view_as(DirectOptions).direct_runner_bundle_repeat > 0)
@@ -261,6 +269,9 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     return manifest, result
 
 
+#: Share of a split's document tokens dropped (its last partial chunk) from which the summary warns.
+DROPPED_WARNING = 0.05
+
 #: Objective parameters the summary names (the lengths that shape every example).
 _KEY_LENGTHS = ("seq_len", "inputs_length", "targets_length")
 
@@ -291,6 +302,8 @@ def _objective_line(manifest: Manifest) -> str:
 def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
     """Human summary of a finished run: where it went, what was built, the document accounting,
     the splits with their shards, what was added to the tokenizer, the encoder."""
+    from transforms.write import join_path
+
     output = manifest.run.get("output", "")
     counts = manifest.counts
     reasons = ", ".join(f"{k} {v:,}" for k, v in counts["rejected_by_reason"].items())
@@ -338,6 +351,12 @@ def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
             f"{split}: {info['examples']:,} examples, {info['tokens']:,} tokens in {shards} ({formats}; "
             f"padding {info['padding_tokens']:,}, dropped {info['dropped_tokens']:,})"
         )
+        if info["document_tokens"] and info["dropped_tokens"] / info["document_tokens"] >= DROPPED_WARNING:
+            lines.append(
+                f"warning: {split} dropped {info['dropped_tokens'] / info['document_tokens']:.0%} of its document "
+                f"tokens ({info['dropped_tokens']:,} of {info['document_tokens']:,}: the last partial chunk of its "
+                "examples' length); lower the example length, or --last-chunk pad keeps it as padding"
+            )
     if "validation" not in manifest.splits:
         lines.append("validation: none (--validation-fraction 0; e.g. --validation-fraction 0.01 holds out 1%)")
     added = manifest.tokenizer.get("added_tokens") or []

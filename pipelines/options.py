@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.parallelism import RunnerSetup, resolve_encoder_threads, worker_flags
-from pipelines.parser import build_parser
+from pipelines.parser import build_parser, refuse_mistyped_flags
 from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
-from transforms.group import DEFAULT_PACK_GROUP_TOKENS
+from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, REJECTED_PER_SHARD
 from transforms.parallel import BLOCK_ROWS
 from transforms.record_policy import MAX_RECORD_BYTES, RecordPolicy
-from transforms.write import REJECTED_PER_SHARD
 
 __all__ = ["MaterializeOptions", "parse_args"]
 
@@ -93,6 +92,9 @@ class MaterializeOptions:
     local_workers: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
     param_sources: dict[str, str] = field(default_factory=dict)
+    #: ``(--text-mode, --text-field)`` as given (None: not given), for the checks of
+    #: :mod:`pipelines.input_checks` (a flag the inputs would ignore is refused)
+    text_flags_given: tuple[str | None, str | None] = (None, None)
 
     @property
     def record_policy(self) -> RecordPolicy:
@@ -136,6 +138,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
     """
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
+    refuse_mistyped_flags(beam_args, parser)  # before Beam is imported (it knows the rest)
     params: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if args.config_file:
@@ -184,8 +187,9 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         num_buckets=args.num_buckets,
         input_split_mb=args.input_split_mb,
         pack_group_tokens=None if args.num_buckets else (args.pack_group_tokens or DEFAULT_PACK_GROUP_TOKENS),
-        text_mode=args.text_mode,
-        text_field=args.text_field,
+        text_mode=args.text_mode or "line",
+        text_field=args.text_field or "text",
+        text_flags_given=(args.text_mode, args.text_field),
         draws=args.draws,
         special_tokens=roles,
         add_special_tokens=args.add_special_tokens,

@@ -8,15 +8,14 @@ it alone (a type below), with a one-line error naming the flag and exit status 2
 from __future__ import annotations
 
 import argparse
+import difflib
 
 from pipelines.parallelism import BUILD_STAGES, SEPARATE_BELOW_GROUPS
 from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
 from transforms.encoder import ENCODER_CHOICES
-from transforms.group import DEFAULT_PACK_GROUP_TOKENS
+from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, LAST_CHUNK_MODES, REJECTED_PER_SHARD, TEXT_MODES
 from transforms.objectives.packing import PACKING_MODES
-from transforms.pack import LAST_CHUNK_MODES
 from transforms.parallel import BLOCK_ROWS
-from transforms.read import TEXT_MODES
 from transforms.record_policy import (
     INVALID_UTF8_POLICIES,
     LONG_DOC_POLICIES,
@@ -24,9 +23,9 @@ from transforms.record_policy import (
     NUL_POLICIES,
     UNVERIFIED_ZSTD_POLICIES,
 )
-from transforms.write import REJECTED_PER_SHARD
 
-__all__ = ["DOCUMENT_SEPARATORS", "FORMATS", "build_parser"]
+__all__ = ["DOCUMENT_SEPARATORS", "FORMATS", "OneLineParser", "build_parser", "did_you_mean", "own_flags",
+           "refuse_mistyped_flags"]
 
 FORMATS = ("arrow", "webdataset")
 #: What ends each document in the packed stream (--document-separator).
@@ -122,15 +121,62 @@ def _role(value):
     return role.strip(), token
 
 
-class _Parser(argparse.ArgumentParser):
-    """Errors in one line naming the flag (no usage block), exit status 2."""
+def own_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The long flags a parser declares."""
+    return [option for option in parser._option_string_actions if option.startswith("--")]
+
+
+def did_you_mean(flag: str, ours: list[str], others: list[str] = ()) -> str:
+    """``; did you mean --seq-len?`` for a mistyped flag (``ours`` first, then ``others``, such as
+    Beam's), or a prefix of ours (flags are not abbreviated); else an empty string."""
+    for candidates in (ours, others):
+        close = difflib.get_close_matches(flag, candidates, n=1, cutoff=0.75)
+        if close:
+            return f"; did you mean {close[0]}?"
+    prefixed = sorted(option for option in ours if option.startswith(flag) and len(flag) > 2)
+    if prefixed:  # a prefix abbreviation, which lmshards does not accept
+        return f"; did you mean {' or '.join(prefixed)}? (flags are not abbreviated)"
+    return ""
+
+
+def refuse_mistyped_flags(unknown: list[str], parser: argparse.ArgumentParser) -> None:
+    """Refuse, before Apache Beam is imported, an unknown flag that is a typo of one of ours.
+
+    lmshards' flags are kebab-case and Beam's snake_case (its one hyphenated flag,
+    ``--job-server-timeout``, is far from ours; ``tests/pipelines/test_flags_before_beam.py``
+    checks every flag of Beam and its runners against this rule), so an unknown flag with a
+    hyphen in its name that is close to one of ours is ours mistyped. Every other unknown flag
+    is left to :func:`pipelines.plan.check_beam_args`, which knows Beam's and the runner's.
+
+    Raises:
+        ValueError: the flag and the suggestion, in one line.
+    """
+    ours = own_flags(parser)
+    for argument in unknown:
+        flag = argument.split("=", 1)[0]
+        if not flag.startswith("--") or "-" not in flag[2:]:
+            continue
+        suggestion = did_you_mean(flag, ours)
+        if suggestion:
+            raise ValueError(f"unknown option {flag} (not an lmshards or Apache Beam flag){suggestion}")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Errors in one line naming the flag (no usage block), with a suggestion for a mistyped
+    flag (:func:`did_you_mean`), exit status 2."""
 
     def error(self, message):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            unknown = message[len(prefix):].split()
+            flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
+            if flags:
+                message = f"unknown option {flags[0]}{did_you_mean(flags[0], own_flags(self))}"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         allow_abbrev=False,  # a new flag must never change what an old command line means
         prog="lmshards materialize",
         description="Turn a raw text corpus into packed, sharded pretraining examples. "
@@ -141,9 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="input files (.txt/.jsonl/.parquet, optionally .gz/.zst; local or gs://); repeatable")
     io.add_argument("--output", required=True, metavar="DIR", help="dataset directory to create")
     io.add_argument("--tokenizer", required=True, metavar="PATH", help="a HF tokenizers tokenizer.json")
-    io.add_argument("--text-mode", choices=TEXT_MODES, default="line",
-                    help="documents of text files: one per line, per blank-line paragraph, or per file")
-    io.add_argument("--text-field", default="text", help="JSONL field (dotted path) or Parquet column of the text")
+    io.add_argument("--text-mode", choices=TEXT_MODES, default=None,
+                    help="documents of text files: one per line (default), per blank-line paragraph, or per file")
+    io.add_argument("--text-field", default=None,
+                    help="JSONL field (dotted path) or Parquet column of the text (default: text)")
     io.add_argument("--source-field", default=None, metavar="FIELD",
                     help="JSONL field (dotted path) naming each document's source (a corpus, a language): the "
                     "manifest and the report then give documents, tokens and lengths per source")

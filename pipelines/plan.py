@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import difflib
 import importlib
 import json
 import logging
@@ -30,18 +29,20 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import __version__
+from pipelines.input_checks import check_text_field, check_text_flags
 from pipelines.options import MaterializeOptions
 from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_stage
-from pipelines.parser import build_parser
+from pipelines.parser import build_parser, did_you_mean, own_flags
 from schemas.examples import example_schema
+from schemas.manifest import LENGTH_PARAMETERS, MAX_EXAMPLE_TOKENS
 from transforms.encoder_choice import EncoderChoice, choose_encoder
 from transforms.group import SUB_BUCKETS
 from transforms.objectives.registry import make_objective
-from transforms.read import file_format, iter_file_records, list_inputs, record_fields
+from transforms.read import file_format, iter_file_records, list_inputs
 from transforms.tokenize import needs_full_encodings, read_tokenizer_bytes
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 
-__all__ = ["DASK_RUNNER", "Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args", "check_text_field",
+__all__ = ["DASK_RUNNER", "Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args",
            "plan_encoder", "plan_run", "runner_path", "sample_records", "serial_encoder_warning", "shard_sizing",
            "static_manifest"]
 
@@ -127,15 +128,7 @@ def _beam_parser() -> argparse.ArgumentParser:
 
 def _suggestion(flag: str, beam_flags: list[str]) -> str:
     """``; did you mean --seq-len?`` for a mistyped flag (ours first), else an empty string."""
-    ours = [option for option in build_parser()._option_string_actions if option.startswith("--")]
-    for candidates in (ours, beam_flags):
-        close = difflib.get_close_matches(flag, candidates, n=1, cutoff=0.75)
-        if close:
-            return f"; did you mean {close[0]}?"
-    prefixed = sorted(option for option in ours if option.startswith(flag) and len(flag) > 2)
-    if prefixed:  # a prefix abbreviation, which lmshards does not accept
-        return f"; did you mean {' or '.join(prefixed)}? (flags are not abbreviated)"
-    return ""
+    return did_you_mean(flag, own_flags(build_parser()), beam_flags)
 
 
 def check_beam_args(beam_args: list[str]) -> None:
@@ -194,16 +187,11 @@ def _naming_the_flag(message: str, options: MaterializeOptions) -> str:
     return f"{min(named)[1] if named else f'--objective {options.objective}'}: {message}"
 
 
-#: Most tokens one example's length parameter may ask for: far beyond any model's context, and
-#: below what an Arrow list offset (int32) and the objectives' length searches take.
-MAX_EXAMPLE_TOKENS = 1 << 24
-_LENGTH_PARAMETERS = ("seq_len", "inputs_length", "targets_length")
-
 
 def plan_run(options: MaterializeOptions) -> Plan:
     """Validate the configuration and resolve the tokenizer, without writing anything."""
     check_beam_args(options.beam_args)
-    for name in _LENGTH_PARAMETERS:
+    for name in LENGTH_PARAMETERS:
         value = options.objective_params.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_EXAMPLE_TOKENS:
             raise ValueError(_naming_the_flag(f"{name} {value} is more than {MAX_EXAMPLE_TOKENS:,} tokens per "
@@ -220,7 +208,12 @@ def plan_run(options: MaterializeOptions) -> Plan:
     try:
         data = read_tokenizer_bytes(options.tokenizer)
     except Exception as exc:
-        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc})") from exc
+        hint = ""
+        if "://" not in options.tokenizer and not os.path.exists(options.tokenizer):
+            hint = ("; names on the Hugging Face hub (gpt2, t5-base) are not fetched: pass a tokenizer.json file, "
+                    "trained with python -m pipelines.train_tokenizer or saved from HF "
+                    "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR) writes DIR/tokenizer.json)")
+        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc}){hint}") from exc
     tokenizer = tokenizer_from_bytes(data, options.tokenizer)
     dropout = json.loads(tokenizer.to_str()).get("model", {}).get("dropout")
     if dropout:
@@ -248,9 +241,11 @@ def plan_run(options: MaterializeOptions) -> Plan:
                                               options.objective, groups)
     schema = example_schema(objective.family, **objective.schema_kwargs())
     files = [(f.path, f.size) for f in listing.files]
+    text_mode, text_field = options.text_flags_given
+    check_text_flags([path for path, _ in files], text_mode=text_mode, text_field=text_field)
     texts, rejected = sample_records(options, files)
     if files:
-        check_text_field(options, files[0][0], texts, rejected)
+        check_text_field(options.text_field, files[0][0], texts, rejected)
     encoder = plan_encoder(options, resolved, objective.features, texts)
     return Plan(options, objective, resolved, files, schema, listing.files, listing.skipped, encoder)
 
@@ -288,21 +283,6 @@ def sample_records(options: MaterializeOptions, files: list[tuple[str, int]]) ->
         if len(texts) + len(rejected) >= SAMPLE_RECORDS or chars >= SAMPLE_CHARS:
             break
     return texts, rejected
-
-
-def check_text_field(options: MaterializeOptions, path: str, texts: list[str], rejected: list[dict]) -> None:
-    """Fail before any work when no record at the start of the first file has ``--text-field``:
-    every document of the run would be rejected.
-
-    Raises:
-        ValueError: naming the field, the file and the fields its records have.
-    """
-    if texts or not rejected or any(r["reason"] != "missing_text_field" for r in rejected):
-        return
-    fields = record_fields(path)
-    seen = f"; fields seen: {', '.join(fields)}" if fields else ""
-    raise ValueError(f"--text-field {options.text_field}: no record has the field {options.text_field!r} "
-                     f"(the first {len(rejected):,} of {path}){seen}")
 
 
 def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, features,

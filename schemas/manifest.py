@@ -10,10 +10,13 @@ are compared for determinism (:meth:`Manifest.deterministic_view`).
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "Manifest", "ShardFile", "ShardInfo", "shard_name"]
+__all__ = ["LENGTH_PARAMETERS", "MANIFEST_NAME", "MANIFEST_VERSION", "MAX_EXAMPLE_TOKENS", "Manifest", "ShardFile",
+           "ShardInfo", "min_row_bytes", "shard_name"]
 
 MANIFEST_NAME = "manifest.json"
 #: Version 2: pack groups sized in tokens (``--pack-group-tokens``, ``splits.*.pack_groups``),
@@ -24,6 +27,16 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2
 FORMAT_DIRS = {"arrow": "arrow", "webdataset": "wds"}
 FORMAT_SUFFIXES = {"arrow": ".arrow", "webdataset": ".tar"}
+#: Most tokens one example's length parameter may ask for: far beyond any model's context, and
+#: below what an Arrow list offset (int32) and the objectives' length searches take.
+MAX_EXAMPLE_TOKENS = 1 << 24
+#: The objective parameters that are example lengths (checked against :data:`MAX_EXAMPLE_TOKENS`).
+LENGTH_PARAMETERS = ("seq_len", "inputs_length", "targets_length")
+#: Bytes of one tar header: every member of a WebDataset row has one (the key is in its name).
+TAR_BLOCK = 512
+_ITEM_BYTES = {"int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "halffloat": 2, "int32": 4, "uint32": 4,
+               "float": 4, "float32": 4, "int64": 8, "uint64": 8, "double": 8, "float64": 8}
+_FIXED_LIST = re.compile(r"fixed_size_list<[^:>]*: (\w+)>\[(\d+)\]")
 
 
 def shard_name(split: str, fmt: str, index: int, count: int) -> str:
@@ -74,6 +87,43 @@ class ShardInfo:
         )
 
 
+def min_row_bytes(columns: list[dict[str, str]], fmt: str) -> int:
+    """The fewest bytes a row of these columns takes in a shard file of format ``fmt`` (0: unknown).
+
+    A row count a manifest claims is only believed when the file's bytes can hold it, so that no
+    reader sizes anything (an epoch order, a block permutation) by a number the file cannot back.
+    Arrow (uncompressed IPC, as the writer makes it): a fixed-size list of ``w`` items takes
+    ``w`` items per row, an integer its width, a string or list its offset; WebDataset: one tar
+    header per member, one member per column but the key.
+    """
+    if fmt == "webdataset":
+        return TAR_BLOCK * sum(1 for column in columns if column["name"] != "key")
+    total = 0
+    for column in columns:
+        kind = column["type"]
+        fixed = _FIXED_LIST.fullmatch(kind)
+        if fixed:
+            total += _ITEM_BYTES.get(fixed.group(1), 0) * int(fixed.group(2))
+        elif kind.startswith(("large_list<", "large_string", "large_utf8")):
+            total += 8
+        elif kind.startswith(("list<", "string", "utf8")):
+            total += 4
+        else:
+            total += _ITEM_BYTES.get(kind, 0)
+    return total
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"damaged manifest: the number {name} (a manifest holds finite numbers only)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"damaged manifest: the number {text} is out of range (a manifest holds finite numbers only)")
+    return value
+
+
 def _fail(where: str, what: str) -> None:
     raise ValueError(f"damaged manifest: {where} {what}")
 
@@ -112,6 +162,48 @@ def _check_structure(data: dict[str, Any]) -> None:
                     _fail(f"{where}.files.{fmt}", "has a bad path or size")
                 if not isinstance(entry["sha256"], str):
                     _fail(f"{where}.files.{fmt}.sha256", "is not a string")
+    _check_consistency(data)
+
+
+def _check_consistency(data: dict[str, Any]) -> None:
+    """What every reader relies on beyond the types: each split lists its shards once each, in
+    index order (a split without shards, or a shard listed twice, is no dataset the writer
+    makes); split totals are the sums over their shards; each file's bytes can hold its rows
+    (:func:`min_row_bytes`); example lengths are whole numbers a model can use."""
+    params = data["objective"].get("params", {})
+    if not isinstance(params, dict):
+        _fail("objective.params", "is not an object")
+    for name in LENGTH_PARAMETERS:
+        value = params.get(name)
+        if name in params and (not isinstance(value, int) or isinstance(value, bool)
+                               or not 1 <= value <= MAX_EXAMPLE_TOKENS):
+            _fail(f"objective.params.{name}",
+                  f"is {value!r}, not a whole number of tokens in 1..{MAX_EXAMPLE_TOKENS:,}")
+    columns = data["schema"].get("columns", [])
+    row_bytes = {fmt: min_row_bytes(columns, fmt) for fmt in FORMAT_DIRS}
+    paths: dict[str, str] = {}
+    for split, info in data["splits"].items():
+        shards = info["shards"]
+        if not shards:
+            _fail(f"splits.{split}", "lists no shards (a split the writer makes has at least one; this one holds no "
+                  "examples)")
+        for number, shard in enumerate(shards):
+            where = f"splits.{split}.shards[{number}]"
+            if shard["index"] != number or shard["split"] != split:
+                _fail(where, f"is shard {shard['index']} of split {shard['split']!r}, not shard {number} of {split!r} "
+                      "(each shard is listed once, in index order)")
+            for fmt, entry in shard["files"].items():
+                if entry["path"] in paths:
+                    _fail(f"{where}.files.{fmt}", f"names {entry['path']}, which {paths[entry['path']]} names too")
+                paths[entry["path"]] = f"{where}.files.{fmt}"
+                need = row_bytes.get(fmt, 0)
+                if need and shard["rows"] > entry["bytes"] // need:
+                    _fail(f"{where}.rows", f"is {shard['rows']:,}: more than its {entry['bytes']:,}-byte {fmt} file "
+                          f"can hold (a row takes at least {need:,} bytes)")
+        for name, key in (("examples", "rows"), ("tokens", "tokens")):
+            if name in info and info[name] != sum(shard[key] for shard in shards):
+                _fail(f"splits.{split}.{name}", f"is {info[name]!r}, not the sum over its shards "
+                      f"({sum(shard[key] for shard in shards):,})")
 
 
 @dataclass
@@ -176,7 +268,7 @@ class Manifest:
         Raises:
             ValueError: not an lmshards manifest, a newer format version, or a missing block.
         """
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
         if not isinstance(data, dict) or data.get("format") != "lmshards":
             raise ValueError("not an lmshards manifest (missing \"format\": \"lmshards\")")
         version = data.get("format_version")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from transforms.archives import compression_of, open_decompressed, verify_archive
+from transforms.flag_values import TEXT_MODES
 from transforms.inputs import list_inputs
 from transforms.line_reader import iter_lines
 from transforms.record_formats import SourceLabel, finish_record, records_of, rejection
@@ -31,7 +32,6 @@ __all__ = [
     "record_fields",
 ]
 
-TEXT_MODES = ("line", "paragraph", "file")
 #: Prefix of the read-stats key that marks a file read without verified checksums.
 UNVERIFIED_PREFIX = "unverified_input:"
 _TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")

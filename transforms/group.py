@@ -38,18 +38,13 @@ import apache_beam as beam
 
 from transforms.handoff import let_go
 
-__all__ = ["DEFAULT_PACK_GROUP_TOKENS", "SUB_BUCKETS", "AssignGroups", "DropDuplicates", "KeepOneCombineFn",
+__all__ = ["SUB_BUCKETS", "AssignGroups", "DropDuplicates", "KeepOneCombineFn",
            "PlanGroups", "group_of", "plan_groups", "plan_summary"]
 
 #: Hash sub-buckets per split that pack groups are made of: fine enough that a sub-bucket
 #: stays far below a group up to about 10**14 tokens (a sub-bucket of 2**20 holds 1/1,048,576
 #: of a split), few enough that their token counts are a small aggregate.
 SUB_BUCKETS = 1 << 20
-#: Default ``--pack-group-tokens``: 2**27 (134 M) tokens. Pack + Build hold about one copy of a
-#: group (measured per objective by benchmarks/bench_scale.py; README, "How large a corpus on
-#: Dataflow"): under 1 GB of a worker process, which fits the 3.75 GB of an n1-standard vCPU's
-#: SDK process, the worker's own share included, with room for a second bundle.
-DEFAULT_PACK_GROUP_TOKENS = 1 << 27
 
 
 def plan_groups(bucket_tokens: list[tuple[int, int]], group_tokens: int | None) -> dict[str, Any]:

@@ -38,9 +38,8 @@ from transforms.objectives.packing import (
 )
 from transforms.progress import PROGRESS
 
-__all__ = ["LAST_CHUNK_MODES", "Pack"]
+__all__ = ["Pack"]
 
-LAST_CHUNK_MODES = ("drop", "pad")
 
 
 class _Planner:

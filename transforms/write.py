@@ -25,6 +25,7 @@ from schemas.errors import JobFailedError
 from schemas.examples import ExampleSchema
 from schemas.manifest import ShardFile, ShardInfo, shard_name
 from transforms.elements import ShardPiece
+from transforms.flag_values import REJECTED_PER_SHARD
 from transforms.free_memory import return_freed_memory
 from transforms.handoff import let_go
 from transforms.hashing_writer import HashingWriter
@@ -34,7 +35,7 @@ from transforms.output import TMP_DIR, RunLock
 from transforms.progress import PROGRESS
 from transforms.shard_format import write_arrow_columns, write_tar_columns
 
-__all__ = ["REJECTED_PER_SHARD", "SHARD_MARKER", "TMP_DIR", "ShardRowsError", "WriteRejected", "WriteShards",
+__all__ = ["SHARD_MARKER", "TMP_DIR", "ShardRowsError", "WriteRejected", "WriteShards",
            "join_path", "rejected_file_name", "shard_count", "write_atomic"]
 
 WRITERS = {"arrow": write_arrow_columns, "webdataset": write_tar_columns}
@@ -181,9 +182,6 @@ class WriteShards(beam.PTransform):
         )
 
 
-#: Rejected records per file of ``OUT/rejected/`` at most (about 700 bytes each while a
-#: file's records are sorted: some 180 MB of one worker).
-REJECTED_PER_SHARD = 1 << 18
 
 
 def rejected_file_name(index: int, count: int) -> str:

@@ -36,7 +36,9 @@ def _text(value: Any) -> str:
 def _num(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return _text("-" if value is None else value)
-    return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.1f}" if abs(value) >= 1000 else f"{value:,.4g}"  # (4.878e+04 is no length to read)
 
 
 def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
@@ -83,6 +85,31 @@ def _mixture(params: dict[str, Any]) -> str:
     return _table(keys, [[_text(d.get(k, "")) for k in keys] for d in mixture], "mixture")
 
 
+#: Mode tokens of UL2's built-in mixtures, looked up in the tokenizer.
+_MODE_TOKENS = ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
+
+
+def _special_items(ds: InspectedDataset, tokenizer: dict[str, Any]) -> list[tuple[str, str]]:
+    """Sentinels and mode tokens: the tokenizer's own, and how many the objective uses (the
+    manifest's ``num_sentinels`` and ``mode_tokens``, 0 and none for clm whatever the tokenizer has)."""
+    try:
+        own_sentinels = len(ds.special.sentinels)
+        own_modes = [t for t in _MODE_TOKENS if ds.tokenizer.token_to_id(t) is not None]
+    except Exception:  # noqa: BLE001 - the tokenizer is checked (and reported) where it is opened
+        own_sentinels, own_modes = None, []
+    items = []
+    if "num_sentinels" in tokenizer or own_sentinels is not None:
+        used = tokenizer.get("num_sentinels", 0)
+        items.append(("sentinels", _text(f"{own_sentinels if own_sentinels is not None else '?'} in the tokenizer, "
+                                         f"{used} used by the objective")))
+    used_modes = tokenizer.get("mode_tokens") or {}
+    if used_modes or own_modes:
+        shown = " ".join(own_modes) if own_modes else "none"
+        items.append(("mode_tokens", _text(f"{shown} in the tokenizer; used by the objective: "
+                                           + (" ".join(f"{k}={v}" for k, v in used_modes.items()) or "none"))))
+    return items
+
+
 def config_section(ds: InspectedDataset) -> str:
     """Configuration, objective parameters and tokenizer, as the manifest records them."""
     m = ds.manifest
@@ -93,12 +120,13 @@ def config_section(ds: InspectedDataset) -> str:
     plain = [(k, _text(v)) for k, v in sorted(params.items()) if k != "mixture"]
     mixture = f"<h3>Mixture</h3>{_mixture(params)}" if isinstance(params.get("mixture"), list) else ""
     token_items = [(k, _text(tokenizer[k])) for k in ("file", "vocab_size", "source_vocab_size", "sha256",
-                                                      "special_ids", "num_sentinels", "mode_tokens", "roles")
-                   if k in tokenizer]
+                                                      "special_ids", "roles") if k in tokenizer]
+    token_items += _special_items(ds, tokenizer)
     if isinstance(tokenizer.get("added_tokens"), list):
-        token_items.append(("added_tokens", _text(f"{len(tokenizer['added_tokens'])}: "
-                                                  + " ".join(map(str, tokenizer["added_tokens"][:40]))
-                                                  + (" ..." if len(tokenizer["added_tokens"]) > 40 else ""))))
+        added = tokenizer["added_tokens"]
+        token_items.append(("added_tokens", _text(f"{len(added)}: " + " ".join(map(str, added[:40]))
+                                                  + (" ..." if len(added) > 40 else "")) if added
+                            else "none (the tokenizer had every token the objective needs)"))
     return ('<section id="config"><h2>Configuration</h2><div class="columns">'
             f'<div><h3>Config</h3>{_pairs([(k, _text(v)) for k, v in sorted(config.items())])}</div>'
             f'<div><h3>Objective {_text(objective.get("name", "?"))} ({_text(objective.get("family", "?"))})</h3>'

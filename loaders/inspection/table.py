@@ -10,6 +10,7 @@ uniform sample of ``limit`` examples per split.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from loaders.inspection.anatomy import ObjectiveView, take_apart
@@ -71,6 +72,11 @@ def inspect_dataset(ds: InspectedDataset, *, limit: int | None = None, splits: l
     return out
 
 
+def _value(value: Any) -> str:
+    """A parameter as the manifest spells it (true, false, null), not as Python does (True, None)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _num(value: Any) -> str:
     if value is None:
         return "-"
@@ -126,7 +132,8 @@ def format_table(summary: dict[str, Any]) -> str:
               if not isinstance(v, (list, dict)) and k not in ("objective", "reference")}
     lines = [
         f"dataset    {summary['dataset']}  (format {summary['format_version']}, {', '.join(summary['formats'])})",
-        f"objective  {objective['name']} ({objective['family']})  " + "  ".join(f"{k}={v}" for k, v in params.items()),
+        f"objective  {objective['name']} ({objective['family']})  "
+        + "  ".join(f"{k}={_value(v)}" for k, v in params.items()),
         f"tokenizer  {tok.get('file')}  vocab {tok.get('vocab_size'):,}  sha256 {str(tok.get('sha256'))[:12]}  "
         + " ".join(f"{k}={v}" for k, v in tok.get("special_ids", {}).items())
         + f"  sentinels {tok['sentinels']}"

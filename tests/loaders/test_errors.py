@@ -104,6 +104,7 @@ def test_webdataset_fields_must_match_the_schema(dataset):
 def test_row_count_mismatch_names_the_shard(dataset):
     def edit(data):
         data["splits"]["train"]["shards"][0]["rows"] = 6
+        data["splits"]["train"]["examples"] += 1  # a consistent manifest, whose shard lies
 
     edit_manifest(dataset, edit)
     with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: 5 rows, the manifest says 6"):

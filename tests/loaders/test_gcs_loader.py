@@ -185,7 +185,7 @@ def test_cache_evicts_least_recently_used_files_and_never_leased_ones(tmp_path):
 
 def test_a_file_leased_by_another_process_is_not_evicted(tmp_path):
     path = str(tmp_path / TAG / "shard.arrow")
-    cache = ShardCache(str(tmp_path), max_bytes=10)
+    cache = ShardCache(str(tmp_path), max_bytes=100)
     cache.acquire(path, _writer(b"s" * 100), size=100).close()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from loaders.cache import ShardCache; "

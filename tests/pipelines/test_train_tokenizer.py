@@ -174,7 +174,7 @@ def test_main_reports_what_it_wrote(tmp_path, capsys):
     ]
     assert main(argv) == 0
     assert capsys.readouterr().out.strip() == (f"wrote {out}: bpe, vocab 400, 12 special tokens (1 sentinel, "
-                                               "the UL2 mode tokens)")
+                                               "the UL2 mode tokens), trained on 5 documents")
     assert Tokenizer.from_file(str(out)).token_to_id("<extra_id_0>") == 5
     assert Tokenizer.from_file(str(out)).token_to_id("[NLG]") == 11
 
