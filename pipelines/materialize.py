@@ -198,7 +198,7 @@ def _prepare(argv: list[str] | None):
         if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
             _LOG.warning(warning)
         dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
-        check_output(options)  # before anything else: it changes nothing
+        check_output(options, inputs=[path for path, _ in plan.files])  # before anything else: it changes nothing
         pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
     except LmshardsError:
         raise
@@ -223,7 +223,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     if lock is not None:
         # Everything that can be checked has passed: only now is the output locked and the old dataset removed.
         try:
-            prepare_output(options, plan.splits, lock)
+            prepare_output(options, plan.splits, lock, [path for path, _ in plan.files])
         except BaseException as exc:
             tuning.release()
             if isinstance(exc, ValueError) and not isinstance(exc, LmshardsError):

@@ -35,10 +35,11 @@ from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_s
 from pipelines.parser import build_parser
 from schemas.examples import example_schema
 from transforms.encoder_choice import EncoderChoice, choose_encoder
+from transforms.flag_files import MAX_TOKENIZER_BYTES, read_flag_file
 from transforms.group import SUB_BUCKETS
 from transforms.objectives.registry import make_objective
 from transforms.read import file_format, iter_file_records, list_inputs, record_fields
-from transforms.tokenize import needs_full_encodings, read_tokenizer_bytes
+from transforms.tokenize import needs_full_encodings
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 
 __all__ = ["DASK_RUNNER", "Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args", "check_text_field",
@@ -217,10 +218,7 @@ def plan_run(options: MaterializeOptions) -> Plan:
     if options.packing != "concat" and objective.fixed_raw_length is None:
         raise ValueError(f"--packing {options.packing}: needs a fixed chunk length, and {objective.name} varies it "
                          "from example to example; use --packing concat")
-    try:
-        data = read_tokenizer_bytes(options.tokenizer)
-    except Exception as exc:
-        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc})") from exc
+    data = read_flag_file("--tokenizer", options.tokenizer, MAX_TOKENIZER_BYTES)
     tokenizer = tokenizer_from_bytes(data, options.tokenizer)
     dropout = json.loads(tokenizer.to_str()).get("model", {}).get("dropout")
     if dropout:

@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.elements import Document
@@ -47,6 +46,7 @@ from transforms.encoder import (
     offset_ends,
     pieces_are_exact_for,
 )
+from transforms.flag_files import MAX_TOKENIZER_BYTES, read_flag_file
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.objectives.counters import length_counters
 from transforms.progress import PROGRESS
@@ -86,9 +86,9 @@ def bucket_of(key: bytes, num_buckets: int) -> int:
 
 
 def read_tokenizer_bytes(path: str) -> bytes:
-    """Bytes of a tokenizer.json on any Beam filesystem."""
-    with FileSystems.open(path) as handle:
-        return handle.read()
+    """Bytes of a tokenizer.json on any Beam filesystem (a regular file, at most
+    :data:`~transforms.flag_files.MAX_TOKENIZER_BYTES`)."""
+    return read_flag_file("--tokenizer", path, MAX_TOKENIZER_BYTES)
 
 
 class TokenFeatures:
