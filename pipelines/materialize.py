@@ -59,6 +59,7 @@ from pipelines.plan import (
 from pipelines.runner_tuning import RunnerTuning
 from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.manifest import MANIFEST_NAME, Manifest
+from schemas.names import shown_name
 from transforms.accounting import RejectedFractionError
 from transforms.build import BuildExamples
 from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
@@ -378,13 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     except (LmshardsError, OSError) as exc:  # OSError: a file that cannot be read or written, outside the pipeline
         if isinstance(exc, JobFailedError) and exc.__cause__ is not None:  # not one of the job's checks
             traceback.print_exception(exc.__cause__, file=sys.stderr)
-        print(f"lmshards materialize: error: {exc}", file=sys.stderr)
+        print(f"lmshards materialize: error: {shown_name(exc)}", file=sys.stderr)
         return exit_code(exc)
     if manifest is None:
         print("dry run: the pipeline was built and validated, nothing was submitted")
         return 0
     for line in summary_lines(manifest, manifest.run["wall_seconds"]):
-        print(line)
+        print(shown_name(line))  # file names in it are shown escaped
     return 0
 
 
