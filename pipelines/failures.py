@@ -21,13 +21,27 @@ levels only (Beam's public logging configuration): ``apache_beam`` and the job s
 of its workers' logs are raised to CRITICAL for the run, unless ``--verbose``. Nothing is
 lost: the error that stops the run is what main prints, with its traceback when it is not one
 of the job's own checks.
+
+What logger levels cannot reach: Beam's SDK worker prints each failed bundle's traceback to its
+process's stderr (``print(..., file=sys.stderr)``, before it reports the failure), and a worker
+process of ``--direct_running_mode=multi_processing`` shares lmshards' stderr; a Rust panic of a
+tokenizer is printed by Rust's panic hook straight to file descriptor 2. So the CLI runs a job
+under :func:`hidden_stderr`: file descriptor 2, which the worker processes inherit and native code
+writes to, is a log file of the run while ``sys.stderr`` (everything lmshards and Python print:
+progress, warnings, errors) keeps the terminal. The log is removed when the job ends; a process
+that dies of a signal leaves it in the temporary directory (``lmshards-stderr-*.log``), with what
+the interpreter printed as it died. ``--verbose`` keeps everything on the terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import os
 import re
+import sys
+import tempfile
 
 from pipelines.beam_logging import WORKER_RELAY_LOGGER
 from schemas.errors import JobFailedError
@@ -35,7 +49,7 @@ from transforms.accounting import EmptySplitError, RejectedFractionError, Unreco
 from transforms.inputs import InputChangedError
 from transforms.output import LockLostError
 
-__all__ = ["job_error", "quiet_beam"]
+__all__ = ["hidden_stderr", "job_error", "quiet_beam"]
 
 #: The job's own checks: ``(error type, the fixed start of its message)``, most specific first.
 _CHECKS = (
@@ -93,3 +107,34 @@ def quiet_beam(verbose: bool):
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def hidden_stderr(verbose: bool):
+    """File descriptor 2 to a log of the run while ``sys.stderr`` stays the terminal (see the
+    module docstring); nothing changes when ``verbose``, or where ``sys.stderr`` is not file
+    descriptor 2 (a test's capture, an embedding application's stream)."""
+    try:
+        is_fd2 = sys.stderr is not None and sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        is_fd2 = False
+    if verbose or not is_fd2:
+        yield
+        return
+    original = sys.stderr
+    original.flush()
+    log_fd, log_path = tempfile.mkstemp(prefix="lmshards-stderr-", suffix=".log")
+    terminal = os.dup(2)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stderr = io.TextIOWrapper(io.FileIO(terminal, "w", closefd=False), encoding=original.encoding,
+                                  errors=original.errors, line_buffering=True, write_through=True)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr = original
+        os.dup2(terminal, 2)
+        os.close(terminal)
+        with contextlib.suppress(OSError):
+            os.unlink(log_path)

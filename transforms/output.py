@@ -50,7 +50,8 @@ from apache_beam.io.filesystems import FileSystems
 from schemas.errors import ConfigError, JobFailedError
 
 __all__ = ["LAYOUT", "LAYOUT_DIRS", "LOCK_NAME", "TMP_DIR", "LockLostError", "OutputLockedError", "RunLock",
-           "acquire_lock", "delete_tree", "foreign_files", "list_output", "remove_output_files", "unexpected_entries"]
+           "acquire_lock", "delete_tree", "foreign_files", "list_output", "process_start", "remove_output_files",
+           "unexpected_entries"]
 
 _LOG = logging.getLogger("lmshards")
 
@@ -140,7 +141,7 @@ class RunLock:
             return True
         except PermissionError:
             pass  # alive, another user's
-        started = _process_start(self.pid)
+        started = process_start(self.pid)
         try:
             locked = datetime.datetime.fromisoformat(self.started).timestamp()
         except ValueError:
@@ -157,7 +158,7 @@ class RunLock:
                 pass
 
 
-def _process_start(pid: int) -> float | None:
+def process_start(pid: int) -> float | None:
     """Start time (epoch seconds) of a process, from /proc (None where there is no /proc)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:

@@ -208,8 +208,8 @@ class _TokenizeBatch(beam.DoFn):
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
         self._fallback_batches = beam.metrics.Metrics.counter("lmshards", "encoder_fallback_batches")
-        if not PROGRESS.owner:  # a worker process: its own lines (the process that planned the run configured it)
-            PROGRESS.configure(0, self._progress_seconds, owner=False)
+        # A worker process counts for the run (the process that planned the run configured its own).
+        PROGRESS.join_run(self._progress_seconds)
 
     def teardown(self):
         pool = getattr(self, "_pool", None)
