@@ -21,6 +21,16 @@ levels only (Beam's public logging configuration): ``apache_beam`` and the job s
 of its workers' logs are raised to CRITICAL for the run, unless ``--verbose``. Nothing is
 lost: the error that stops the run is what main prints, with its traceback when it is not one
 of the job's own checks.
+
+What logger levels cannot reach: Beam's SDK worker prints each failed bundle's traceback to its
+process's stderr (``print(..., file=sys.stderr)``, before it reports the failure), and a worker
+process of ``--direct_running_mode=multi_processing`` shares lmshards' stderr; a Rust panic of a
+tokenizer is printed by Rust's panic hook straight to file descriptor 2. So the CLI runs a job
+under :func:`hidden_stderr`: file descriptor 2, which the worker processes inherit and native code
+writes to, is a log file of the run while ``sys.stderr`` (everything lmshards and Python print:
+progress, warnings, errors) keeps the terminal. The log is removed when the job ends; a process
+that dies of a signal leaves it in the temporary directory (``lmshards-stderr-*.log``), with what
+the interpreter printed as it died. ``--verbose`` keeps everything on the terminal.
 """
 
 from __future__ import annotations
@@ -30,12 +40,13 @@ import logging
 import re
 
 from pipelines.beam_logging import WORKER_RELAY_LOGGER
+from pipelines.terminal import hidden_stderr
 from schemas.errors import JobFailedError
 from transforms.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
 from transforms.inputs import InputChangedError
 from transforms.output import LockLostError
 
-__all__ = ["job_error", "quiet_beam"]
+__all__ = ["hidden_stderr", "job_error", "quiet_beam"]
 
 #: The job's own checks: ``(error type, the fixed start of its message)``, most specific first.
 _CHECKS = (
@@ -93,3 +104,5 @@ def quiet_beam(verbose: bool):
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+

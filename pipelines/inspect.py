@@ -31,6 +31,8 @@ import shutil
 import sys
 from collections.abc import Callable
 
+from schemas.names import shown_name
+
 __all__ = ["diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color", "validate_main"]
 
 
@@ -41,7 +43,7 @@ def _dataset_argument(parser: argparse.ArgumentParser) -> None:
 def _error_line(exc: BaseException) -> str:
     """One line for an error: its message's first line (the readers name the file in it)."""
     text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
+    first = shown_name(text.splitlines()[0]) if text else ""  # names in it escaped
     if isinstance(exc, (ValueError, FileNotFoundError, KeyError)) and first:
         return first
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
@@ -79,7 +81,7 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, bod
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a damaged shard or tokenizer: one line naming it
-        hint = "" if prog == "validate" else f" (run 'lmshards validate {args.dataset}')"
+        hint = "" if prog == "validate" else f" (run 'lmshards validate {shown_name(args.dataset)}')"
         print(f"lmshards {prog}: error: {_error_line(exc)}{hint}", file=sys.stderr)
         return 1
 
@@ -239,7 +241,7 @@ def report_main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"lmshards report: error: cannot write {args.output} ({exc.strerror or exc})", file=sys.stderr)
             return 2
-        print(f"wrote {args.output} ({len(page.encode('utf-8')):,} bytes)")
+        print(f"wrote {shown_name(args.output)} ({len(page.encode('utf-8')):,} bytes)")
         return 0
 
     return _run("report", parser, argv, body)

@@ -26,16 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
 from pipelines.beam_logging import import_beam_quietly, set_beam_verbosity
+from pipelines.interrupts import interruptible, quiet_exit_on_interrupt
 from pipelines.options import parse_args
+from pipelines.terminal import hidden_stderr
 from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.manifest import MANIFEST_NAME, Manifest
+from schemas.names import shown_name
 from transforms.objectives.registry import objective_flags
+from transforms.process_info import process_start
 
 if TYPE_CHECKING:
     import apache_beam as beam
@@ -50,6 +55,7 @@ if TYPE_CHECKING:
 # answered without the seconds Beam's import takes.
 
 _LOG = logging.getLogger("lmshards")
+_IMPORTED = time.monotonic()
 
 __all__ = ["build_pipeline", "run", "run_job", "main", "summary_lines"]
 
@@ -196,7 +202,7 @@ def _prepare(argv: list[str] | None):
         if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
             _LOG.warning(warning)
         dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
-        check_output(options)  # before anything else: it changes nothing
+        check_output(options, inputs=[path for path, _ in plan.files])  # before anything else: it changes nothing
         pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
     except LmshardsError:
         raise
@@ -222,9 +228,10 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     from pipelines.runner_tuning import RunnerTuning
     from transforms.accounting import RejectedFractionError
     from transforms.output import RunLock
-    from transforms.progress import PROGRESS
+    from transforms.progress import PROGRESS, ProgressRelay
     from transforms.write import join_path, write_atomic
 
+    local_workers = options.local_workers or engine is not None  # processes of this machine, not this one
     tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
                           local_workers=options.local_workers, output=None if dry_run else options.output,
                           replays=pipeline.options.view_as(DirectOptions).direct_runner_bundle_repeat > 0)
@@ -233,24 +240,35 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     if lock is not None:
         # Everything that can be checked has passed: only now is the output locked and the old dataset removed.
         try:
-            prepare_output(options, plan.splits, lock)
+            prepare_output(options, plan.splits, lock, [path for path, _ in plan.files])
         except BaseException as exc:
             tuning.release()
             if isinstance(exc, ValueError) and not isinstance(exc, LmshardsError):
                 raise ConfigError(str(exc)) from exc
             raise
     failure: tuple[BaseException, bool] | None = None
-    if options.in_one_process:  # every stage runs here: the whole run's progress (workers report their own)
+    # Every stage runs here, or in local worker processes that report to this one: the whole
+    # run's progress (workers of a distributed runner report their own).
+    whole_run = options.in_one_process or (local_workers and not dry_run)
+    if whole_run:
         PROGRESS.configure(sum(size for _, size in plan.files), options.progress_seconds)
+    relay = ProgressRelay(PROGRESS, options.progress_seconds if local_workers and not dry_run else 0)
+    interrupt = None
     try:
         if lock is not None:
             tokenizer_bytes = plan.resolved.to_json_bytes()
             write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
-        with quiet_beam(options.verbose), tuning.running(), _running(engine, dry_run, options.verbose):
+        with interruptible(options.local_workers) as interrupt, quiet_beam(options.verbose), relay, \
+                tuning.running(), _running(engine, dry_run, options.verbose):
+            pipeline_start = time.monotonic()
             result = pipeline.run()
             result.wait_until_finish()
+            pipeline_seconds = time.monotonic() - pipeline_start
     except BaseException as exc:
-        failure = engine.job_error(exc) if engine is not None else job_error(exc)
+        if interrupt is not None and interrupt.interrupted and not isinstance(exc, KeyboardInterrupt):
+            failure = (KeyboardInterrupt(), False)  # Beam re-raised the interrupt as an error of its own
+        else:
+            failure = engine.job_error(exc) if engine is not None else job_error(exc)
         error, chained = failure
         if error is exc:
             raise
@@ -266,6 +284,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         manifest = Manifest.loads(handle.read().decode("utf-8"))
     lock.release()
     manifest.run["wall_seconds"] = round(time.monotonic() - start, 3)
+    manifest.run["pipeline_seconds"] = round(pipeline_seconds, 3)
     return manifest, result
 
 
@@ -299,9 +318,11 @@ def _objective_line(manifest: Manifest) -> str:
     return ", ".join(parts)
 
 
-def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
+def summary_lines(manifest: Manifest, wall_seconds: float, pipeline_seconds: float | None = None) -> list[str]:
     """Human summary of a finished run: where it went, what was built, the document accounting,
-    the splits with their shards, what was added to the tokenizer, the encoder."""
+    the splits with their shards, what was added to the tokenizer, the encoder, and the time:
+    ``wall_seconds`` the whole command's (the token rate is per that), ``pipeline_seconds`` the
+    pipeline's run alone (planning, start-up and the engine's start excluded)."""
     from transforms.write import join_path
 
     output = manifest.run.get("output", "")
@@ -369,7 +390,8 @@ def summary_lines(manifest: Manifest, wall_seconds: float) -> list[str]:
     if encoder:
         lines.append(f"encoder: {encoder_summary(encoder)}")
     rate = total_tokens / wall_seconds if wall_seconds > 0 else 0.0
-    lines.append(f"wall time {wall_seconds:.1f} s, {total_tokens:,} document tokens, {rate:,.0f} tokens/s")
+    pipeline = f" (the pipeline {pipeline_seconds:.1f} s)" if pipeline_seconds is not None else ""
+    lines.append(f"wall time {wall_seconds:.1f} s{pipeline}, {total_tokens:,} document tokens, {rate:,.0f} tokens/s")
     return lines
 
 
@@ -389,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed; 130
     interrupted, Ctrl-C)."""
     try:
-        manifest = run(argv)
+        with hidden_stderr(verbose="--verbose" in (sys.argv[1:] if argv is None else argv)):
+            manifest = run(argv)
     except SystemExit as exc:  # argparse has printed its one-line error
         return int(exc.code or 0)
     except KeyboardInterrupt:  # the run removed what it wrote, and stopped the engine it started
@@ -399,14 +422,25 @@ def main(argv: list[str] | None = None) -> int:
     except (LmshardsError, OSError) as exc:  # OSError: a file that cannot be read or written, outside the pipeline
         if isinstance(exc, JobFailedError) and exc.__cause__ is not None:  # not one of the job's checks
             traceback.print_exception(exc.__cause__, file=sys.stderr)
-        print(f"lmshards materialize: error: {exc}", file=sys.stderr)
+        print(f"lmshards materialize: error: {shown_name(exc)}", file=sys.stderr)
         return exit_code(exc)
+    finally:
+        quiet_exit_on_interrupt()
     if manifest is None:
         print("dry run: the pipeline was built and validated, nothing was submitted")
         return 0
-    for line in summary_lines(manifest, manifest.run["wall_seconds"]):
-        print(line)
+    for line in summary_lines(manifest, command_seconds(), manifest.run.get("pipeline_seconds")):
+        print(shown_name(line))  # file names in it are shown escaped
     return 0
+
+
+def command_seconds() -> float:
+    """Seconds since this process started (its start time from ``/proc``; where there is none,
+    since this module was imported): what the user waited for, interpreter and imports included."""
+    started = process_start(os.getpid())
+    if started is None:
+        return time.monotonic() - _IMPORTED
+    return max(0.0, time.time() - started)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 
 from pipelines.parallelism import RunnerSetup, resolve_encoder_threads, worker_flags
 from pipelines.parser import build_parser, refuse_mistyped_flags
+from schemas.names import shown_name
 from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, REJECTED_PER_SHARD
 from transforms.parallel import BLOCK_ROWS
@@ -107,13 +108,13 @@ class MaterializeOptions:
 
 
 def _load_config(path: str) -> dict[str, Any]:
-    from apache_beam.io.filesystems import FileSystems
+    from transforms.flag_files import MAX_CONFIG_BYTES, read_flag_file
 
+    data = read_flag_file("--config", path, MAX_CONFIG_BYTES)
     try:
-        with FileSystems.open(path) as handle:
-            text = handle.read().decode("utf-8")
-    except Exception as exc:
-        raise ValueError(f"--config {path}: cannot read ({exc})") from exc
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"--config {shown_name(path)}: not UTF-8 text") from None
     try:
         if path.endswith((".yaml", ".yml")):
             import yaml
@@ -123,9 +124,9 @@ def _load_config(path: str) -> dict[str, Any]:
             data = json.loads(text)
     except Exception as exc:
         kind = "YAML" if path.endswith((".yaml", ".yml")) else "JSON"
-        raise ValueError(f"--config {path}: not valid {kind} ({exc})") from exc
+        raise ValueError(f"--config {shown_name(path)}: not valid {kind} ({exc})") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: expected a mapping of parameter names to values")
+        raise ValueError(f"--config {shown_name(path)}: expected a mapping of parameter names to values")
     return data
 
 

@@ -36,10 +36,11 @@ from pipelines.parser import build_parser, did_you_mean, own_flags
 from schemas.examples import example_schema
 from schemas.manifest import LENGTH_PARAMETERS, MAX_EXAMPLE_TOKENS
 from transforms.encoder_choice import EncoderChoice, choose_encoder
+from transforms.flag_files import MAX_TOKENIZER_BYTES, read_flag_file
 from transforms.group import SUB_BUCKETS
 from transforms.objectives.registry import make_objective
 from transforms.read import file_format, iter_file_records, list_inputs
-from transforms.tokenize import needs_full_encodings, read_tokenizer_bytes
+from transforms.tokenize import needs_full_encodings
 from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 
 __all__ = ["DASK_RUNNER", "Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args",
@@ -206,14 +207,15 @@ def plan_run(options: MaterializeOptions) -> Plan:
         raise ValueError(f"--packing {options.packing}: needs a fixed chunk length, and {objective.name} varies it "
                          "from example to example; use --packing concat")
     try:
-        data = read_tokenizer_bytes(options.tokenizer)
-    except Exception as exc:
-        hint = ""
-        if "://" not in options.tokenizer and not os.path.exists(options.tokenizer):
-            hint = ("; names on the Hugging Face hub (gpt2, t5-base) are not fetched: pass a tokenizer.json file, "
-                    "trained with python -m pipelines.train_tokenizer or saved from HF "
-                    "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR) writes DIR/tokenizer.json)")
-        raise ValueError(f"--tokenizer {options.tokenizer}: cannot read ({exc}){hint}") from exc
+        data = read_flag_file("--tokenizer", options.tokenizer, MAX_TOKENIZER_BYTES)
+    except ValueError as exc:
+        if "://" in options.tokenizer or os.path.lexists(options.tokenizer):
+            raise
+        # a hub name, most likely: say that it is not fetched, and how to get the file
+        raise ValueError(f"{exc}; names on the Hugging Face hub (gpt2, t5-base) are not fetched: pass a "
+                         "tokenizer.json file, trained with python -m pipelines.train_tokenizer or saved from HF "
+                         "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR) writes DIR/tokenizer.json)"
+                         ) from None
     tokenizer = tokenizer_from_bytes(data, options.tokenizer)
     dropout = json.loads(tokenizer.to_str()).get("model", {}).get("dropout")
     if dropout:

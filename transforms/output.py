@@ -22,6 +22,15 @@ unfinished writes, a lock). Anything else is refused with one line naming it, an
 is deleted. The manifest goes first, so a half-deleted directory never looks complete.
 Deleting lists the objects and deletes them one by one, which works on every filesystem
 (on ``gs://`` a "directory" is only a name prefix).
+
+**Nothing is written or deleted through a link.** A local output may itself be a symbolic
+link (the user chose that path), but anything *inside* it that is not a regular file or a
+directory of the layout (a symbolic link such as ``train -> /elsewhere`` or ``.tmp ->
+scratch``, a FIFO, a device, a directory lmshards never makes) is listed by
+:func:`unexpected_entries`, and the output is refused before anything changes: through a
+link the run would write shards, or delete files, outside the output. Deleting never
+follows a link either (:func:`remove_output_files` unlinks regular files only, below no
+link), so a link that appears while a run goes on costs nothing outside the output.
 """
 
 from __future__ import annotations
@@ -32,15 +41,18 @@ import logging
 import os
 import re
 import socket
+import stat
 import uuid
 from dataclasses import asdict, dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.errors import ConfigError, JobFailedError
+from transforms.process_info import process_start
 
-__all__ = ["LAYOUT", "LOCK_NAME", "TMP_DIR", "LockLostError", "OutputLockedError", "RunLock", "acquire_lock",
-           "delete_tree", "foreign_files", "list_output", "remove_output_files"]
+__all__ = ["LAYOUT", "LAYOUT_DIRS", "LOCK_NAME", "TMP_DIR", "LockLostError", "OutputLockedError", "RunLock",
+           "acquire_lock", "delete_tree", "foreign_files", "list_output", "process_start", "remove_output_files",
+           "unexpected_entries"]
 
 _LOG = logging.getLogger("lmshards")
 
@@ -61,6 +73,8 @@ LAYOUT = re.compile(
         rf"{_SPLIT}/wds/data-\d{{5}}-of-\d{{5}}\.tar",
     ])
 )
+#: The directories lmshards makes under a dataset directory (relative paths with "/").
+LAYOUT_DIRS = re.compile("|".join([re.escape(TMP_DIR) + r"(/.+)?", "rejected", _SPLIT, rf"{_SPLIT}/(arrow|wds)"]))
 
 
 class OutputLockedError(ConfigError):
@@ -128,7 +142,7 @@ class RunLock:
             return True
         except PermissionError:
             pass  # alive, another user's
-        started = _process_start(self.pid)
+        started = process_start(self.pid)
         try:
             locked = datetime.datetime.fromisoformat(self.started).timestamp()
         except ValueError:
@@ -144,17 +158,6 @@ class RunLock:
             except Exception:  # noqa: BLE001 - gone already
                 pass
 
-
-def _process_start(pid: int) -> float | None:
-    """Start time (epoch seconds) of a process, from /proc (None where there is no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        with open("/proc/stat", encoding="ascii") as handle:
-            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def read_lock(output: str) -> RunLock | None:
@@ -236,15 +239,11 @@ def acquire_lock(output: str, lock: RunLock | None = None) -> RunLock:
 
 
 def list_output(output: str) -> list[str]:
-    """Relative paths (with "/") of every file under ``output``; [] when it does not exist."""
+    """Relative paths (with "/") of every regular file under ``output``; [] when it does not exist.
+
+    Locally, links inside ``output`` are not followed (:func:`unexpected_entries` names them)."""
     if _is_local(output):
-        root = _local(output)
-        found = []
-        for directory, dirs, names in os.walk(root):
-            dirs.sort()
-            for name in names:
-                found.append(os.path.relpath(os.path.join(directory, name), root).replace(os.sep, "/"))
-        return sorted(found)
+        return sorted(relative for relative, kind in _walk_local(_local(output)) if kind == "file")
     try:
         metadata = FileSystems.match([_join(output, "**")])[0].metadata_list
     except Exception:  # noqa: BLE001 - nothing there
@@ -253,14 +252,64 @@ def list_output(output: str) -> list[str]:
     return sorted(m.path[len(prefix) :] for m in metadata if m.path.startswith(prefix))
 
 
+def _walk_local(root: str):
+    """``(relative path, kind)`` of everything under ``root`` (kind ``file``, ``directory``,
+    ``symbolic link to TARGET``, ``special file``), without following a link below ``root``."""
+    for directory, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in [*dirs, *sorted(names)]:
+            path = os.path.join(directory, name)
+            relative = os.path.relpath(path, root).replace(os.sep, "/")
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISLNK(info.st_mode):
+                try:
+                    target = os.readlink(path)
+                except OSError:
+                    target = "?"
+                yield relative, f"symbolic link to {target}"
+            elif stat.S_ISDIR(info.st_mode):
+                yield relative, "directory"
+            elif stat.S_ISREG(info.st_mode):
+                yield relative, "file"
+            else:
+                yield relative, "special file"
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(directory, d))]  # os.walk would not follow
+
+
+def unexpected_entries(output: str) -> list[tuple[str, str]]:
+    """``(relative path, what it is)`` of each entry of a local ``output`` that is neither a regular
+    file nor a directory of the layout (:data:`LAYOUT_DIRS`): links, special files, foreign
+    directories. [] for a remote output (an object store has none of these) or a missing one."""
+    if not _is_local(output):
+        return []
+    return [(relative, kind) for relative, kind in _walk_local(_local(output))
+            if kind != "file" and not (kind == "directory" and LAYOUT_DIRS.fullmatch(relative))]
+
+
 def foreign_files(relatives: list[str]) -> list[str]:
     """The files that are not part of an lmshards dataset's layout (:data:`LAYOUT`)."""
     return [r for r in relatives if not LAYOUT.fullmatch(r)]
 
 
 def remove_output_files(output: str, relatives: list[str], keep: tuple[str, ...] = (LOCK_NAME,)) -> None:
-    """Delete these files of ``output`` (the manifest first), then the empty lmshards directories left."""
+    """Delete these files of ``output`` (the manifest first), then the empty lmshards directories left.
+
+    Locally only regular files are unlinked, and none below a link (see the module docstring)."""
     ordered = sorted((r for r in relatives if r not in keep), key=lambda r: (r != "manifest.json", r))
+    if _is_local(output):
+        root = _local(output)
+        for relative in ordered:
+            _unlink_local(root, relative)
+        for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+            if directory != root and LAYOUT_DIRS.fullmatch(os.path.relpath(directory, root).replace(os.sep, "/")):
+                try:
+                    os.rmdir(directory)  # only empty ones
+                except OSError:
+                    pass
+        return
     for start in range(0, len(ordered), 100):
         paths = [_join(output, r) for r in ordered[start : start + 100]]
         try:
@@ -271,18 +320,30 @@ def remove_output_files(output: str, relatives: list[str], keep: tuple[str, ...]
                     FileSystems.delete([path])
                 except Exception:  # noqa: BLE001
                     pass
-    if _is_local(output):
-        root = _local(output)
-        for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
-            if directory != root:
-                try:
-                    os.rmdir(directory)  # only empty ones
-                except OSError:
-                    pass
+
+
+def _unlink_local(root: str, relative: str) -> None:
+    """Unlink ``root/relative`` if it is a regular file and no directory between ``root`` and it
+    is a link; anything else is left where it is."""
+    path = root
+    parts = relative.split("/")
+    for part in parts[:-1]:
+        path = os.path.join(path, part)
+        if os.path.islink(path) or not os.path.isdir(path):
+            return
+    path = os.path.join(path, parts[-1])
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass  # gone already
 
 
 def delete_tree(path: str) -> None:
-    """Delete every file under ``path`` and, locally, the directory itself (missing: nothing happens)."""
+    """Delete every file under ``path`` and, locally, the directory itself (missing: nothing
+    happens; a local ``path`` that is a link: nothing happens, its target is not the run's)."""
+    if _is_local(path) and os.path.islink(_local(path)):
+        return
     remove_output_files(path, list_output(path), keep=())
     if _is_local(path):
         try:

@@ -23,6 +23,17 @@ A document longer than :data:`~transforms.long_text.PIECE_CHARS` characters is e
 bounded pieces and its ids laid end to end (:mod:`transforms.long_text`,
 :func:`transforms.encoder.encode_bounded`), so no document makes the encoder hold
 gigabytes. A text that encodes to no token is rejected with reason ``no_tokens``.
+
+A text the encoder cannot encode at all is rejected with reason ``encoder_error`` (its
+``detail`` the encoder's one-line error), and the run goes on: a tokenizer's Split regex can
+exceed its regex engine's backtracking limit on one text (``(a+)+$`` on thirty ``a`` and a
+``!``: Oniguruma's ``retry-limit-in-match over``, which HF ``tokenizers`` raises as a Rust panic,
+a ``BaseException``; fastokens' PCRE2 ``match limit exceeded``, a ``ValueError``). A batch that
+fails is encoded again by the reference, ``tokenizers``; where that fails too, each of its texts
+alone, and the texts ``tokenizers`` refuses are rejected. So the rejections and the bytes are the
+reference's under either backend. (The engines' limits differ: a text that fastokens encodes and
+``tokenizers`` refuses would be kept under fastokens; none is known, as PCRE2's limit is the
+lower on the patterns tried.)
 """
 
 from __future__ import annotations
@@ -34,11 +45,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.elements import Document
 from transforms.encoder import (
+    EncodedBatch,
     EncoderUnavailable,
     encode_bounded,
     error_line,
@@ -47,6 +58,7 @@ from transforms.encoder import (
     offset_ends,
     pieces_are_exact_for,
 )
+from transforms.flag_files import MAX_TOKENIZER_BYTES, read_flag_file
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.objectives.counters import length_counters
 from transforms.progress import PROGRESS
@@ -86,9 +98,9 @@ def bucket_of(key: bytes, num_buckets: int) -> int:
 
 
 def read_tokenizer_bytes(path: str) -> bytes:
-    """Bytes of a tokenizer.json on any Beam filesystem."""
-    with FileSystems.open(path) as handle:
-        return handle.read()
+    """Bytes of a tokenizer.json on any Beam filesystem (a regular file, at most
+    :data:`~transforms.flag_files.MAX_TOKENIZER_BYTES`)."""
+    return read_flag_file("--tokenizer", path, MAX_TOKENIZER_BYTES)
 
 
 class TokenFeatures:
@@ -208,8 +220,8 @@ class _TokenizeBatch(beam.DoFn):
         self._documents = beam.metrics.Metrics.counter("lmshards", "documents_tokenized")
         self._tokens = beam.metrics.Metrics.counter("lmshards", "tokens")
         self._fallback_batches = beam.metrics.Metrics.counter("lmshards", "encoder_fallback_batches")
-        if not PROGRESS.owner:  # a worker process: its own lines (the process that planned the run configured it)
-            PROGRESS.configure(0, self._progress_seconds, owner=False)
+        # A worker process counts for the run (the process that planned the run configured its own).
+        PROGRESS.join_run(self._progress_seconds)
 
     def teardown(self):
         pool = getattr(self, "_pool", None)
@@ -235,22 +247,58 @@ class _TokenizeBatch(beam.DoFn):
         self._pending.append((texts, sources, self._pool.submit(self._encode, texts)))
 
     def _encode(self, texts):
-        """The batch's ids, and whether ``tokenizers`` had to encode it instead of fastokens."""
+        """``(the batch's ids, whether tokenizers encoded it instead of fastokens, {index: the
+        error of each text tokenizers refuses}``) (see the module docstring)."""
         try:
-            return encode_bounded(self._encoder, texts, self._pieces), False
-        except Exception as exc:
-            if self._encoder.name == "tokenizers":
+            return encode_bounded(self._encoder, texts, self._pieces), False, {}
+        except BaseException as exc:  # a Rust panic is a BaseException (pyo3's PanicException)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
+            failure = exc
+        fell_back = self._encoder.name != "tokenizers"
+        if fell_back:
             # fastokens refused a text the parity probe did not cover (e.g. a byte its vocabulary
             # lacks, which tokenizers maps to the unknown token): the reference encodes the batch.
             if self._reference is None:
                 _LOG.warning("lmshards: fastokens failed on a batch (%s); tokenizers encodes the batches it "
-                             "refuses (same ids, slower)", error_line(exc))
-                self._reference = load_encoder("tokenizers", self._tokenizer_bytes.decode("utf-8"))
-            return encode_bounded(self._reference, texts, self._pieces), True
+                             "refuses (same ids, slower)", error_line(failure))
+                self._reference = load_encoder("tokenizers", self._tokenizer_bytes.decode("utf-8"),
+                                               full=self._encoder_full())
+            try:
+                return encode_bounded(self._reference, texts, self._pieces), True, {}
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+        batch, refused = self._encode_each(self._reference if fell_back else self._encoder, texts)
+        return batch, fell_back, refused
+
+    def _encoder_full(self) -> bool:
+        return self._token_features is not None and not self._token_features.ids_suffice
+
+    def _encode_each(self, encoder, texts):
+        """``(batch, {index: error})``: each text encoded alone; one that fails gets no ids."""
+        ids, encodings, refused = [], [], {}
+        for index, text in enumerate(texts):
+            try:
+                one = encode_bounded(encoder, [text], self._pieces)
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                refused[index] = error_line(exc)
+                ids.append(np.zeros(0, np.int32))
+                encodings.append(None)
+                continue
+            ids.append(one.ids_of(0))
+            encodings.append(one.encodings[0] if one.encodings is not None else None)
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum([len(row) for row in ids], out=offsets[1:])
+        full = any(encoding is not None for encoding in encodings)
+        batch = EncodedBatch(np.concatenate(ids).astype(np.int32, copy=False) if ids else np.zeros(0, np.int32),
+                             offsets, encodings if full else None)
+        return batch, refused
 
     def _emit(self, texts, sources, future):
-        batch, fell_back = future.result()
+        batch, fell_back, refused = future.result()
         if fell_back:
             self._fallback_batches.inc()
             self.fallback_batches += 1
@@ -258,6 +306,12 @@ class _TokenizeBatch(beam.DoFn):
         tokens = 0
         for index, text in enumerate(texts):
             start, end = offsets[index], offsets[index + 1]
+            if index in refused:
+                beam.metrics.Metrics.counter("lmshards", "rejected_encoder_error").inc()
+                entry = rejection("<tokenizer>", 0, "encoder_error", text)
+                entry["detail"] = refused[index]
+                yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, entry)
+                continue
             if start == end:
                 beam.metrics.Metrics.counter("lmshards", "rejected_no_tokens").inc()
                 yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, rejection("<tokenizer>", 0, "no_tokens", text))

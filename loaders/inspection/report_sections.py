@@ -17,6 +17,7 @@ from typing import Any
 from loaders.inspection.corpus import document_length_bins, input_files, rejected_samples, source_stats
 from loaders.inspection.figures import corpus_figures
 from loaders.inspection.source import InspectedDataset
+from schemas.names import shown_name
 
 __all__ = ["config_section", "corpus_section", "figure_html", "rejected_section", "run_section", "shards_section"]
 
@@ -151,8 +152,8 @@ def corpus_section(ds: InspectedDataset) -> str:
     if isinstance(repaired, dict) and any(repaired.values()):
         accounting.append(("repaired", _text(", ".join(f"{k} {v:,}" for k, v in repaired.items() if v))))
     files = input_files(ds)
-    file_rows = [[f'<span class="path">{_text(f["path"])}</span>', _num(f["bytes"]), _share_cell(f["share"])]
-                 for f in files["files"]]
+    file_rows = [[f'<span class="path">{_text(shown_name(f["path"]))}</span>', _num(f["bytes"]),
+                  _share_cell(f["share"])] for f in files["files"]]
     if files["more_files"]:
         file_rows.append([f"... {files['more_files']:,} more files", _num(files["more_bytes"]),
                           _share_cell(files["more_bytes"] / files["total_bytes"] if files["total_bytes"] else None)])

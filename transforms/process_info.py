@@ -1,0 +1,20 @@
+"""When a process started (from /proc), with no Beam import: a lock's staleness and the
+command's own wall time both use it."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["process_start"]
+
+
+def process_start(pid: int) -> float | None:
+    """Start time (epoch seconds) of a process, from /proc (None where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
