@@ -18,13 +18,10 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
-from benchmarks.bench_workers import _peak_kb
-from benchmarks.memory import _children
+from benchmarks.bench_workers import sample_peaks
 
 RUNS = [("in-process", []),
         ("PrismRunner", ["--runner", "PrismRunner"]),
@@ -48,25 +45,6 @@ def _role(pid: int) -> str | None:
     if "pipelines.materialize" in cmd:
         return "launcher"
     return None  # a short-lived helper (pip freeze, the orphan guard before its exec)
-
-
-def measure(command: list[str]) -> dict:
-    """Run ``command``: exit status, wall seconds, output, and ``{pid: (role, peak KiB)}``."""
-    start = time.monotonic()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peaks: dict[int, tuple[str, int]] = {}
-    while proc.poll() is None:
-        tree, todo = _children(), [proc.pid]
-        while todo:
-            pid = todo.pop()
-            todo.extend(tree.get(pid, []))
-            role = peaks[pid][0] if pid in peaks else _role(pid)
-            kb = _peak_kb(pid)
-            if role and kb:
-                peaks[pid] = (role, max(kb, peaks.get(pid, (role, 0))[1]))
-        time.sleep(0.2)
-    output = proc.stdout.read()
-    return {"rc": proc.returncode, "seconds": round(time.monotonic() - start, 1), "output": output, "peaks": peaks}
 
 
 def _digests(folder: str) -> dict[str, str]:
@@ -100,9 +78,9 @@ def main() -> None:
             if name.split()[0] not in wanted:
                 continue
             out = os.path.join(scratch, name.split()[0])
-            result = measure([sys.executable, "-m", "pipelines.materialize", "--input", args.input,
+            result = sample_peaks([sys.executable, "-m", "pipelines.materialize", "--input", args.input,
                               "--tokenizer", args.tokenizer, "--objective", args.objective,
-                              "--seq-len", args.seq_len, "--output", out, *extra])
+                              "--seq-len", args.seq_len, "--output", out, *extra], _role)
             if result["rc"] != 0:
                 print(f"{name}: exit {result['rc']}, {result['seconds']} s: "
                       f"{result['output'].strip().splitlines()[-1][:300]}", flush=True)

@@ -21,7 +21,7 @@ ratio to the ceiling:
     (counted once with fastokens and cached under ``benchmarks/.cache/``), its key, split
     (1% validation) and sub-bucket from a cheap integer hash instead of blake2b, and a bool
     per token for each feature the objective asks for (bart's word and sentence starts);
-  - PlanGroups, DropDuplicates, AssignGroups: materialize's own transforms;
+  - PlanGroups, AssignGroups: materialize's own transforms;
   - Pack: a group's ids (and features) joined once, EOS between documents, cut into
     ``Chunk`` elements of the objective's raw length (views; no sorting, no packer, no
     plan), the remainders through the same ``GroupRemainders`` shuffle;
@@ -87,7 +87,7 @@ from benchmarks.bench_materialize import (
 from benchmarks.bench_materialize import _child as materialize_child
 from pipelines.runner_tuning import RunnerTuning
 from transforms.elements import Chunk, Document
-from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
+from transforms.group import SUB_BUCKETS, AssignGroups, PlanGroups
 from transforms.objectives.counters import sum_counters
 from transforms.objectives.layout import shard_count
 from transforms.objectives.packing import Piece
@@ -397,13 +397,12 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     read_rejected = (read.rejected, shifted, empty_rejected) | "ReadCorpus/AllRejected" >> beam.Flatten()
     empty_stats = empty | "ReadCorpus/EmptyFileStats" >> beam.Map(lambda _: {"rejected": 1})
     read_stats = (read.stats, empty_stats) | "ReadCorpus/AllReadStats" >> beam.Flatten()
-    # Tokenize, PlanGroups, DropDuplicates, AssignGroups
+    # Tokenize, PlanGroups, AssignGroups
     tokenized = tuning.before_tokenize(read.texts) | "Tokenize/Encode" >> beam.FlatMap(
         _tokenize, features=features).with_outputs("rejected", "sources", main="documents")
     documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
     groups = documents | "PlanGroups" >> PlanGroups(group_tokens)
-    unique = documents | "DropDuplicates" >> DropDuplicates()
-    assigned = unique.documents | "AssignGroups" >> AssignGroups(groups)
+    assigned = documents | "AssignGroups" >> AssignGroups(groups)
     # Pack
     packed = (
         assigned
@@ -416,11 +415,7 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
         | "Pack/RepackRemainders" >> beam.FlatMap(_repack, length=length).with_outputs("stats", main="chunks")
     )
     packing_stats = (packed.stats, repacked.stats) | "Pack/AllPackStats" >> beam.Flatten()
-    pack_stats = (
-        (packing_stats, unique[DropDuplicates.STATS])
-        | "AllPackingStats" >> beam.Flatten()
-        | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
-    )
+    pack_stats = packing_stats | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
     split_tokens = (
         tokenized.documents
         | "DocumentTokens" >> beam.Map(lambda element: (element[0][0], element[1].tokens + 1))
@@ -503,7 +498,9 @@ def materialize_args(corpus: str, tokenizer: str, output: str, objective: str, s
 def compare_graphs(corpus: str, tokenizer: str, objective: str, seq_len: int, mode: str) -> list[str]:
     """Differences between the primitive transforms of materialize's graph and the floor's
     (one line per kind that differs), or one line listing them when they are the same."""
-    from pipelines.materialize import build_pipeline, parse_args, plan_run
+    from pipelines.materialize import build_pipeline
+    from pipelines.options import parse_args
+    from pipelines.plan import plan_run
 
     options = parse_args(materialize_args(corpus, tokenizer, "/nonexistent-floor-output", objective, seq_len, mode))
     graphs = []

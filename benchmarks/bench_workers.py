@@ -23,7 +23,7 @@ import time
 
 from benchmarks.memory import _children
 
-__all__ = ["measure_run"]
+__all__ = ["measure_run", "sample_peaks"]
 
 
 def _peak_kb(pid: int) -> int:
@@ -46,8 +46,9 @@ def _role(pid: int) -> str:
     return "sdk worker" if "sdk_worker_main" in cmd else "launcher" if "materialize" in cmd else cmd[:40]
 
 
-def measure_run(command: list[str]) -> dict:
-    """Run ``command``; its exit status, wall seconds and peak RSS (MiB) of each process of its tree."""
+def sample_peaks(command: list[str], role) -> dict:
+    """Run ``command``; its exit status ``rc``, wall ``seconds``, ``output``, and ``peaks``:
+    ``{pid: (role, peak KiB)}`` of each process of its tree that ``role(pid)`` names (None: left out)."""
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peaks: dict[int, tuple[str, int]] = {}
@@ -56,16 +57,22 @@ def measure_run(command: list[str]) -> dict:
         while todo:
             pid = todo.pop()
             todo.extend(tree.get(pid, []))
+            name = peaks[pid][0] if pid in peaks else role(pid)
             kb = _peak_kb(pid)
-            if kb:
-                role = peaks.get(pid, (None, 0))[0] or _role(pid)
-                peaks[pid] = (role, max(kb, peaks.get(pid, ("", 0))[1]))
+            if name and kb:
+                peaks[pid] = (name, max(kb, peaks.get(pid, (name, 0))[1]))
         time.sleep(0.2)
     output = proc.stdout.read()
-    return {"rc": proc.returncode, "seconds": round(time.monotonic() - start, 1), "output": output,
-            "peaks_mib": sorted(((role, kb // 1024) for role, kb in peaks.values()
-                                if role in ("launcher", "sdk worker") and kb > 10 << 10),
-                                key=lambda r: (r[0], -r[1]))}
+    return {"rc": proc.returncode, "seconds": round(time.monotonic() - start, 1), "output": output, "peaks": peaks}
+
+
+def measure_run(command: list[str]) -> dict:
+    """Run ``command``; its exit status, wall seconds and peak RSS (MiB) of each process of its tree."""
+    result = sample_peaks(command, _role)
+    result["peaks_mib"] = sorted(((role, kb // 1024) for role, kb in result.pop("peaks").values()
+                                  if role in ("launcher", "sdk worker") and kb > 10 << 10),
+                                 key=lambda r: (r[0], -r[1]))
+    return result
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Pipeline (docs/design.md section 2)::
 
-    ReadCorpus -> Tokenize -> DropDuplicates -> AssignGroups -> Pack -> BuildExamples -> WriteShards -> WriteManifest
+    ReadCorpus -> Tokenize -> AssignGroups -> Pack (drops duplicates) -> BuildExamples -> WriteShards -> WriteManifest
         |            \\-> PlanGroups (tokens per sub-bucket: the groups AssignGroups uses)
         \\-> rejected records ----------------------------------------------> rejected/*.jsonl
 
@@ -80,7 +80,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     from pipelines.plan import shard_sizing, static_manifest
     from pipelines.runner_tuning import RunnerTuning
     from transforms.build import BuildExamples
-    from transforms.group import SUB_BUCKETS, AssignGroups, DropDuplicates, PlanGroups
+    from transforms.group import SUB_BUCKETS, AssignGroups, PlanGroups
     from transforms.manifest import WriteManifest
     from transforms.objectives.counters import sum_counters
     from transforms.pack import Pack
@@ -107,11 +107,10 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         encoder=plan.encoder.backend,
     )
     documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
-    # Pack groups are planned from every document's tokens while duplicates are dropped; each
-    # unique document then goes to its group (with --num-buckets its bucket is its group).
+    # Pack groups are planned from every document's tokens; each document then goes to its group
+    # (with --num-buckets its bucket is its group), where exact duplicates, which share a key and
+    # so a group, are dropped.
     groups = documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
-    unique = documents | "DropDuplicates" >> DropDuplicates()
-    documents = unique.documents
     if o.num_buckets is None:
         documents = documents | "AssignGroups" >> AssignGroups(groups)
     chunks, packing_stats = documents | "Pack" >> Pack(
@@ -119,11 +118,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         eos=plan.resolved.special.eos if o.document_separator == "eos" else None,
         group_name="b" if o.num_buckets else "g",
     )
-    pack_stats = (
-        (packing_stats, unique[DropDuplicates.STATS])
-        | "AllPackingStats" >> beam.Flatten()
-        | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
-    )
+    pack_stats = packing_stats | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (
         tokenized.documents

@@ -45,11 +45,13 @@ BuildExamples to each output keeps each in the fused stage that made it; the two
 streams meet in the writers' shuffle, which exists anyway. On a runner that fuses a Flatten
 (Dataflow), the plain graph is the same work.
 
-**Example batches through files (FnApiRunner with local workers only).** Beam's FnApiRunner
-can drop parts of a large stage input it sends to an SDK worker process (a race in its timed
-data-stream flush, :mod:`pipelines.file_handoff`); the writers' Flatten of example batches is
-such an input. With local workers every batch is written once to a file of the run by the
-worker that built it, and only its place crosses the runner (:meth:`RunnerTuning.build_examples`).
+**Documents and example batches through files (FnApiRunner with local workers only).** Beam's
+FnApiRunner can drop parts of a large stage input it sends to an SDK worker process (a race in
+its timed data-stream flush, :mod:`pipelines.file_handoff`); the documents before AssignGroups
+(materialized while the plan is made), a pack group, and the writers' Flatten of example
+batches are such inputs. With local workers every document and every batch is written once to
+a file of the run by the worker that made it, and only its place crosses the runner
+(:meth:`RunnerTuning.hand_over`, :meth:`RunnerTuning.build_examples`).
 Applying the objective to each chunk output apart (above) also keeps the chunks, which are as
 large, out of a Flatten.
 
@@ -198,7 +200,10 @@ class RunnerTuning:
 
     def hand_over(self, elements: beam.PCollection, label: str, *, values_only: bool = False) -> beam.PCollection:
         """``elements`` (tuples; with ``values_only``, ``(key, tuple)`` pairs whose keys the runner
-        groups by and must see as they are), handed over by reference where this run does that."""
+        groups by and must see as they are), handed over by reference where this run does that;
+        with local workers, ``(key, tuple)`` pairs' values through files of the run."""
+        if self.files is not None and values_only:  # local workers: through files of the run
+            return elements | label >> beam.Map(spill_value, self.files.directory)
         if self.scope is None:
             return elements
         return elements | label >> beam.Map(_share_value if values_only else shared, self.scope)

@@ -1,4 +1,4 @@
-"""Between Tokenize and Pack: exact duplicates dropped, documents assigned to pack groups.
+"""Between Tokenize and Pack: documents assigned to pack groups.
 
 Pack groups (docs/design.md section 2, step 3) are sized in tokens, so that what one worker holds while
 it packs a group is bounded by configuration, never by the corpus, and the number of groups
@@ -20,13 +20,10 @@ groups smaller than planned, never larger. ``--num-buckets N`` (an expert overri
 grouping of format 1) puts each document in one of N hash buckets instead, whatever their
 sizes; the plan then only records them.
 
-DropDuplicates keys every tokenized document by its content key (a digest of its text,
-:func:`transforms.tokenize.document_key`) and keeps one per key with a combiner, so Beam
-lifts the combine in front of the shuffle: copies of a document met in one bundle
-collapse there, and a boilerplate document repeated a million times crosses the shuffle
-about once per bundle instead of a million times, and never reaches Pack's shuffle more
-than once. The copies are counted (``duplicates``, per split), as Pack counted them before.
-Which copy is kept does not matter: equal keys mean equal texts, so equal tokens.
+Exact duplicates are dropped in Pack's own shuffle (:mod:`transforms.pack`): equal texts have
+equal keys, so the same sub-bucket and the same group. A separate shuffle by document key
+would carry every document once more for that alone; the cost of dropping them in Pack is that
+the copies of a document cross Pack's shuffle too, within the group size planned with them.
 """
 
 from __future__ import annotations
@@ -36,10 +33,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from transforms.handoff import let_go
-
-__all__ = ["SUB_BUCKETS", "AssignGroups", "DropDuplicates", "KeepOneCombineFn",
-           "PlanGroups", "group_of", "plan_groups", "plan_summary"]
+__all__ = ["SUB_BUCKETS", "AssignGroups", "PlanGroups", "group_of", "plan_groups", "plan_summary"]
 
 #: Hash sub-buckets per split that pack groups are made of: fine enough that a sub-bucket
 #: stays far below a group up to about 10**14 tokens (a sub-bucket of 2**20 holds 1/1,048,576
@@ -150,61 +144,3 @@ class AssignGroups(beam.PTransform):
 
     def expand(self, documents):
         return documents | "GroupOfBucket" >> beam.Map(_assign, plan=beam.pvalue.AsSingleton(self._plan))
-
-
-class KeepOneCombineFn(beam.CombineFn):
-    """One of the values of a key, and how many there were: ``(value, count)``."""
-
-    def create_accumulator(self):
-        return None, 0
-
-    def add_input(self, accumulator, value):
-        kept, count = accumulator
-        if kept is None:
-            return value, count + 1
-        let_go(value)  # a copy dropped: nothing reads it again
-        return kept, count + 1
-
-    def merge_accumulators(self, accumulators):
-        kept, count = None, 0
-        for value, n in accumulators:
-            if kept is None:
-                kept = value
-            elif value is not None and value is not kept:
-                let_go(value)
-            count += n
-        return kept, count
-
-    def extract_output(self, accumulator):
-        return accumulator
-
-
-def _key_by_document(element):
-    return element[1].key, element
-
-
-def _unique(element):
-    _, (element, copies) = element
-    if copies > 1:
-        (split, _), _ = element
-        yield beam.pvalue.TaggedOutput(DropDuplicates.STATS, (split, {"duplicates": copies - 1}))
-    yield element
-
-
-class DropDuplicates(beam.PTransform):
-    """``((split, bucket), Document)`` elements -> the same, one per document key.
-
-    Returns a ``DoOutputsTuple``: the unique documents as main output, and under
-    :attr:`STATS` one ``(split, {"duplicates": n})`` element per key that had ``n`` more
-    copies.
-    """
-
-    STATS = "stats"
-
-    def expand(self, documents):
-        return (
-            documents
-            | "KeyByDocument" >> beam.Map(_key_by_document)
-            | "KeepOnePerKey" >> beam.CombinePerKey(KeepOneCombineFn())
-            | "CountDuplicates" >> beam.FlatMap(_unique).with_outputs(self.STATS, main="documents")
-        )

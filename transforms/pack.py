@@ -1,9 +1,13 @@
 """Pack: tokenized documents -> chunks ready for the objective.
 
-Documents (one per key: exact duplicates are dropped before the shuffle) are grouped by
-``(split, pack group)`` (groups of at most ``--pack-group-tokens`` tokens, or the
-``--num-buckets`` hash buckets: :mod:`transforms.group`), sorted by key and packed with the
-pure functions of :mod:`transforms.objectives.packing`, holding one copy of the group.
+Documents are grouped by ``(split, pack group)`` (groups of at most ``--pack-group-tokens``
+tokens, or the ``--num-buckets`` hash buckets: :mod:`transforms.group`), sorted by key, and
+packed with the pure functions of :mod:`transforms.objectives.packing`, holding one copy of the
+group. Exact duplicates are dropped here, in the same shuffle: equal texts have equal keys, so
+the same sub-bucket and the same group, and sorted by key they are neighbours; one of each key
+is packed (which one does not matter: equal keys mean equal texts, so equal tokens and
+features) and the others are counted (``duplicates``). A group's size is planned with its
+duplicates' tokens (:mod:`transforms.group`), so they never make it larger than planned.
 Remainders of all groups of a split (each shorter than a chunk) are grouped once more,
 sorted by group, and re-packed, so at most one partial chunk per split is dropped
 (``--last-chunk drop``) or padded (``pad``).
@@ -131,12 +135,18 @@ class _PackBucket(beam.DoFn):
             grouped.clear()
         del grouped, element
         docs.sort(key=lambda document: document.key)
-        kept = [(document.ids, document.features) for document in docs]
-        lengths = [document.tokens for document in docs]
-        for document in docs:  # the group's last reader: only ``kept`` holds their tokens now
-            let_go(document)
+        kept, lengths, previous = [], [], None
+        for document in docs:
+            if document.key != previous:  # the first of its key: packed
+                kept.append((document.ids, document.features))
+                lengths.append(document.tokens)
+                previous = document.key
+            let_go(document)  # the group's last reader: only ``kept`` holds the tokens packed
+        duplicates = len(docs) - len(kept)
         del docs
         stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
+        if duplicates:
+            stats["duplicates"] = duplicates
         total = sum(lengths) + (len(lengths) if self._eos is not None else 0)  # separators included
         prefix = f"{split}-{self._group_name}{bucket:05d}"
         if self._mode == "concat":
@@ -203,7 +213,8 @@ class _RepackRest(beam.DoFn):
 class Pack(beam.PTransform):
     """Group documents by pack group, pack chunks, re-pack remainders.
 
-    Input: ``((split, group), Document)`` elements, one per document key.
+    Input: ``((split, group), Document)`` elements, every copy of a document included (each
+    group packs one per key and counts the others).
 
     Args:
         objective: the objective (plans chunk lengths).
@@ -218,7 +229,8 @@ class Pack(beam.PTransform):
     :class:`~transforms.elements.Chunk`, kept apart because flattening them would make the runner encode every
     chunk (consumers apply the same transform to each), and ``(split, counters)`` elements
     (several per split: sum them):
-    ``documents``, ``doc_tokens_*`` (document lengths), ``packed_tokens``
+    ``documents`` (one per key), ``duplicates`` (the other copies; absent when none),
+    ``doc_tokens_*`` (document lengths), ``packed_tokens``
     (tokens of the chunks emitted, re-packed ones included) and ``dropped_tokens``.
     """
 

@@ -1,4 +1,4 @@
-"""Example batches handed between local worker processes through files (pipelines.file_handoff),
+"""Documents and example batches handed between local worker processes through files (pipelines.file_handoff),
 and the Beam race they keep clear of (benchmarks/beam_flush_race.py)."""
 
 from __future__ import annotations
@@ -13,6 +13,27 @@ import pytest
 from lmshards_testing import ROOT
 
 from pipelines.file_handoff import FileHandoff, FileHandoffError, SpilledValue, spill_value, spilled
+
+
+def test_a_document_reads_its_fields_through_its_place(tmp_path):
+    """Pack and AssignGroups read a document's fields (key, ids, tokens): a spilled document
+    loads, once, as the Document it is; Python's protocol lookups never load it."""
+    from transforms.elements import Document
+
+    handoff = FileHandoff(str(tmp_path))
+    ids = np.arange(1000, dtype=np.int32).tobytes()
+    try:
+        key, handed = spill_value((("train", 3), Document(b"k" * 16, ids, {})), handoff.directory)
+        assert key == ("train", 3) and handed.key == b"k" * 16  # before it crosses: the document itself
+        back = pickle.loads(pickle.dumps(handed))
+        assert isinstance(back, SpilledValue)
+        assert getattr(back, "__getnewargs_ex__", None) is None and back._value is None  # not loaded
+        assert back.key == b"k" * 16 and back.ids == ids and back.tokens == 1000
+        assert isinstance(back.load(), Document) and back.load() is back.load()  # read once
+        with pytest.raises(AttributeError):
+            back.no_such_field
+    finally:
+        handoff.release()
 
 
 def test_pickling_writes_the_value_once_and_keeps_only_its_place(tmp_path):

@@ -503,10 +503,10 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
         assert shard.tokens == 0
 
 
-def test_duplicates_are_dropped_before_the_shuffle_into_pack(tmp_path, monkeypatch, sample_texts, tokenizer_path):
-    """A document repeated 300 times reaches Pack once (the copies are dropped by a combiner
-    in front of the shuffle) and is counted as 299 duplicates; bytes are those of the corpus
-    without the copies."""
+def test_duplicates_are_dropped_where_their_group_is_packed(tmp_path, monkeypatch, sample_texts, tokenizer_path):
+    """A document repeated 300 times reaches its pack group 300 times (one shuffle carries
+    documents: Pack's own), is packed once and counted as 299 duplicates; bytes are those of the
+    corpus without the copies."""
     from transforms.pack import _PackBucket
 
     texts = sample_texts[:40]
@@ -525,7 +525,7 @@ def test_duplicates_are_dropped_before_the_shuffle_into_pack(tmp_path, monkeypat
     monkeypatch.setattr(_PackBucket, "process", recording)
     args = ["--tokenizer", tokenizer_path, "--objective", "clm", "--seq-len", "64", "--num-buckets", "4"]
     manifest = materialize(tmp_path / "out", "--input", str(with_copies), *args)
-    assert len(seen) == len(set(seen)) == len(texts)
+    assert len(seen) == len(texts) + 299 and len(set(seen)) == len(texts)
     assert manifest.counts["duplicates"] == 299 and manifest.splits["train"]["duplicates"] == 299
     assert manifest.counts["documents_written"] == len(texts) and manifest.counts["reconciled"]
     reference = materialize(tmp_path / "reference", "--input", str(unique), *args)
