@@ -34,6 +34,18 @@ def test_the_report_gives_the_tokenizers_sentinels_and_mode_tokens(mlm, tmp_path
     assert "none (the tokenizer had every token the objective needs)" in text and ">0: <" not in text
 
 
+def test_diff_gives_the_tokenizers_sentinels_and_mode_tokens_as_the_report_does(mlm, capsys):
+    assert cli(["diff", str(mlm), str(mlm)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    tokenizer = lines[lines.index("tokenizer") + 1:lines.index("counts")]
+    rows = {re.split(r"\s{2,}", line.strip())[0]: re.split(r"\s{2,}", line.strip())[1:] for line in tokenizer}
+    assert rows["sentinels in the tokenizer"] == ["128", "128"]
+    assert rows["sentinels used by the objective"] == ["0", "0"]
+    assert rows["mode tokens in the tokenizer"] == ["[R] [S] [X] [NLU] [S2S] [NLG]"] * 2
+    assert rows["mode tokens used by the objective"] == ["none", "none"]
+    assert not any("num_sentinels" in line or "{}" in line for line in tokenizer), tokenizer
+
+
 def test_the_summary_spells_parameters_as_the_manifest_does(mlm, capsys):
     assert cli(["inspect", str(mlm), "--limit", "50"]) == 0
     header = [line for line in capsys.readouterr().out.splitlines() if line.startswith("objective")][0]
