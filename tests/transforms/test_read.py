@@ -82,7 +82,7 @@ def test_text_invalid_utf8_rejected_and_reading_goes_on(tmp_path):
     path = _write(tmp_path / "a.txt", b"good\nbad \xff\xfe byte\nalso good\n")
     assert _records(path) == [
         (path, 1, "good"),
-        {"source": path, "position": 2, "reason": "invalid_utf8", "excerpt": "bad \ufffd\ufffd byte"},
+        {"source": path, "position": 2, "reason": "invalid_utf8", "excerpt": "bad \\xff\\xfe byte"},
         (path, 3, "also good"),
     ]
 
@@ -179,7 +179,7 @@ def test_excerpt_is_truncated(tmp_path):
 
 
 def test_rejection_excerpt_types():
-    assert rejection("s", 3, "r", b"\xffab") == {"source": "s", "position": 3, "reason": "r", "excerpt": "\ufffdab"}
+    assert rejection("s", 3, "r", b"\xffab") == {"source": "s", "position": 3, "reason": "r", "excerpt": "\\xffab"}
     assert rejection("s", 0, "r", None)["excerpt"] == "None"
     assert rejection("s", 0, "r", 12)["excerpt"] == "12"
 
