@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -39,17 +40,21 @@ UTF8_REPLACED, NUL_STRIPPED = "invalid_utf8_replaced", "nul_bytes_stripped"
 EXCERPT_CHARS = 200
 
 def _bytes_excerpt(data: bytes) -> str:
-    """Bytes as text, each byte that is not UTF-8 written ``\\xNN`` (not U+FFFD, which would
-    lose what the byte was: a rejected record is read to find out what is wrong with it)."""
-    return data.decode("utf-8", errors="backslashreplace")
+    """The first :data:`EXCERPT_CHARS` characters of bytes, each byte that is not UTF-8 written
+    ``\\xNN`` (not U+FFFD, which would lose what the byte was: a rejected record is read to find
+    out what is wrong with it). ``4 * EXCERPT_CHARS`` bytes are decoded, so the characters kept
+    are whole (a character is at most 4 bytes): no valid character cut at the end reads as
+    invalid bytes, and no ``\\xNN`` is cut in two."""
+    text = bytes(data[: 4 * EXCERPT_CHARS]).decode("utf-8", errors="backslashreplace")
+    return text if len(text) <= EXCERPT_CHARS else re.sub(r"\\(x[0-9a-f]?)?$", "", text[:EXCERPT_CHARS])
 
 
 def rejection(source: str, position: int, reason: str, excerpt: Any = "") -> dict[str, Any]:
     """A rejected-record entry (written to ``OUT/rejected/``); the excerpt is at most
-    :data:`EXCERPT_CHARS` characters, of the first :data:`EXCERPT_CHARS` bytes for a record
-    of bytes. Rejected files are no shards: how an excerpt is written changes no shard byte."""
+    :data:`EXCERPT_CHARS` characters. Rejected files are no shards: how an excerpt is written
+    changes no shard byte."""
     if isinstance(excerpt, (bytes, bytearray)):
-        excerpt = _bytes_excerpt(bytes(excerpt[:EXCERPT_CHARS]))
+        excerpt = _bytes_excerpt(excerpt)
     elif not isinstance(excerpt, str):
         excerpt = repr(excerpt)
     return {"source": source, "position": position, "reason": reason, "excerpt": excerpt[:EXCERPT_CHARS]}

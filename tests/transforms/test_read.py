@@ -499,3 +499,12 @@ def test_source_file_is_closed(tmp_path, name, compress):
     assert _open_handles(path) == (0 if name.endswith(".gz") else 1)
     records.close()  # a consumer that stops early
     assert _open_handles(path) == 0
+
+
+def test_a_bytes_excerpt_shows_invalid_bytes_whole_and_cuts_no_character():
+    """Invalid bytes are ``\\xNN`` (each escape whole at the cut), a valid character cut by the
+    excerpt's end is not shown as invalid bytes."""
+    assert rejection("s", 0, "r", b"\xff" * 300)["excerpt"] == "\\xff" * 50
+    assert rejection("s", 0, "r", b"ab\xff" + b"\x00")["excerpt"] == "ab\\xff\x00"
+    text = "東" * 300  # 3 bytes each: 200 characters are 600 bytes, more than EXCERPT_CHARS bytes
+    assert rejection("s", 0, "r", text.encode())["excerpt"] == "東" * EXCERPT_CHARS
