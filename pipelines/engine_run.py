@@ -16,7 +16,8 @@ thread sees the pool's child exit (a stop's SIGTERM aside) and cancels the job t
 job API. Without it Flink waited for ever for a worker killed before it connected, and Prism a
 minute; a worker killed later failed the job with a gRPC ``CANCELLED`` that did not say why.
 A job that fails on the engine is one line too (the first line of the engine's error) naming
-the folder of the engine's logs, which is kept; after a run that succeeded it is removed.
+the folder of the engine's logs, which is kept; after a run that succeeded, or one that failed
+one of the job's own checks (its line says what to fix), it is removed.
 """
 
 from __future__ import annotations
@@ -250,8 +251,8 @@ class LocalEngine:
     @contextlib.contextmanager
     def running(self, verbose: bool = False):
         """Start the job server (and the worker pool) for the pipeline's run; stop them after it.
-        On a failure the engine's logs are kept (:meth:`job_error` names them), else (success,
-        Ctrl-C) removed.
+        On a failure the engine's logs are kept (:meth:`job_error` names them, or removes them
+        for a failure of the job's own checks), else (success, Ctrl-C) removed.
         Unless ``verbose``, the engine's job messages, which Beam logs on the root logger, stay
         unseen meanwhile (a filter on that logger: records of other loggers pass): the error
         that ends a failed run is reported once."""
@@ -297,7 +298,9 @@ class LocalEngine:
     def job_error(self, exc: BaseException) -> tuple[BaseException, bool]:
         """Like :func:`pipelines.failures.job_error`, except that a job the engine failed (not one
         of the job's own checks) is one line naming the engine's logs, which are kept, without
-        the runner's traceback."""
+        the runner's traceback. A failure of the job's own checks (too many rejected records, an
+        input that changed) is its one line, which names no logs: the logs are removed, as after
+        a run that succeeded (the line says what to fix; nothing of the engine's is to be read)."""
         from pipelines.failures import job_error
 
         if isinstance(exc, EngineStartError):
@@ -306,6 +309,8 @@ class LocalEngine:
             return JobFailedError(self._death_message()), False
         error, chained = job_error(exc)
         if not chained:
+            if self._logs is not None:
+                shutil.rmtree(self._logs, ignore_errors=True)
             return error, chained
         text = str(exc).strip()
         first = text.splitlines()[0] if text else type(exc).__name__

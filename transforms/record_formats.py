@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -38,10 +39,22 @@ UTF8_REPLACED, NUL_STRIPPED = "invalid_utf8_replaced", "nul_bytes_stripped"
 #: Characters of a rejected record kept as its excerpt.
 EXCERPT_CHARS = 200
 
+def _bytes_excerpt(data: bytes) -> str:
+    """The first :data:`EXCERPT_CHARS` characters of bytes, each byte that is not UTF-8 written
+    ``\\xNN`` (not U+FFFD, which would lose what the byte was: a rejected record is read to find
+    out what is wrong with it). ``4 * EXCERPT_CHARS`` bytes are decoded, so the characters kept
+    are whole (a character is at most 4 bytes): no valid character cut at the end reads as
+    invalid bytes, and no ``\\xNN`` is cut in two."""
+    text = bytes(data[: 4 * EXCERPT_CHARS]).decode("utf-8", errors="backslashreplace")
+    return text if len(text) <= EXCERPT_CHARS else re.sub(r"\\(x[0-9a-f]?)?$", "", text[:EXCERPT_CHARS])
+
+
 def rejection(source: str, position: int, reason: str, excerpt: Any = "") -> dict[str, Any]:
-    """A rejected-record entry (written to ``OUT/rejected/``)."""
+    """A rejected-record entry (written to ``OUT/rejected/``); the excerpt is at most
+    :data:`EXCERPT_CHARS` characters. Rejected files are no shards: how an excerpt is written
+    changes no shard byte."""
     if isinstance(excerpt, (bytes, bytearray)):
-        excerpt = bytes(excerpt[:EXCERPT_CHARS]).decode("utf-8", errors="replace")
+        excerpt = _bytes_excerpt(excerpt)
     elif not isinstance(excerpt, str):
         excerpt = repr(excerpt)
     return {"source": source, "position": position, "reason": reason, "excerpt": excerpt[:EXCERPT_CHARS]}
@@ -66,7 +79,7 @@ def _record_end(position: int, buffer: RecordBuffer, path: str, strip: bytes) ->
         return  # a long blank line: a separator, as a short one is
     if data is None:
         yield position, rejection(path, position, "too_long", f"more than {buffer.limit:,} bytes (--max-record-bytes):"
-                                  f" {buffer.excerpt[:120].decode('utf-8', 'replace')}"), (), False
+                                  f" {_bytes_excerpt(buffer.excerpt[:120])}"), (), False
         return
     yield from _pieces(position, [data.rstrip(strip) if strip else data], buffer.over)
 
@@ -155,7 +168,7 @@ def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy
             line, excerpt, buffer = buffer.finish(), buffer.excerpt, None
             if line is None:
                 yield number, rejection(path, number, "too_long", f"a JSON line of more than {limit:,} bytes "
-                                        f"(--max-record-bytes): {excerpt[:120].decode('utf-8', 'replace')}"), (), False
+                                        f"(--max-record-bytes): {_bytes_excerpt(excerpt[:120])}"), (), False
                 continue
         if line.startswith(BOM_BYTES):  # every line may start with one (concatenated files)
             line = line[3:]

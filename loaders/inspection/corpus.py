@@ -13,7 +13,8 @@ The manifest is untrusted: a malformed block gives an empty answer, never an exc
 - Rejected records: the manifest's ``counts["rejected_files"]`` (``rejected/rejected.jsonl``;
   a path that is not a file of ``rejected/`` is refused, not read) hold one JSON record a
   line with ``source``, ``position``, ``reason`` and ``excerpt``. At most
-  :data:`MAX_REJECTED_LINES` lines are read, each cut at :data:`MAX_LINE_BYTES`.
+  :data:`MAX_REJECTED_LINES` lines are read, each cut at :data:`MAX_LINE_BYTES`; a sample's
+  excerpt is shown with the characters that would not show escaped (:func:`shown_excerpt`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from loaders.inspection.source import InspectedDataset
 
 __all__ = ["MAX_LINE_BYTES", "MAX_REJECTED_LINES", "document_length_bins", "input_files", "rejected_samples",
-           "source_stats"]
+           "shown_excerpt", "source_stats"]
 
 MAX_REJECTED_LINES = 200_000
 MAX_LINE_BYTES = 4096
@@ -56,6 +57,14 @@ def document_length_bins(log2_histogram: Any) -> list[tuple[str, int]]:
         low, high = (0, 0) if b == 0 else (2 ** (b - 1), 2**b - 1)
         out.append((str(low) if low == high else f"{low:,}-{high:,}", counts.get(b, 0)))
     return out
+
+
+def shown_excerpt(excerpt: str) -> str:
+    """An excerpt as a person is to see it: a character that would not show (NUL, other control
+    characters, a lone surrogate, a zero-width space) escaped as Python writes it (``\\x00``,
+    ``\\t``, ``\\u200b``); line breaks and spaces kept. Invalid bytes are ``\\xNN`` already in
+    what materialize writes (excerpts of older runs hold U+FFFD, the bytes lost)."""
+    return "".join(c if c.isprintable() or c in " \n" else repr(c)[1:-1] for c in excerpt)
 
 
 def input_files(ds: InspectedDataset) -> dict[str, Any]:
@@ -150,6 +159,6 @@ def rejected_samples(ds: InspectedDataset, per_reason: int = 3) -> dict[str, Any
                 kept = samples.setdefault(reason, [])
                 if len(kept) < per_reason:
                     kept.append({"source": str(record.get("source", "")), "position": record.get("position"),
-                                 "excerpt": str(record.get("excerpt", ""))[:400]})
+                                 "excerpt": shown_excerpt(str(record.get("excerpt", "")))[:400]})
     return {"by_reason": {str(k): _int(v) for k, v in by_reason.items()}, "samples": samples, "lines_read": lines,
             "complete": complete, "problems": problems}

@@ -1,8 +1,9 @@
 """``lmshards diff A B``: two datasets' summaries side by side, the differences marked.
 
-Both summaries come from the manifests alone (no shard is read, so remote datasets cost
-two small downloads): configuration, objective and its parameters (a UL2 mixture keyed by
-denoiser name), tokenizer, document accounting, per split the counts, shard bytes per
+Both summaries come from the manifests and the tokenizer files (no shard is read, so remote
+datasets cost small downloads): configuration, objective and its parameters (a UL2 mixture keyed by
+denoiser name), tokenizer (its own sentinels and mode tokens beside those the objective
+uses, as the report gives them), document accounting, per split the counts, shard bytes per
 format, document lengths and the objective's statistics (the manifest's summary of its
 exact counters), and last the facts of the run (command line, time, version, inputs,
 encoder), which differ between any two runs and so are reported apart: by docs/design.md's
@@ -19,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from loaders.inspection.source import InspectedDataset
+from loaders.inspection.source import InspectedDataset, tokenizer_specials
 from loaders.inspection.table import manifest_objective_summary
 
 __all__ = ["DiffRow", "RUN_SECTION", "dataset_summary", "diff_datasets", "format_diff"]
@@ -63,6 +64,22 @@ def _block(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _specials(ds: InspectedDataset, tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``num_sentinels`` and ``mode_tokens`` (what the objective uses: 0 and {}
+    for clm) taken out of ``tokenizer`` and put beside what the tokenizer itself holds, as the
+    report shows them, so that ``num_sentinels 0`` never reads as a tokenizer without sentinels."""
+    own_sentinels, own_modes = tokenizer_specials(ds)
+    used_sentinels = tokenizer.pop("num_sentinels", 0)
+    used_modes = tokenizer.pop("mode_tokens", None)
+    used_modes = used_modes if isinstance(used_modes, dict) else {}
+    out: dict[str, Any] = {"sentinels in the tokenizer": own_sentinels,
+                           "sentinels used by the objective": used_sentinels}
+    if own_modes or used_modes:
+        out["mode tokens in the tokenizer"] = " ".join(own_modes) or "none"
+        out["mode tokens used by the objective"] = " ".join(f"{k}={v}" for k, v in used_modes.items()) or "none"
+    return out
+
+
 def dataset_summary(ds: InspectedDataset) -> dict[str, dict[str, Any]]:
     """Section name -> flat ``{key: value}`` of one dataset (see the module docstring)."""
     m = ds.manifest
@@ -71,6 +88,7 @@ def dataset_summary(ds: InspectedDataset) -> dict[str, dict[str, Any]]:
     added = tokenizer.pop("added_tokens", None)
     if isinstance(added, list):
         tokenizer["added_tokens"] = len(added)
+    tokenizer.update(_specials(ds, tokenizer))
     sections: dict[str, dict[str, Any]] = {}
     for name, value in (("config", _block(m.config)),
                         ("objective", {"name": objective.get("name"), "family": objective.get("family"),

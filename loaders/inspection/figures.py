@@ -6,7 +6,8 @@ measured against the configured law (T5's uniform compositions for span corrupti
 UL2's span denoisers, see :func:`loaders.inspection.stats.expected_span_lengths`; BART's
 truncated Poisson against the manifest's drawn spans); the MLM replacement split and the
 prefix-LM split point against their configuration; UL2's denoiser mix by examples and tokens
-against the weights. The corpus: document lengths per split and per source (manifest). The
+against the weights. The corpus: document lengths per split (shares) and per source (counts
+on one scale, each source's documents in the legend; manifest). The
 shards: raw tokens per shard, a series per split.
 
 A histogram with one value only (every example of a packed objective has ``seq_len``
@@ -175,7 +176,8 @@ def report_figures(ds: InspectedDataset, summary: dict[str, Any]) -> list[Figure
 
 def corpus_figures(ds: InspectedDataset, document_bins: dict[str, list[tuple[str, int]]]) -> list[tuple[str, str]]:
     """Document lengths per split (shares, from the manifest's log2 histograms) and, where the
-    manifest has a ``sources`` block, per source."""
+    manifest has a ``sources`` block, per source: documents on one scale for all sources, each
+    source's count in its legend entry."""
     plots = []
     labels = list(dict.fromkeys(label for bins in document_bins.values() for label, _ in bins))
     order = sorted(labels, key=lambda label: int(label.split("-")[0].replace(",", "")))
@@ -196,13 +198,16 @@ def corpus_figures(ds: InspectedDataset, document_bins: dict[str, list[tuple[str
         bins = {name: dict(sources[name]["bins"]) for name in names}
         order = sorted({label for b in bins.values() for label in b},
                        key=lambda label: int(label.split("-")[0].replace(",", "")))
-        series = [Series(name, [round(bins[name].get(label, 0) / max(sum(bins[name].values()), 1), 6)
-                                for label in order], SOURCE_COLOURS[n % len(SOURCE_COLOURS)])
+        # Counts on one scale, not each source's shares: a share scales every source to 1, and a
+        # source of one document would draw a bar as tall as the largest source's tallest.
+        counts = {name: sum(bins[name].values()) for name in names}
+        series = [Series(f"{name} ({counts[name]:,} document{'' if counts[name] == 1 else 's'})",
+                         [float(bins[name].get(label, 0)) for label in order], SOURCE_COLOURS[n % len(SOURCE_COLOURS)])
                   for n, name in enumerate(names)]
-        plots.append((f"share of each source's documents by length ({split}; manifest"
+        plots.append((f"documents of each source by length ({split}; manifest; one scale for every source"
                       + (f"; the {len(names)} largest of {len(sources)} sources" if len(sources) > len(names) else "")
                       + ")", bar_chart(f"{split}: document lengths by source", order, series,
-                                        x_label="document length (tokens)", y_label="share of documents", width=1000)))
+                                        x_label="document length (tokens)", y_label="documents", width=1000)))
     return plots
 
 

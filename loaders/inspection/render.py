@@ -10,7 +10,9 @@ terminal, or as HTML:
 - ``<extra_id_k>``: sentinels (each span in its sentinel's colour; ``[<extra_id_k>: span]``
   in the restored chunk);
 - ``[/prefix]``: the prefix/suffix boundary; ``[/doc]``: a document boundary;
-- ``[R]``, ``[S]``, ``[X]``: the UL2 mode token; ``<pad>*N``: padding;
+- ``[R]``, ``[S]``, ``[X]``: the UL2 mode token; ``<pad>*N``: N padding tokens;
+  ``[MASK*N:orig]`` and ``[+MASK*N]``: N ``<mask>`` tokens in a row (neighbouring masks are
+  shown as one run); every ``*N`` the text uses has its line in the legend;
 - a line break of the text is a real line break after ``↵``; other control characters are
   escaped (``\\t``), and bytes of a character the sequence holds only part of are ``\\xNN``.
 
@@ -43,10 +45,12 @@ _UNMARKED = frozenset({"text", "prefix"})
 #: Legend entries: key, sample markup, segment kind (its colour), meaning.
 _LEGEND = (
     ("mask", "[MASK:orig]", "mask", "a <mask> the model sees; orig is what it must predict there"),
+    ("mask_run", "[MASK*N:orig]", "mask", "N <mask> tokens in a row; orig is the N tokens they hide"),
     ("mask_token", "<mask>", "mask", "a <mask> token of the inputs"),
     ("random", "[RAND:shown->orig]", "random", "a random token shown in place of orig"),
     ("kept", "[KEEP:orig]", "kept", "selected but shown unchanged; still predicted"),
     ("insert", "[+MASK]", "insert", "noise inserted where nothing was removed ([+RAND:x]: a random token)"),
+    ("insert_run", "[+MASK*N]", "insert", "N <mask> tokens inserted in a row"),
     ("deleted", "[DEL:text]", "deleted", "text deleted from the inputs"),
     ("sentence", "[#k]", "sentence", "sentence k of the original text starts here (shows how sentences moved)"),
     ("hidden", "hidden text", "hidden", "in targets: the text the noise hid, which the model must restore"),
@@ -212,12 +216,14 @@ def legend(examples: list[RenderedExample], *, colour: bool = True) -> list[tupl
             for s in segments:
                 kind = s.kind
                 if kind == "mask":
-                    keys.add("mask" if s.original is not None else "mask_token")
+                    keys.add("mask_token" if s.original is None else "mask" if len(s.ids) == 1 else "mask_run")
+                elif kind == "insert":  # several ids: [+MASK*N], or [+RAND:x] when they are not all <mask>
+                    keys.update(("insert", "insert_run") if len(s.ids) > 1 else ("insert",))
                 elif kind == "span":
                     keys.add("restored_span" if s.label else "sentinel")
                 elif kind == "boundary":
                     keys.add(s.label)
-                elif kind in ("random", "kept", "insert", "deleted", "sentence", "sentinel", "mode", "pad"):
+                elif kind in ("random", "kept", "deleted", "sentence", "sentinel", "mode", "pad"):
                     keys.add(kind)
                 elif kind == "hidden" and colour:
                     keys.add(kind)

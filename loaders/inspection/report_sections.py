@@ -16,7 +16,7 @@ from typing import Any
 
 from loaders.inspection.corpus import document_length_bins, input_files, rejected_samples, source_stats
 from loaders.inspection.figures import corpus_figures
-from loaders.inspection.source import InspectedDataset
+from loaders.inspection.source import InspectedDataset, tokenizer_specials
 from schemas.names import shown_name
 
 __all__ = ["config_section", "corpus_section", "figure_html", "rejected_section", "run_section", "shards_section"]
@@ -86,18 +86,10 @@ def _mixture(params: dict[str, Any]) -> str:
     return _table(keys, [[_text(d.get(k, "")) for k in keys] for d in mixture], "mixture")
 
 
-#: Mode tokens of UL2's built-in mixtures, looked up in the tokenizer.
-_MODE_TOKENS = ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
-
-
 def _special_items(ds: InspectedDataset, tokenizer: dict[str, Any]) -> list[tuple[str, str]]:
     """Sentinels and mode tokens: the tokenizer's own, and how many the objective uses (the
     manifest's ``num_sentinels`` and ``mode_tokens``, 0 and none for clm whatever the tokenizer has)."""
-    try:
-        own_sentinels = len(ds.special.sentinels)
-        own_modes = [t for t in _MODE_TOKENS if ds.tokenizer.token_to_id(t) is not None]
-    except Exception:  # noqa: BLE001 - the tokenizer is checked (and reported) where it is opened
-        own_sentinels, own_modes = None, []
+    own_sentinels, own_modes = tokenizer_specials(ds)
     items = []
     if "num_sentinels" in tokenizer or own_sentinels is not None:
         used = tokenizer.get("num_sentinels", 0)

@@ -42,7 +42,11 @@ __all__ = [
     "order_digest",
     "shard_of_key",
     "special_ids_from_tokenizer",
+    "tokenizer_specials",
 ]
+
+#: Mode tokens of UL2's built-in mixtures, looked up in a dataset's tokenizer.
+MODE_TOKENS = ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
 
 
 
@@ -263,3 +267,14 @@ class InspectedDataset:
 def open_inspected(path: str) -> InspectedDataset:
     """Open a dataset for inspection (see :class:`InspectedDataset`)."""
     return InspectedDataset(path)
+
+
+def tokenizer_specials(ds: InspectedDataset) -> tuple[int | None, list[str]]:
+    """``(sentinels, mode tokens)`` the dataset's tokenizer itself holds, whatever its objective
+    uses (the manifest's ``num_sentinels`` and ``mode_tokens`` say that: 0 and none for clm on a
+    T5-style tokenizer); ``(None, [])`` when the tokenizer cannot be opened, which is reported
+    where it is opened, so that a summary of the manifest still shows."""
+    try:
+        return len(ds.special.sentinels), [t for t in MODE_TOKENS if ds.tokenizer.token_to_id(t) is not None]
+    except Exception:  # noqa: BLE001 - a missing, damaged or foreign tokenizer file
+        return None, []

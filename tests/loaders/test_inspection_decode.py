@@ -18,6 +18,7 @@ from loaders.inspection.anatomy import ObjectiveView, take_apart
 from loaders.inspection.bart_noise import chunk_sentence_starts, recover_bart_noise
 from loaders.inspection.decode import RunDecoder, byte_level_alphabet
 from loaders.inspection.render import legend_text, render_example, to_text
+from loaders.inspection.segments import RenderedExample, Segment
 from loaders.inspection.source import Located
 from transforms.objectives.bart import Bart, BartConfig, sentence_permutation
 from transforms.objectives.base import build_example
@@ -176,3 +177,22 @@ def test_legend_lists_the_markup_the_examples_use():
     legend = legend_text([rendered])
     assert legend.startswith("markup:\n") and "[MASK:orig]" in legend and "\u21b5" in legend
     assert "<extra_id_k>" not in legend and "[/doc]" not in legend
+
+
+def test_the_legend_explains_every_star_n_the_text_shows():
+    """A run of N masks prints ``[MASK*N:orig]`` (N inserted ones ``[+MASK*N]``, padding
+    ``<pad>*N``): each such markup the text uses has a legend line saying what N counts."""
+    mask, pad = SPECIAL.mask, SPECIAL.pad
+    hidden = TOK.encode(" three hidden words", add_special_tokens=False).ids
+    rendered = RenderedExample("── example", [
+        ("inputs", [Segment("text", TOK.encode("Some", add_special_tokens=False).ids),
+                    Segment("mask", [mask] * len(hidden), original=hidden),
+                    Segment("insert", [mask, mask]), Segment("pad", [pad] * 5)])])
+    text, legend = to_text(rendered, DECODER), legend_text([rendered])
+    stars = set(re.findall(r"(\[MASK\*|\[\+MASK\*|<pad>\*)\d+", text))
+    assert stars == {"[MASK*", "[+MASK*", "<pad>*"}, text
+    assert f"[MASK*{len(hidden)}: three hidden words]" in text and "[+MASK*2]" in text and "<pad>*5" in text
+    lines = legend.splitlines()
+    for sample, meaning in (("[MASK*N:orig]", "N <mask> tokens in a row"), ("[+MASK*N]", "N <mask> tokens inserted"),
+                            ("<pad>*N", "N padding tokens")):
+        assert any(line.split()[0] == sample and meaning in line for line in lines), legend

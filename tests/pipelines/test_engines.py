@@ -251,6 +251,33 @@ def test_ctrl_c_stops_the_engine_and_publishes_nothing(tmp_path, runner, longer_
     assert not _alive(seen)
 
 
+@pytest.mark.e2e
+def test_too_many_rejections_fail_in_one_line_on_the_engine(tmp_path, runner):
+    """``--max-rejected-fraction`` fails the job on an engine as in-process: exit 1, one line
+    (progress lines aside) naming the share and the reason, no worker's traceback, no manifest,
+    and the engine's logs removed (the line names none)."""
+    corpus = tmp_path / "mixed.jsonl"
+    lines = [json.dumps({"text": f"document number {i} is fine"}) for i in range(3)]
+    lines += [json.dumps({"body": f"document number {i} has its text elsewhere"}) for i in range(5)]
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    os.makedirs(tmp_path / "tmp")
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.materialize", "--input", str(corpus), "--tokenizer",
+                             TOKENIZER, "--output", str(out), "--seq-len", "4", "--runner", runner,
+                             "--workers", str(WORKERS[runner])], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    _, stderr = _finish(proc)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    assert [line for line in stderr.strip().splitlines() if not line.startswith("lmshards: ")] == [
+        "lmshards materialize: error: --max-rejected-fraction 0.5 exceeded: 62.50% of documents rejected (5 of 8 "
+        "read: missing_text_field 5); mostly missing_text_field: check --text-field; no manifest written, the "
+        f"rejected records are in {out}/rejected/rejected.jsonl"], stderr
+    assert not (out / "manifest.json").exists()
+    assert not _engine_logs(tmp_path)
+
+
 # --- before any work: what an engine needs, and --workers ------------------------------------
 
 

@@ -696,8 +696,27 @@ def test_report_shows_per_source_statistics_when_the_manifest_has_them(capsys, d
     assert '<h3 id="sources">Sources</h3>' in text
     assert "<td>faq</td><td>30</td>" in text and "<td>wiki</td><td>10</td>" in text and "75.0%" in text
     chart = "train: document lengths by source"
-    assert values(page, chart, "faq") == {"64-127": 0.333333, "128-255": 0.0, "256-511": 0.666667, "512-1,023": 0.0}
-    assert values(page, chart, "wiki")["512-1,023"] == 1.0
+    assert values(page, chart, "faq (30 documents)") == {"64-127": 10.0, "128-255": 0.0, "256-511": 20.0,
+                                                         "512-1,023": 0.0}
+    assert values(page, chart, "wiki (10 documents)")["512-1,023"] == 10.0
+
+
+def test_per_source_lengths_share_one_scale_and_name_their_counts(capsys, dataset, tmp_path):
+    """A source of one document is no full-height bar beside one of thousands: the sources'
+    bars are documents on one scale, and each legend entry says how many documents it has."""
+    path = copy_of(dataset, "clm", tmp_path)
+    manifest = manifest_of(path)
+    manifest["stats"]["train"]["sources"] = {
+        "web": {"documents": 5000, "tokens": 900000, "log2_histogram": {"<128": 1000, "<256": 4000}},
+        "tiny": {"documents": 1, "tokens": 100, "log2_histogram": {"<128": 1}},
+    }
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    page = report_page(capsys, path, tmp_path)
+    chart = "train: document lengths by source"
+    assert {s for s, _, _ in page.charts[chart]} == {"web (5,000 documents)", "tiny (1 document)"}
+    assert values(page, chart, "tiny (1 document)") == {"64-127": 1.0, "128-255": 0.0}
+    assert values(page, chart, "web (5,000 documents)") == {"64-127": 1000.0, "128-255": 4000.0}
 
 
 def test_examples_decode_whole_characters(dataset):

@@ -34,6 +34,18 @@ def test_the_report_gives_the_tokenizers_sentinels_and_mode_tokens(mlm, tmp_path
     assert "none (the tokenizer had every token the objective needs)" in text and ">0: <" not in text
 
 
+def test_diff_gives_the_tokenizers_sentinels_and_mode_tokens_as_the_report_does(mlm, capsys):
+    assert cli(["diff", str(mlm), str(mlm)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    tokenizer = lines[lines.index("tokenizer") + 1:lines.index("counts")]
+    rows = {re.split(r"\s{2,}", line.strip())[0]: re.split(r"\s{2,}", line.strip())[1:] for line in tokenizer}
+    assert rows["sentinels in the tokenizer"] == ["128", "128"]
+    assert rows["sentinels used by the objective"] == ["0", "0"]
+    assert rows["mode tokens in the tokenizer"] == ["[R] [S] [X] [NLU] [S2S] [NLG]"] * 2
+    assert rows["mode tokens used by the objective"] == ["none", "none"]
+    assert not any("num_sentinels" in line or "{}" in line for line in tokenizer), tokenizer
+
+
 def test_the_summary_spells_parameters_as_the_manifest_does(mlm, capsys):
     assert cli(["inspect", str(mlm), "--limit", "50"]) == 0
     header = [line for line in capsys.readouterr().out.splitlines() if line.startswith("objective")][0]
@@ -60,3 +72,19 @@ def test_a_hub_name_for_tokenizer_says_how_to_get_a_file(tmp_path, capsys):
     assert err.count("\n") == 0 and err.startswith("lmshards materialize: error: --tokenizer gpt2: cannot read")
     assert "names on the Hugging Face hub (gpt2, t5-base) are not fetched" in err
     assert "python -m pipelines.train_tokenizer" in err and "DIR/tokenizer.json" in err
+
+
+def test_rejected_excerpts_show_invalid_bytes_and_nuls_escaped(tmp_path, capsys):
+    """What the report shows of a rejected record says which bytes were wrong: an invalid byte
+    is ``\\xff`` (not U+FFFD), a NUL is ``\\x00`` (not a character the browser hides)."""
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"".join(b"a good line of plain text number %d\n" % i for i in range(40))
+                    + b"bad \xff\xfe byte\nnul \x00 here\n")
+    out = tmp_path / "o"
+    assert materialize_main(["--input", str(bad), "--tokenizer", TOKENIZER, "--output", str(out),
+                             "--seq-len", "16"]) == 0
+    page = tmp_path / "r.html"
+    assert cli(["report", str(out), "-o", str(page), "--limit", "0"]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "bad \\xff\\xfe byte" in text and "nul \\x00 here" in text
+    assert "\ufffd" not in text and "\x00" not in text

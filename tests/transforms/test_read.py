@@ -82,7 +82,7 @@ def test_text_invalid_utf8_rejected_and_reading_goes_on(tmp_path):
     path = _write(tmp_path / "a.txt", b"good\nbad \xff\xfe byte\nalso good\n")
     assert _records(path) == [
         (path, 1, "good"),
-        {"source": path, "position": 2, "reason": "invalid_utf8", "excerpt": "bad \ufffd\ufffd byte"},
+        {"source": path, "position": 2, "reason": "invalid_utf8", "excerpt": "bad \\xff\\xfe byte"},
         (path, 3, "also good"),
     ]
 
@@ -179,7 +179,7 @@ def test_excerpt_is_truncated(tmp_path):
 
 
 def test_rejection_excerpt_types():
-    assert rejection("s", 3, "r", b"\xffab") == {"source": "s", "position": 3, "reason": "r", "excerpt": "\ufffdab"}
+    assert rejection("s", 3, "r", b"\xffab") == {"source": "s", "position": 3, "reason": "r", "excerpt": "\\xffab"}
     assert rejection("s", 0, "r", None)["excerpt"] == "None"
     assert rejection("s", 0, "r", 12)["excerpt"] == "12"
 
@@ -499,3 +499,12 @@ def test_source_file_is_closed(tmp_path, name, compress):
     assert _open_handles(path) == (0 if name.endswith(".gz") else 1)
     records.close()  # a consumer that stops early
     assert _open_handles(path) == 0
+
+
+def test_a_bytes_excerpt_shows_invalid_bytes_whole_and_cuts_no_character():
+    """Invalid bytes are ``\\xNN`` (each escape whole at the cut), a valid character cut by the
+    excerpt's end is not shown as invalid bytes."""
+    assert rejection("s", 0, "r", b"\xff" * 300)["excerpt"] == "\\xff" * 50
+    assert rejection("s", 0, "r", b"ab\xff" + b"\x00")["excerpt"] == "ab\\xff\x00"
+    text = "東" * 300  # 3 bytes each: 200 characters are 600 bytes, more than EXCERPT_CHARS bytes
+    assert rejection("s", 0, "r", text.encode())["excerpt"] == "東" * EXCERPT_CHARS
