@@ -169,6 +169,13 @@ class Progress:
                                           refresh=False)
             self._maybe_print()
 
+    def report_now(self) -> None:
+        """A worker process writes its counts to its report at once (at the end of a bundle);
+        nothing elsewhere."""
+        with self._lock:
+            if self._report_dir is not None:
+                self._report(force=True)
+
     def _report(self, force: bool = False) -> None:
         """A worker's counts to its file in the report directory (see the module docstring)."""
         now = time.monotonic()

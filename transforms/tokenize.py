@@ -365,6 +365,10 @@ class _TokenizeBatch(beam.DoFn):
             counters = {"documents": len(lengths), **length_counters("doc_tokens", np.array(lengths))}
             yield beam.pvalue.TaggedOutput(Tokenize.SOURCES, GlobalWindows.windowed_value(((split, source), counters)))
         self._source_lengths.clear()
+        # A worker's last counts of the bundle reach the relay now, not within its report period:
+        # the later stages start only once every Tokenize bundle is done, and the line that ends
+        # the reading (its "tokenized: 100%") is the sum of the reports then.
+        PROGRESS.report_now()
 
 
 def _tail_batches(texts: list) -> list[list]:
