@@ -186,8 +186,14 @@ def collator_for(dataset: Any, *, model: Any = None, **kwargs: Any):
 
 
 def model_mask_options(model: Any) -> dict[str, Any]:
-    """``mask_dtype`` and ``attn_implementation`` of decoder collators for ``model`` (an HF model,
-    or anything with ``dtype`` and ``config._attn_implementation``; missing ones are left out)."""
+    """Options of decoder collators for ``model`` (an HF model, or anything with ``dtype`` and
+    ``config._attn_implementation``; what it lacks is left out).
+
+    ``mask_dtype``: the model's floating dtype (sdpa wants the query's). ``attn_implementation``:
+    the model's; under ``flex_attention`` also ``trim_padding=False``, so that every batch has the
+    stored width: flex attention is compiled per batch length, and torch's CPU compiler fails
+    (a C++ compile error) when a second length makes it recompile with dynamic shapes.
+    """
     out: dict[str, Any] = {}
     dtype = getattr(model, "dtype", None)
     if dtype is not None and getattr(dtype, "is_floating_point", False):
@@ -195,4 +201,6 @@ def model_mask_options(model: Any) -> dict[str, Any]:
     implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if isinstance(implementation, str):
         out["attn_implementation"] = implementation
+        if implementation == "flex_attention":
+            out["trim_padding"] = False
     return out

@@ -134,7 +134,7 @@ class ResumableStream(IterableDataset):
         """Samples this rank yields in its next pass (the rest of the epoch after a loaded state).
 
         Raises:
-            TypeError: called by a plain ``transformers.Trainer`` (see
+            ConfigError: called by a plain ``transformers.Trainer`` (see
                 :func:`loaders.integrations.hf.refuse_plain_trainer`).
         """
         from loaders.integrations.hf import refuse_plain_trainer

@@ -47,6 +47,7 @@ import warnings
 from typing import Any
 
 from loaders.stream import ResumableStream
+from schemas.errors import ConfigError
 
 __all__ = [  # noqa: F822 (LMShardsTrainer: lazy)
     "LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin", "model_config_kwargs", "refuse_plain_trainer"]
@@ -218,13 +219,14 @@ def refuse_plain_trainer(dataset: ResumableStream) -> None:
     ``self`` is one); transformers is not imported.
 
     Raises:
-        TypeError: a plain Trainer is the caller.
+        ConfigError: a plain Trainer is the caller (a ValueError: ``Trainer`` takes a TypeError from
+            ``len()`` for "no length" and would go on).
     """
     frame = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if owner is not None and owner is not dataset and _is_plain_trainer(owner):
-            raise TypeError(
+            raise ConfigError(
                 f"{type(owner).__name__} cannot train from an lmshards dataset correctly (DDP ranks would share "
                 "rank 0's stream, remove_unused_columns strips doc_lengths): use "
                 "loaders.integrations.hf.LMShardsTrainer (or mix LMShardsTrainerMixin into your Trainer)")
