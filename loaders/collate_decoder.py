@@ -59,11 +59,9 @@ def _check_implementation(attn_implementation: str | None) -> str | None:
 
 def _four_d_mask(segments, batch: int, length: int, dtype: str, attn_implementation: str | None) -> Any:
     """The 4-D mask of ``segments``: a BlockMask for flex attention, else an additive tensor."""
-    ids = segment_ids(segments.lengths, batch, length)
-    ends = prefix_ends(segments, batch, length)
     if attn_implementation == "flex_attention":
-        return segment_block_mask(ids, ends)
-    return segment_mask(ids, ends, dtype)
+        return segment_block_mask(segment_ids(segments.lengths, batch, length), prefix_ends(segments, batch, length))
+    return segment_mask(segments, batch, length, dtype)
 
 
 def _positions(segments, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,8 +5,10 @@ A collated batch is ``B`` rows of ``L`` tokens. A row holds one or more document
 *segments*: each row's non-empty documents in order, then (when the row is padded) one
 segment for its padding. Segments drive everything document-aware a collator emits:
 
-- ``position_ids`` restart at 0 at each segment (HF's ``DataCollatorWithFlattening``);
-- the 4-D attention mask lets a token attend only to earlier tokens of its own segment;
+- ``position_ids`` restart at 0 at each segment (HF's ``DataCollatorWithFlattening``); that
+  alone keeps clm's documents apart: transformers derives the per-document mask from them;
+- the 4-D attention mask (prefix-LM, or clm's ``documents="mask"``) lets a token attend only to
+  its own segment: to the segment's prefix (prefix-LM: ``prefix_lengths``) and to earlier tokens;
 - FlashAttention's varlen kwargs (``cu_seq_lens_q/k``) are the segments' cumulative ends.
 
 The padding being a segment of its own keeps every query row of a mask non-empty, so no
@@ -15,11 +17,13 @@ softmax row is all ``-inf`` (HF's eager attention would turn that into NaN).
 **Mask form.** A 4-D mask is *additive* and floating point, shape ``(B, 1, L, L)``: ``0.0``
 where a query may attend, the dtype's most negative finite value elsewhere. That is the form
 transformers documents for custom 4-D masks and the one every attention implementation
-honours: eager adds it to the scores, sdpa passes it as ``attn_mask``, flex attention adds it
-as a score modification. A boolean mask is only right under sdpa (eager adds ``True``/``False``
-as 1/0, i.e. masks nothing). sdpa requires the mask's dtype to equal the query's, so a model
-run in bfloat16 without autocast needs ``mask_dtype=torch.bfloat16``; under autocast the
-float32 default is cast with the query.
+honours on eager and sdpa: eager adds it to the scores, sdpa passes it as ``attn_mask``. A
+boolean mask is only right under sdpa (eager adds ``True``/``False`` as 1/0, i.e. masks
+nothing). sdpa requires the mask's dtype to equal the query's, so a model run in bfloat16
+without autocast needs ``mask_dtype=torch.bfloat16``; under autocast the float32 default is
+cast with the query. Flex attention gets the same pattern as its own ``BlockMask``
+(:func:`segment_block_mask`): transformers would turn a tensor mask into a ``score_mod`` reading
+the tensor, which torch's CPU flex compiler cannot run (the process aborts).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import numpy as np
 
 from loaders.batch import ExampleBatch, Ragged
 
-__all__ = ["SegmentMaskMod", "Segments", "additive_mask", "causal_segment_mask", "document_segments", "prefix_ends",
-           "resolve_mask_dtype", "segment_block_mask", "segment_ids", "segment_mask"]
+__all__ = ["SegmentMaskMod", "Segments", "document_segments", "prefix_ends", "resolve_mask_dtype", "segment_block_mask",
+           "segment_ids", "segment_mask"]
 
 _NUMPY_FLOATS = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
 
@@ -54,25 +58,6 @@ def resolve_mask_dtype(dtype: Any) -> str:
     return name
 
 
-def additive_mask(allowed: np.ndarray, dtype: str = "float32", out: np.ndarray | None = None) -> Any:
-    """``allowed`` ``(B, L, L)`` bool -> additive ``(B, 1, L, L)`` mask: 0 where allowed, the
-    dtype's most negative finite value elsewhere (a numpy array; a torch tensor for bfloat16,
-    which numpy lacks). ``out``: a ``(B, 1, L, L)`` array of that dtype to write into."""
-    dtype = resolve_mask_dtype(dtype)
-    if dtype == "bfloat16":
-        import torch
-
-        # bfloat16 has float32's exponent range: its most negative finite value, built in float32
-        mask = np.where(allowed[:, None], np.float32(0), np.float32(torch.finfo(torch.bfloat16).min))
-        return torch.from_numpy(mask).to(torch.bfloat16)
-    np_dtype = _NUMPY_FLOATS[dtype]
-    if out is None or out.dtype != np_dtype:
-        out = np.empty((allowed.shape[0], 1, *allowed.shape[1:]), dtype=np_dtype)
-    out.fill(np.finfo(np_dtype).min)
-    out[:, 0][allowed] = 0
-    return out
-
-
 def segment_ids(segment_lengths: np.ndarray, batch: int, length: int) -> np.ndarray:
     """``(B, L)`` index of the segment each token belongs to (segments numbered over the batch)."""
     return np.repeat(np.arange(segment_lengths.size), segment_lengths).reshape(batch, length)
@@ -86,50 +71,42 @@ def prefix_ends(segments: Segments, batch: int, length: int) -> np.ndarray:
     return np.repeat(in_row + segments.prefixes, segments.lengths).reshape(batch, length)
 
 
-def causal_segment_mask(segments: np.ndarray) -> np.ndarray:
-    """``(B, L, L)`` bool: query ``q`` may attend key ``k`` when both are in one segment and ``k <= q``."""
-    length = segments.shape[1]
-    t = np.arange(length)
-    return (segments[:, :, None] == segments[:, None, :]) & (t[None, None, :] <= t[None, :, None])
-
-
-def segment_mask(segments: np.ndarray, ends: np.ndarray, dtype: str = "float32") -> Any:
-    """The additive ``(B, 1, L, L)`` mask of packed prefix-LM segments.
+def segment_mask(segments: Segments, batch: int, length: int, dtype: str = "float32") -> Any:
+    """The additive ``(B, 1, L, L)`` mask of packed (prefix-LM) segments.
 
     Query ``q`` may attend key ``k`` when both are in one segment and ``k <= q`` or ``k`` lies
-    in the segment's prefix (``k < ends[q]``, :func:`prefix_ends`): each segment is bidirectional
-    over its prefix and causal after it, and no attention crosses segments (T5's packed
-    prefix-LM). Every query sees at least itself, so no softmax row is empty. Built row by row
-    straight into the mask's dtype: its only ``O(L^2)`` memory is the mask itself.
+    in the segment's prefix: each segment is bidirectional over its prefix and causal after it,
+    and no attention crosses segments (T5's packed prefix-LM; a segment without a prefix is
+    plain causal). Every query sees at least itself, so no softmax row is empty.
+
+    Written straight into the mask's own storage: one fill with the dtype's most negative value,
+    then per segment its prefix's columns zeroed and its causal triangle merged in from one
+    triangle pattern as long as the longest segment. Its only O(L^2) memory is the mask (and
+    that pattern). bfloat16, which numpy lacks, is written as its bit patterns (0.0 is 0x0000,
+    the most negative finite value 0xFF7F) and viewed by torch.
     """
     dtype = resolve_mask_dtype(dtype)
-    batch, length = segments.shape
-    t = np.arange(length)
-    causal = t[None, :] <= t[:, None]
+    if dtype == "bfloat16":
+        storage, low, merge = np.uint16, np.uint16(0xFF7F), np.minimum  # as bits, 0 is the smallest
+    else:
+        storage = _NUMPY_FLOATS[dtype]
+        low, merge = np.finfo(storage).min, np.maximum  # as numbers, 0 is the largest
+    out = np.empty((batch, 1, length, length), dtype=storage)
+    out.fill(low)
+    flat = out.reshape(batch * length, length)
+    longest = int(segments.lengths.max(initial=0))
+    triangle = np.where(np.tri(longest, dtype=bool), storage(0), low).astype(storage, copy=False)
+    starts = (np.cumsum(segments.lengths) - segments.lengths).tolist()
+    for start, size, prefix in zip(starts, segments.lengths.tolist(), segments.prefixes.tolist(), strict=True):
+        first = start % length  # the segment's first position in its row
+        block = flat[start : start + size, first : first + size]
+        block[:, :prefix] = 0
+        merge(block, triangle[:size, :size], out=block)
     if dtype == "bfloat16":
         import torch
 
-        out = torch.empty((batch, 1, length, length), dtype=torch.bfloat16)
-        low = torch.finfo(torch.bfloat16).min
-        for b in range(batch):
-            allowed = _row_allowed(segments[b], ends[b], t, causal)
-            out[b, 0] = torch.from_numpy(np.where(allowed, np.float32(0), np.float32(low)))
-        return out
-    np_dtype = _NUMPY_FLOATS[dtype]
-    out = np.empty((batch, 1, length, length), dtype=np_dtype)
-    low = np.finfo(np_dtype).min
-    for b in range(batch):
-        allowed = _row_allowed(segments[b], ends[b], t, causal)
-        np.copyto(out[b, 0], low)
-        out[b, 0][allowed] = 0
+        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
     return out
-
-
-def _row_allowed(segments: np.ndarray, ends: np.ndarray, t: np.ndarray, causal: np.ndarray) -> np.ndarray:
-    allowed = t[None, :] < ends[:, None]
-    allowed |= causal
-    allowed &= segments[:, None] == segments[None, :]
-    return allowed
 
 
 class SegmentMaskMod:
@@ -158,6 +135,7 @@ def segment_block_mask(segments: np.ndarray, ends: np.ndarray) -> Any:
     mask_mod = SegmentMaskMod(torch.from_numpy(np.ascontiguousarray(segments)),
                               torch.from_numpy(np.ascontiguousarray(ends)))
     return create_block_mask(mask_mod, batch, None, length, length, device="cpu")
+
 
 
 class Segments(NamedTuple):
