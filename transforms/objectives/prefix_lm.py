@@ -143,10 +143,13 @@ class PrefixLM(Objective):
         return []
 
     def measured_summary(self, stats: Any) -> dict[str, Any]:
-        """The measured prefix share (expected 0.5: split points uniform on [1, L-1]) and its tenths."""
+        """The measured prefix share (expected 0.5: split points uniform on [1, d-1]) and, per document
+        segment, the tenth of its length its prefix covers, beside what each segment's U[1, d-1] expects."""
         c = stats.counts
         return {"prefix_share": ratio(c["prefix_tokens"], c["raw_tokens"]), "configured_prefix_share": 0.5,
-                "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(stats.prefix_tenths.items())}}
+                "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(stats.prefix_tenths.items())},
+                "prefix_expected_tenths": {f"{k / 10:.1f}": round(n, 3)
+                                           for k, n in sorted(getattr(stats, "prefix_expected_tenths", {}).items())}}
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_lengths`` column (one per document)."""
