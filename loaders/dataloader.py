@@ -36,7 +36,11 @@ class _Batches(IterableDataset):
         return self.stream.iter_batches(columnar=self.columnar)
 
     def __len__(self) -> int:
-        return self.stream.schedule().num_batches
+        """Samples of the next pass over all ranks: what HF ``Trainer`` reads as the length of a
+        loader's dataset for its samples-per-second figures (the loader's own length is this
+        rank's batches, :meth:`ResumableDataLoader.__len__`)."""
+        stream = self.stream
+        return stream.schedule().num_samples * stream.world_size
 
 
 class _Groups(IterableDataset):
@@ -113,6 +117,10 @@ class ResumableDataLoader(DataLoader):
     @sampler.setter
     def sampler(self, value: Any) -> None:  # DataLoader.__init__ sets it once
         self.__dict__["_epoch_sampler"] = _EpochSampler(self, value)
+
+    def __len__(self) -> int:
+        """Batches this rank reads in its next pass."""
+        return self.stream.schedule().num_batches
 
     @property
     def batch_size_per_rank(self) -> int:

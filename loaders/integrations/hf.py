@@ -154,6 +154,14 @@ class LMShardsTrainerMixin:
             return super().get_eval_dataloader(eval_dataset)
         return self._lmshards_loader(dataset)
 
+    def get_test_dataloader(self, test_dataset):
+        """The lmshards loader for an lmshards ``predict`` dataset (``Trainer``'s own otherwise, which
+        would strip ``doc_lengths`` and re-shard the stream)."""
+        if not isinstance(test_dataset, ResumableStream):
+            return super().get_test_dataloader(test_dataset)
+        self._check_dataset(test_dataset, self.args.eval_batch_size, "test_dataset", "per_device_eval_batch_size")
+        return self._lmshards_loader(test_dataset)
+
     # -- checkpoints ---------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """``Trainer.train``; with ``resume_from_checkpoint`` the loader resumes from the checkpoint's state."""

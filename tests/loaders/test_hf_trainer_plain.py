@@ -74,6 +74,12 @@ def test_lmshards_trainer_batches_keep_documents_apart_and_count_samples(small_d
     ratio = metrics["train_samples_per_second"] / metrics["train_steps_per_second"]
     assert abs(ratio - 151 / 38) < 0.02 * 151 / 38, metrics
     assert trainer.num_examples(trainer.get_train_dataloader()) == 151
+    # evaluate() and predict() read through the lmshards loader too: every sample once, as samples
+    evaluation = trainer.evaluate(eval_dataset=ShardedDataset(path, batch_size=8, seed=7))
+    assert evaluation["eval_samples_per_second"] / evaluation["eval_steps_per_second"] == pytest.approx(151 / 19,
+                                                                                                         rel=0.02)
+    predicted = trainer.predict(ShardedDataset(path, batch_size=8, seed=7))
+    assert predicted.predictions.shape[:2] == (151, 8) and predicted.metrics["test_samples_per_second"] > 0
 
 
 def test_lmshards_trainer_prefix_lm_batches_carry_the_models_mask(small_dataset, tmp_path):
