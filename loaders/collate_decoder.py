@@ -103,6 +103,9 @@ class CausalCollator:
             ``flex_attention`` a 4-D mask goes out as a BlockMask.
         pad_to_multiple_of: round the batch length up.
         trim_padding: cut the columns that are padding in every row (default True).
+        model_arguments: add :data:`MODEL_ARGUMENTS` (``use_cache=False``) to ``position_ids``
+            batches (default True); False for a model whose ``forward`` takes no ``use_cache``
+            (it must then separate documents by ``position_ids`` itself).
 
     Raises:
         ValueError: an unknown ``documents`` mode, flash kwargs without ``position_ids``, or a
@@ -112,8 +115,9 @@ class CausalCollator:
     def __init__(self, pad_id: int | None = None, *, documents: str = "position_ids", shift_labels: bool = False,
                  mask_document_boundaries: bool = True, flash_attention_kwargs: bool = False,
                  mask_dtype: Any = "float32", attn_implementation: str | None = None,
-                 pad_to_multiple_of: int | None = None, trim_padding: bool = True):
+                 pad_to_multiple_of: int | None = None, trim_padding: bool = True, model_arguments: bool = True):
         _check_documents(documents, flash_attention_kwargs)
+        self.model_arguments = model_arguments
         self.pad_id, self.documents, self.shift_labels = pad_id, documents, shift_labels
         self.mask_document_boundaries, self.flash_attention_kwargs = mask_document_boundaries, flash_attention_kwargs
         self.mask_dtype = resolve_mask_dtype(mask_dtype)
@@ -160,7 +164,7 @@ class CausalCollator:
             causal = segments._replace(prefixes=np.zeros_like(segments.prefixes))
             out["attention_mask"] = _four_d_mask(causal, batch, length, self.mask_dtype, self.attn_implementation)
         out["labels"], out["position_ids"] = labels, positions
-        if self.documents == "position_ids":
+        if self.documents == "position_ids" and self.model_arguments:
             out.update(MODEL_ARGUMENTS)
         if self.flash_attention_kwargs:
             cumulative = np.concatenate([[0], np.cumsum(segments.lengths)]).astype(np.int32)

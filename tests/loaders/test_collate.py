@@ -50,6 +50,8 @@ def test_causal_default_is_o_of_l_document_positions():
     # unshifted (the model shifts); -100 at each document's first token and on padding
     assert torch.equal(out["labels"], t([[X, 6, X, 8, 9, X], [X, 12, 13, 14, 15, 16]]))
     assert torch.equal(out["position_ids"], t([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]))
+    bare = CausalCollator(PAD, model_arguments=False)(CLM_BATCH)  # a forward without use_cache
+    assert list(bare) == ["input_ids", "labels", "position_ids"]
 
 
 def test_causal_mask_mode_is_the_per_document_4d_mask():
