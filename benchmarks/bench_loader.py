@@ -124,11 +124,13 @@ def prepare(args) -> str:
     flat.flush()
     if mds is not None:
         mds.finish()
+    # clm rows are the same in formats 2 and 3: written as format 2, so that an older checkout
+    # (--against) reads the same files
     manifest = Manifest(objective={"name": "clm", "family": "decoder", "params": {"seq_len": args.seq_len}},
                         config={"seed": args.seed, "formats": ["arrow", "webdataset"]},
                         tokenizer={"special_ids": {"pad": 0, "eos": 1}, "vocab_size": 8000},
                         schema=schema.to_metadata(), counts={},
-                        splits={"train": {"examples": args.sequences, "shards": shards}})
+                        splits={"train": {"examples": args.sequences, "shards": shards}}, format_version=2)
     with open(os.path.join(root, "lmshards", "manifest.json"), "w") as handle:
         handle.write(manifest.dumps())
     open(os.path.join(root, "ready"), "w").close()
