@@ -557,7 +557,7 @@ def values(page: Page, chart: str, series: str) -> dict[str, float]:
 
 CHARTS = {
     "clm": ["train: documents per example", "train: document segment lengths"],
-    "prefix_lm": ["train: prefix length / chunk length"],
+    "prefix_lm": ["train: prefix length / document segment length"],
     "mlm": ["train: MLM replacement split"],
     "span_corruption": ["train: noise span lengths"],
     "bart": ["train: BART span lengths (words), manifest vs Poisson(3.5)"],

@@ -137,9 +137,9 @@ class PrefixLM(Objective):
         """The stored split points must be the ones the example's seed draws for its segments."""
         docs = np.asarray(anatomy.doc_lengths, dtype=np.int64)
         drawn = segment_prefix_lengths(docs, np.array([0, docs.size]), example_randoms(seed, [anatomy.key]))
-        if list(anatomy.prefix_lengths or ()) != drawn.tolist():
-            return [f"prefix_lengths {list(anatomy.prefix_lengths or ())} differ from the objective replayed with the "
-                    "example's seed"]
+        stored = [] if anatomy.prefix_lengths is None else np.asarray(anatomy.prefix_lengths).tolist()
+        if stored != drawn.tolist():
+            return [f"prefix_lengths {stored} differ from the objective replayed with the example's seed"]
         return []
 
     def measured_summary(self, stats: Any) -> dict[str, Any]:
