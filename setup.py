@@ -24,6 +24,10 @@ setup(
     ],
     extras_require={
         "torch": ["torch>=2.1"],
+        # What the README's training recipes import: the torch loop and HF Trainer recipes build
+        # transformers models (Trainer needs accelerate); the Lightning recipe trains one in Lightning.
+        "hf": ["torch>=2.1", "transformers>=5.0,<6", "accelerate>=1.1,<2"],
+        "lightning": ["torch>=2.1", "transformers>=5.0,<6", "lightning>=2.4,<3"],
         "webdataset": ["webdataset>=0.2.86"],
         # build and setuptools build the wheel lmshards stages for Dataflow workers (pipelines/dataflow.py).
         "gcp": ["apache-beam[gcp]>=2.60,<3", "build", "setuptools>=61"],

@@ -16,6 +16,14 @@ system in a fresh subprocess (so peak RSS is its own) over one shuffled epoch:
   baselines), with :class:`loaders.StackCollator`.
 - ``lmshards+causal``: the same with the full :class:`loaders.CausalCollator` (labels,
   per-document position ids, FlashAttention's ``cu_seq_lens_q/k``: ``documents="position_ids"``).
+- ``lmshards+clm``: the loader's default clm batches (:func:`loaders.make_dataloader` with no
+  collator options): whatever the checkout's default is (here: labels, restarting position ids,
+  ``use_cache=False``; before format 3, a ``(B, 1, L, L)`` float mask).
+- ``lmshards+clm-mask``: clm's O(L^2) option, ``documents="mask"`` (the per-document 4-D mask).
+- ``lmshards+prefix_lm``: prefix-LM batches over the same tokens stored with ``prefix_lengths``
+  (a prefix per document): the 4-D float32 mask prefix-LM needs.
+  The two mask systems hand batches over one at a time (``group_batches=1``): a 4-D mask at
+  L=4096, batch 8 is 512 MiB, and groups of eight would hold gigabytes per worker.
 - ``lmshards-wds``: :class:`loaders.ShardedDataset` over the WebDataset tars.
 - ``mosaic``: MosaicML ``streaming.StreamingDataset`` over MDS shards of the same rows
   (``ndarray:int32:L`` column, shuffle on, ``py1e``), torch DataLoader.
@@ -40,6 +48,8 @@ Usage::
     python benchmarks/bench_loader.py --sequences 50000 --seq-len 1024 --batch-size 32
     git archive 9e2b0b3 | tar -x -C /tmp/before   # the loader with its shared-memory ring and mallopt
     python benchmarks/bench_loader.py --sequences 40000 --workers 0,2 --repeats 5 --against /tmp/before
+    python benchmarks/bench_loader.py --sequences 2000 --seq-len 4096 --batch-size 8 \
+        --systems memmap,lmshards+clm,lmshards+clm-mask,lmshards+prefix_lm
 """
 
 from __future__ import annotations
@@ -58,8 +68,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-SYSTEMS = ("memmap", "transfer-floor", "memmap-dataloader", "lmshards", "lmshards+causal", "lmshards-wds", "mosaic",
-           "webdataset")
+SYSTEMS = ("memmap", "transfer-floor", "memmap-dataloader", "lmshards", "lmshards+causal", "lmshards+clm",
+           "lmshards+clm-mask", "lmshards+prefix_lm", "lmshards-wds", "mosaic", "webdataset")
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -114,15 +124,55 @@ def prepare(args) -> str:
     flat.flush()
     if mds is not None:
         mds.finish()
+    # clm rows are the same in formats 2 and 3: written as format 2, so that an older checkout
+    # (--against) reads the same files
     manifest = Manifest(objective={"name": "clm", "family": "decoder", "params": {"seq_len": args.seq_len}},
                         config={"seed": args.seed, "formats": ["arrow", "webdataset"]},
                         tokenizer={"special_ids": {"pad": 0, "eos": 1}, "vocab_size": 8000},
                         schema=schema.to_metadata(), counts={},
-                        splits={"train": {"examples": args.sequences, "shards": shards}})
+                        splits={"train": {"examples": args.sequences, "shards": shards}}, format_version=2)
     with open(os.path.join(root, "lmshards", "manifest.json"), "w") as handle:
         handle.write(manifest.dumps())
     open(os.path.join(root, "ready"), "w").close()
     return root
+
+
+def prepare_prefix(root: str, args) -> str:
+    """The same rows as a prefix-LM dataset (Arrow): each of a row's two documents split in half."""
+    from schemas.examples import example_schema
+    from schemas.manifest import Manifest, shard_name
+    from transforms.shard_format import write_arrow
+
+    out = os.path.join(root, "prefix")
+    if os.path.exists(os.path.join(out, "ready")):
+        return out
+    schema = example_schema("decoder", seq_len=args.seq_len, prefix_lengths=True)
+    shards = []
+    for index in range(args.shards):
+        tokens = rows_of_shard(args, index)
+        first = 1 + (np.arange(len(tokens)) * 7919) % (args.seq_len - 1)
+        examples = [{"key": f"s{index}-r{r}", "input_ids": tokens[r],
+                     "doc_lengths": np.array([first[r], args.seq_len - first[r]], np.int32),
+                     "prefix_lengths": np.array([max(1, first[r] // 2), max(1, (args.seq_len - first[r]) // 2)],
+                                                np.int32)} for r in range(len(tokens))]
+        rel = shard_name("train", "arrow", index, args.shards)
+        path = os.path.join(out, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            write_arrow(handle, examples, schema)
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+        files = {"arrow": {"path": rel, "bytes": os.path.getsize(path), "sha256": digest}}
+        shards.append({"split": "train", "index": index, "rows": len(tokens), "tokens": tokens.size, "files": files})
+    manifest = Manifest(objective={"name": "prefix_lm", "family": "decoder", "params": {"seq_len": args.seq_len}},
+                        config={"seed": args.seed, "formats": ["arrow"]},
+                        tokenizer={"special_ids": {"pad": 0, "eos": 1}, "vocab_size": 8000},
+                        schema=schema.to_metadata(), counts={},
+                        splits={"train": {"examples": args.sequences, "shards": shards}})
+    with open(os.path.join(out, "manifest.json"), "w") as handle:
+        handle.write(manifest.dumps())
+    open(os.path.join(out, "ready"), "w").close()
+    return out
 
 
 def _mds_writer(root: str, seq_len: int):
@@ -234,6 +284,21 @@ def lmshards_batches(root, args, workers, *, fmt="arrow", full=False):
     yield from loader
 
 
+def lmshards_default_batches(root, args, workers, *, mode=None):
+    """The loader's own default collator (``mode``: ``mask`` for clm's O(L^2) option, ``prefix_lm``)."""
+    from loaders import ShardedDataset, make_dataloader
+
+    if mode == "prefix_lm":
+        path, columns = prepare_prefix(root, args), ["input_ids", "doc_lengths", "prefix_lengths"]
+    else:
+        path, columns = os.path.join(root, "lmshards"), ["input_ids", "doc_lengths"]
+    dataset = ShardedDataset(path, batch_size=args.batch_size, seed=args.seed, verify="never", columns=columns)
+    options = {"group_batches": 1} if mode else {}  # a 4-D mask per batch: one batch at a time
+    if mode == "mask":
+        options["documents"] = "mask"
+    yield from make_dataloader(dataset, num_workers=workers, **options)
+
+
 def mosaic_batches(root, args, workers):
     from torch.utils.data import DataLoader
 
@@ -294,6 +359,10 @@ RUNNERS = {
     "memmap-dataloader": memmap_dataloader_batches,
     "lmshards": lmshards_batches,
     "lmshards+causal": lambda root, args, workers: lmshards_batches(root, args, workers, full=True),
+    "lmshards+clm": lmshards_default_batches,
+    "lmshards+clm-mask": lambda root, args, workers: lmshards_default_batches(root, args, workers, mode="mask"),
+    "lmshards+prefix_lm": lambda root, args, workers: lmshards_default_batches(root, args, workers,
+                                                                              mode="prefix_lm"),
     "lmshards-wds": lambda root, args, workers: lmshards_batches(root, args, workers, fmt="webdataset"),
     "mosaic": mosaic_batches,
     "webdataset": webdataset_batches,
@@ -395,7 +464,8 @@ def against(args, passthrough: list[str]) -> None:
     sides = {"this": os.path.abspath(__file__), "other": os.path.join(os.path.abspath(args.against), "benchmarks",
                                                                       "bench_loader.py")}
     workers = [int(w) for w in args.workers.split(",")]
-    cells = [(system, w) for w in workers for system in ("lmshards", "lmshards+causal")]
+    compared = args.systems.split(",") if args.systems != ",".join(SYSTEMS) else ["lmshards", "lmshards+causal"]
+    cells = [(system, w) for w in workers for system in compared]
     runs: dict[tuple, dict[str, list]] = {cell: {"this": [], "other": []} for cell in cells}
     for round_index in range(args.repeats):
         for cell in cells:
@@ -444,7 +514,9 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--against", metavar="DIR",
                         help="another checkout (e.g. `git archive COMMIT | tar -x -C DIR`): lmshards and "
-                             "lmshards+causal here and there, alternating, in --repeats rounds, with ratios")
+                             "lmshards+causal (or --systems) here and there, alternating, in --repeats rounds, with "
+                             "ratios; the other side runs DIR/benchmarks/bench_loader.py (copy this one there to "
+                             "measure systems it lacks, e.g. lmshards+clm: that checkout's default collator)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: SYSTEM:WORKERS in a subprocess
     args = parser.parse_args(argv)
 

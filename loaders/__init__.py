@@ -5,11 +5,13 @@
   exact global shuffle, rank/worker split, exact and elastic resume, dynamic noise.
 - :class:`MixtureDataset` (:mod:`loaders.mixture`): weighted mixtures of datasets.
 - :func:`make_dataloader` (:mod:`loaders.dataloader`): the resumable DataLoader.
-- Collators (:mod:`loaders.collate`; HF transformers' conventions: unshifted labels, additive
-  4-D masks from :mod:`loaders.masks`), columnar batches (:mod:`loaders.batch`), the epoch
+- Collators (:mod:`loaders.collate`; HF transformers' conventions: unshifted labels, packed
+  documents kept apart by restarting positions (clm) or 4-D masks from :mod:`loaders.masks`
+  (prefix-LM)), columnar batches (:mod:`loaders.batch`), the epoch
   order (:mod:`loaders.order`), the split and state (:mod:`loaders.state`), progress shared
   with DataLoader workers (:mod:`loaders.progress`).
-- :mod:`loaders.integrations.hf`: HF ``Trainer`` under DDP (transformers imported lazily).
+- :mod:`loaders.integrations.hf`: HF ``Trainer`` under DDP (transformers imported lazily); the
+  plain ``Trainer`` is refused.
 
 torch is optional: ``import loaders`` and the numpy modules work without it; the
 torch-backed names below are imported on first use.

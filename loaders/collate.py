@@ -7,15 +7,24 @@ of an HF model (and HF ``Trainer``) trains what the dataset holds:
   models shift inside (position ``t - 1`` predicts ``labels[t]``). Megatron-style pre-shifted
   labels (``labels[t] = input_ids[t + 1]``, a model that does not shift) are an option
   (``shift_labels=True``).
-- Masks a model must honour are 4-D **additive float** masks ``(B, 1, L, L)`` (0 = attend,
-  the dtype's most negative value = not), which eager, sdpa and flex attention all apply;
-  never an all-masked row (:mod:`loaders.masks`). Plain padding stays a 2-D ``attention_mask``.
-- Packed documents are handled like HF's ``DataCollatorWithFlattening``: ``position_ids``
-  restart at each document and each document's first label is ``-100`` (it would be
-  predicted from the previous document). FlashAttention's varlen kwargs go out under HF's
-  names (``cu_seq_lens_q``/``cu_seq_lens_k`` int32 tensors, ``max_length_q``/``max_length_k``
-  Python ints) only when asked for (``flash_attention_kwargs=True``).
-- Only tensors a model's ``forward`` takes are in a batch; extras (``prefix_length``,
+- Packed documents are kept apart with ``model(**batch)`` alone, under eager, sdpa and flex
+  attention, in train and eval mode. clm batches do it in O(L) by default, as HF's
+  ``DataCollatorWithFlattening``: ``position_ids`` restart at each document, no
+  ``attention_mask``, and ``use_cache=False`` (transformers derives the per-document mask from
+  such positions only when it builds no cache). Each document's first label is ``-100`` (it
+  would be predicted from the previous document). FlashAttention's varlen kwargs go out
+  under HF's names (``cu_seq_lens_q``/``cu_seq_lens_k`` int32 tensors,
+  ``max_length_q``/``max_length_k`` Python ints) only when asked for
+  (``flash_attention_kwargs=True``).
+- Masks positions cannot express (a bidirectional prefix, or clm's ``documents="mask"``) are
+  4-D **additive float** masks ``(B, 1, L, L)`` (0 = attend, the dtype's most negative value =
+  not), which eager and sdpa apply; never an all-masked row (:mod:`loaders.masks`). Under
+  flex attention (``attn_implementation="flex_attention"``, set from the model by
+  ``model=``) they go out as a ``BlockMask``: transformers turns a tensor mask into a
+  ``score_mod`` that torch's CPU flex compiler cannot run. Plain padding stays a 2-D
+  ``attention_mask``.
+- Only arguments a model's ``forward`` takes are in a batch (tensors, and ``use_cache`` or
+  FlashAttention's lengths where the layout needs them); extras (``prefix_length``,
   ``position_ids`` of encoders) only when asked for.
 - Padding is trimmed: a batch is as long as its longest real row (rounded up to
   ``pad_to_multiple_of``), not as the stored, padded width (UL2's decoder rows are padded to
@@ -25,16 +34,15 @@ Collators (:class:`CausalCollator` and :class:`PrefixLMCollator` live in
 :mod:`loaders.collate_decoder`, :class:`MLMCollator` and :class:`Seq2SeqCollator` in
 :mod:`loaders.collate_encoder`; all are importable from here):
 
-- :class:`CausalCollator` (clm): ``documents="mask"`` (default): per-document causal
-  attention as a 4-D mask, positions restarting per document; ``"position_ids"``: no mask,
-  positions restarting per document, the form HF's flattening collator emits (transformers
-  5 models derive the per-document mask from such positions under every attention
-  implementation, and FlashAttention reads ``cu_seq_lens_*`` when asked for); it is O(B*L)
-  where a 4-D mask is O(B*L*L). ``"none"``: plain causal attention over the packed row
-  (GPT-2/Megatron default; attention crosses documents), 2-D padding mask.
-- :class:`PrefixLMCollator` (prefix_lm, ul2 decoder-only): 4-D mask, bidirectional over the
-  first ``prefix_length`` tokens and causal after; loss on the suffix only. Examples
-  without ``prefix_length`` (clm in a mixture) are plain causal.
+- :class:`CausalCollator` (clm): ``documents="position_ids"`` (default): positions
+  restarting per document, no mask, ``use_cache=False``: O(B*L). ``"mask"``: the same
+  per-document causal attention as an O(B*L^2) 4-D mask, for models that ignore
+  ``position_ids``. ``"none"``: plain causal attention over the packed row (GPT-2/Megatron
+  default; attention crosses documents), 2-D padding mask.
+- :class:`PrefixLMCollator` (prefix_lm, ul2 decoder-only): each packed document a segment
+  with its own prefix (``prefix_lengths``): bidirectional over it, causal after, no attention
+  across segments, positions restarting per segment; loss on the suffixes only. Documents
+  without a prefix (clm in a mixture) are causal within themselves.
 - :class:`MLMCollator` (mlm): bidirectional; labels as stored, 2-D padding mask.
 - :class:`Seq2SeqCollator` (span_corruption, bart, ul2 encoder-decoder): ``inputs`` ->
   ``input_ids``/``attention_mask``, ``targets`` -> ``labels``, ``decoder_input_ids`` = labels
@@ -75,6 +83,7 @@ __all__ = [
     "Seq2SeqCollator",
     "StackCollator",
     "collator_for",
+    "model_mask_options",
 ]
 
 
@@ -133,13 +142,20 @@ class StackCollator:
         return out
 
 
-def collator_for(dataset: Any, **kwargs: Any):
+def collator_for(dataset: Any, *, model: Any = None, **kwargs: Any):
     """The collator for a dataset's examples (family and columns), with its pad id.
 
-    ``decoder`` -> :class:`PrefixLMCollator` when examples carry ``prefix_length``, else
-    :class:`CausalCollator`; ``encoder`` -> :class:`MLMCollator`; ``seq2seq`` ->
-    :class:`Seq2SeqCollator` (decoder start: the objective's ``decoder_start`` role, eos for
-    bart, else pad). ``kwargs`` go to it.
+    ``decoder`` -> :class:`PrefixLMCollator` when examples carry ``prefix_lengths`` (or the
+    older ``prefix_length``), else :class:`CausalCollator`; ``encoder`` -> :class:`MLMCollator`;
+    ``seq2seq`` -> :class:`Seq2SeqCollator` (decoder start: the objective's ``decoder_start``
+    role, eos for bart, else pad). ``kwargs`` go to it.
+
+    Args:
+        dataset: a :class:`~loaders.dataset.ShardedDataset` or :class:`~loaders.mixture.MixtureDataset`.
+        model: the model the batches are for (optional): decoder collators then build their
+            4-D masks in its dtype and, under flex attention, as a BlockMask
+            (``mask_dtype``/``attn_implementation`` unless given).
+        **kwargs: options of the collator.
 
     Raises:
         UnsupportedSchemaError: a family no collator handles (or a mixture of families).
@@ -148,7 +164,10 @@ def collator_for(dataset: Any, **kwargs: Any):
     special = dataset.special_ids
     pad = kwargs.pop("pad_id", special.get("pad"))
     if family == "decoder":
-        if "prefix_length" in columns:
+        if model is not None:
+            for key, value in model_mask_options(model).items():
+                kwargs.setdefault(key, value)
+        if columns & {"prefix_lengths", "prefix_length"}:
             return PrefixLMCollator(pad, **kwargs)
         return CausalCollator(pad, **kwargs)
     if pad is None:
@@ -164,3 +183,24 @@ def collator_for(dataset: Any, **kwargs: Any):
                 kwargs["decoder_start_id"] = special.get(role)
         return Seq2SeqCollator(pad, **kwargs)
     raise UnsupportedSchemaError(f"no collator for example family {family!r} (columns {sorted(columns)})")
+
+
+def model_mask_options(model: Any) -> dict[str, Any]:
+    """Options of decoder collators for ``model`` (an HF model, or anything with ``dtype`` and
+    ``config._attn_implementation``; what it lacks is left out).
+
+    ``mask_dtype``: the model's floating dtype (sdpa wants the query's). ``attn_implementation``:
+    the model's; under ``flex_attention`` also ``trim_padding=False``, so that every batch has the
+    stored width: flex attention is compiled per batch length, and torch's CPU compiler fails
+    (a C++ compile error) when a second length makes it recompile with dynamic shapes.
+    """
+    out: dict[str, Any] = {}
+    dtype = getattr(model, "dtype", None)
+    if dtype is not None and getattr(dtype, "is_floating_point", False):
+        out["mask_dtype"] = dtype
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(implementation, str):
+        out["attn_implementation"] = implementation
+        if implementation == "flex_attention":
+            out["trim_padding"] = False
+    return out

@@ -1,5 +1,5 @@
 """numpy building blocks of the collators (:mod:`loaders.collate`): rows fitted to a batch length
-(trailing padding cut, short rows padded), real row lengths, additive masks, and the hand-over
+(trailing padding cut, short rows padded), real row lengths, and the hand-over
 as torch tensors. torch is imported only to wrap the finished arrays.
 """
 
@@ -12,9 +12,8 @@ import numpy as np
 
 from loaders.batch import ExampleBatch, Ragged
 from loaders.errors import UnsupportedSchemaError
-from loaders.masks import additive_mask
 
-__all__ = ["batch_length", "collated_length", "column_rows", "content_lengths", "fit_rows", "float_mask", "int_column",
+__all__ = ["batch_length", "collated_length", "column_rows", "content_lengths", "fit_rows", "int_column",
            "real_length", "real_lengths", "require_columns", "row_widths", "to_tensors"]
 
 def require_columns(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -158,8 +157,3 @@ def collated_length(collator: Any, rows: np.ndarray | list[np.ndarray], real: np
     basis = [int(real.max())] if collator.trim_padding else row_widths(rows)
     return batch_length(basis, collator.pad_to_multiple_of)
 
-
-def float_mask(allowed: np.ndarray, dtype: str) -> Any:
-    """The additive 4-D mask of ``allowed``."""
-    out = None if dtype == "bfloat16" else np.empty((allowed.shape[0], 1, *allowed.shape[1:]), np.dtype(dtype))
-    return additive_mask(allowed, dtype, out)

@@ -13,22 +13,26 @@ from typing import Any
 
 import numpy as np
 
-from loaders.collate_arrays import (
-    collated_length,
-    column_rows,
-    fit_rows,
-    float_mask,
-    int_column,
-    real_lengths,
-    require_columns,
-    to_tensors,
+from loaders.collate_arrays import collated_length, column_rows, fit_rows, real_lengths, require_columns, to_tensors
+from loaders.masks import (
+    document_segments,
+    prefix_ends,
+    resolve_mask_dtype,
+    segment_block_mask,
+    segment_ids,
+    segment_mask,
 )
-from loaders.masks import causal_segment_mask, document_segments, resolve_mask_dtype, segment_ids
 from transforms.objectives.common import IGNORE_INDEX
 
-__all__ = ["DOCUMENT_MODES", "CausalCollator", "PrefixLMCollator"]
+__all__ = ["DOCUMENT_MODES", "MODEL_ARGUMENTS", "CausalCollator", "PrefixLMCollator"]
 
-DOCUMENT_MODES = ("mask", "position_ids", "none")
+DOCUMENT_MODES = ("position_ids", "mask", "none")
+
+#: What a clm batch under ``documents="position_ids"`` adds for the model: transformers derives
+#: the per-document mask from restarting ``position_ids`` only when it builds no cache
+#: (``masking_utils``: no 2-D ``attention_mask`` and ``past_key_values is None``), and a causal
+#: LM builds one whenever ``use_cache`` is on, which is its config's default in train mode too.
+MODEL_ARGUMENTS = {"use_cache": False}
 
 
 def _check_documents(documents: str, flash_attention_kwargs: bool) -> None:
@@ -47,40 +51,77 @@ def _check_documents(documents: str, flash_attention_kwargs: bool) -> None:
         )
 
 
+def _check_implementation(attn_implementation: str | None) -> str | None:
+    if attn_implementation is not None and not isinstance(attn_implementation, str):
+        raise ValueError(f"attn_implementation must be a name such as 'sdpa', got {attn_implementation!r}")
+    return attn_implementation
+
+
+def _four_d_mask(segments, batch: int, length: int, dtype: str, attn_implementation: str | None) -> Any:
+    """The 4-D mask of ``segments``: a BlockMask for flex attention, else an additive tensor."""
+    if attn_implementation == "flex_attention":
+        return segment_block_mask(segment_ids(segments.lengths, batch, length), prefix_ends(segments, batch, length))
+    return segment_mask(segments, batch, length, dtype)
+
+
+def _positions(segments, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(B, L)`` positions restarting at each segment, and the flattened start of each segment."""
+    starts = np.cumsum(segments.lengths) - segments.lengths
+    positions = np.empty((batch, length), dtype=np.int64)
+    np.subtract(np.arange(batch * length), np.repeat(starts, segments.lengths), out=positions.reshape(-1))
+    return positions, starts
+
+
 class CausalCollator:
     """Causal LM batches from ``input_ids`` (+ ``doc_lengths``), see the module docstring.
 
-    Outputs: ``input_ids``, ``attention_mask`` (``mask``: ``(B, 1, L, L)`` additive float;
-    ``none``: ``(B, L)`` 0/1; ``position_ids``: none), ``labels``, ``position_ids``, and with
-    ``flash_attention_kwargs`` ``cu_seq_lens_q``, ``cu_seq_lens_k`` (int32, over the flattened
-    ``B * L`` tokens, each row's padding one more segment), ``max_length_q``, ``max_length_k``.
+    Outputs: ``input_ids``, ``labels``, ``position_ids`` and per ``documents`` mode:
+
+    - ``position_ids`` (default): ``use_cache=False`` (see :data:`MODEL_ARGUMENTS`) and no
+      ``attention_mask``: transformers builds the per-document causal mask from the restarting
+      positions under eager, sdpa and flex attention, in train and eval mode. O(B*L) memory.
+      With ``flash_attention_kwargs`` also ``cu_seq_lens_q``, ``cu_seq_lens_k`` (int32, over
+      the flattened ``B * L`` tokens, each row's padding one more segment), ``max_length_q``,
+      ``max_length_k``.
+    - ``mask``: ``attention_mask`` ``(B, 1, L, L)`` additive float (a BlockMask under
+      ``attn_implementation="flex_attention"``): the same documents kept apart by an explicit
+      O(B*L^2) mask, for models that ignore ``position_ids``.
+    - ``none``: ``attention_mask`` ``(B, L)`` 0/1, plain causal attention over the packed row.
 
     Args:
         pad_id: padding id (needed only when rows differ in length).
-        documents: ``mask`` (default), ``position_ids`` or ``none``.
+        documents: ``position_ids`` (default), ``mask`` or ``none``.
         shift_labels: False (default, HF): ``labels[t] = input_ids[t]``, the model shifts;
             True (Megatron): ``labels[t] = input_ids[t + 1]`` for models that do not shift.
         mask_document_boundaries: no loss on predicting a document's first token from the
             previous document (document modes only; as HF's ``DataCollatorWithFlattening``).
         flash_attention_kwargs: add FlashAttention's varlen kwargs under HF's names
             (``documents="position_ids"`` only); ``max_length_*`` are Python ints.
-        mask_dtype: dtype of the 4-D mask (``float32``; ``bfloat16`` for a bf16 model run without
+        mask_dtype: dtype of the 4-D mask (``float32``; the model's dtype for a model run without
             autocast under sdpa, which wants the query's dtype).
+        attn_implementation: the model's (``model.config._attn_implementation``); under
+            ``flex_attention`` a 4-D mask goes out as a BlockMask.
         pad_to_multiple_of: round the batch length up.
         trim_padding: cut the columns that are padding in every row (default True).
+        model_arguments: add :data:`MODEL_ARGUMENTS` (``use_cache=False``) to ``position_ids``
+            batches (default True); False for a model whose ``forward`` takes no ``use_cache``
+            (it must then separate documents by ``position_ids`` itself).
 
     Raises:
         ValueError: an unknown ``documents`` mode, flash kwargs without ``position_ids``, or a
             mask dtype that is not floating point.
     """
 
-    def __init__(self, pad_id: int | None = None, *, documents: str = "mask", shift_labels: bool = False,
+    def __init__(self, pad_id: int | None = None, *, documents: str = "position_ids", shift_labels: bool = False,
                  mask_document_boundaries: bool = True, flash_attention_kwargs: bool = False,
-                 mask_dtype: Any = "float32", pad_to_multiple_of: int | None = None, trim_padding: bool = True):
+                 mask_dtype: Any = "float32", attn_implementation: str | None = None,
+                 pad_to_multiple_of: int | None = None, trim_padding: bool = True, model_arguments: bool = True):
         _check_documents(documents, flash_attention_kwargs)
+        self.model_arguments = model_arguments
         self.pad_id, self.documents, self.shift_labels = pad_id, documents, shift_labels
         self.mask_document_boundaries, self.flash_attention_kwargs = mask_document_boundaries, flash_attention_kwargs
         self.mask_dtype = resolve_mask_dtype(mask_dtype)
+        self.attn_implementation = _check_implementation(attn_implementation)
         self.pad_to_multiple_of, self.trim_padding = pad_to_multiple_of, trim_padding
 
     accepts_example_batch = True
@@ -103,56 +144,70 @@ class CausalCollator:
             labels[:] = input_ids
         if padded:
             labels[t[None, :] + int(self.shift_labels) >= real[:, None]] = IGNORE_INDEX
-        positions = np.empty((batch, length), dtype=np.int64)
         if self.documents == "none":
             attention = np.empty((batch, length), dtype=np.int64)
             attention[:] = t[None, :] < real[:, None]
+            positions = np.empty((batch, length), dtype=np.int64)
             positions[...] = t
             return to_tensors({"input_ids": input_ids, "attention_mask": attention, "labels": labels,
-                             "position_ids": positions})
+                               "position_ids": positions})
         # Segments over the flattened batch: each row's documents, then the row's padding.
-        segment_lengths, boundary_flags = document_segments(examples, real, length)
-        ends = np.cumsum(segment_lengths)
-        starts = ends - segment_lengths
-        np.subtract(np.arange(batch * length), np.repeat(starts, segment_lengths), out=positions.reshape(-1))
+        segments = document_segments(examples, real, length)
+        positions, starts = _positions(segments, batch, length)
         if self.mask_document_boundaries:
-            boundary = starts[boundary_flags]
+            boundary = starts[segments.boundary]
             labels.reshape(-1)[boundary - 1 if self.shift_labels else boundary] = IGNORE_INDEX
             if not self.shift_labels:  # as DataCollatorWithFlattening: every document's first label
                 labels[:, 0] = IGNORE_INDEX
         out: dict[str, Any] = {"input_ids": input_ids}
         if self.documents == "mask":
-            allowed = causal_segment_mask(segment_ids(segment_lengths, batch, length))
-            out["attention_mask"] = float_mask(allowed, self.mask_dtype)
+            causal = segments._replace(prefixes=np.zeros_like(segments.prefixes))
+            out["attention_mask"] = _four_d_mask(causal, batch, length, self.mask_dtype, self.attn_implementation)
         out["labels"], out["position_ids"] = labels, positions
+        if self.documents == "position_ids" and self.model_arguments:
+            out.update(MODEL_ARGUMENTS)
         if self.flash_attention_kwargs:
-            cumulative = np.concatenate([[0], ends]).astype(np.int32)
-            longest = int(segment_lengths.max())
+            cumulative = np.concatenate([[0], np.cumsum(segments.lengths)]).astype(np.int32)
+            longest = int(segments.lengths.max())
             out.update(cu_seq_lens_q=cumulative, cu_seq_lens_k=cumulative.copy(), max_length_q=longest,
                        max_length_k=longest)
         return to_tensors(out)
 
 
 class PrefixLMCollator:
-    """Prefix-LM batches from ``input_ids`` + ``prefix_length`` (+ ``doc_lengths`` for padding).
+    """Packed prefix-LM batches from ``input_ids`` + ``doc_lengths`` + ``prefix_lengths``.
 
-    Outputs: ``input_ids``, ``attention_mask`` (``(B, 1, L, L)`` additive float: the prefix
-    bidirectional, causal after, padding rows attending to the real tokens and themselves),
-    ``labels`` (the suffix only), ``position_ids`` and, when asked, ``prefix_length`` (B,).
+    Each document of a row is a segment with its own prefix (``prefix_lengths``, one per
+    document): bidirectional within the prefix, causal after it, no attention across segments,
+    positions restarting per segment, loss on each segment's suffix only (T5's packed prefix-LM;
+    SeqIO's ``PrefixLMFeatureConverter`` with packing). A document without a prefix (a clm row
+    in a mixture) is plain causal within itself, its first token not a target. A row of the
+    older format with one ``prefix_length`` is one segment with that prefix.
+
+    A bidirectional prefix cannot be said with ``position_ids``, so the mask is 4-D, built once
+    per batch in ``mask_dtype`` (:func:`loaders.masks.segment_mask`), or a BlockMask under
+    ``attn_implementation="flex_attention"``.
+
+    Outputs: ``input_ids``, ``attention_mask`` (``(B, 1, L, L)``; each row's padding a segment
+    of its own that attends to itself), ``labels``, ``position_ids`` and, when asked,
+    ``prefix_length`` (B,): the prefix tokens of each row.
 
     Args:
         pad_id: padding id (needed only when rows differ in length).
         shift_labels: as :class:`CausalCollator` (default False, HF).
         mask_dtype: as :class:`CausalCollator`.
+        attn_implementation: as :class:`CausalCollator`.
         pad_to_multiple_of: round the batch length up.
         trim_padding: cut the columns that are padding in every row (default True).
         return_prefix_length: add ``prefix_length`` (HF models take no such argument).
     """
 
     def __init__(self, pad_id: int | None = None, *, shift_labels: bool = False, mask_dtype: Any = "float32",
-                 pad_to_multiple_of: int | None = None, trim_padding: bool = True, return_prefix_length: bool = False):
+                 attn_implementation: str | None = None, pad_to_multiple_of: int | None = None,
+                 trim_padding: bool = True, return_prefix_length: bool = False):
         self.pad_id, self.shift_labels, self.pad_to_multiple_of = pad_id, shift_labels, pad_to_multiple_of
         self.mask_dtype, self.trim_padding = resolve_mask_dtype(mask_dtype), trim_padding
+        self.attn_implementation = _check_implementation(attn_implementation)
         self.return_prefix_length = return_prefix_length
 
     accepts_example_batch = True
@@ -164,26 +219,25 @@ class PrefixLMCollator:
         real = real_lengths(examples, rows)
         length = collated_length(self, rows, real)
         input_ids = fit_rows(rows, length, self.pad_id, name)
-        prefix = int_column(examples, "prefix_length", 0)
-        t = np.arange(length)
-        q, k = t[None, :, None], t[None, None, :]
-        allowed = ((k <= q) | (k < prefix[:, None, None])) & (k < real[:, None, None])
-        allowed |= q == k  # padding rows attend to themselves: no empty softmax row
-        labels = np.full((len(rows), length), IGNORE_INDEX, dtype=np.int64)
+        batch = len(rows)
+        segments = document_segments(examples, real, length)
+        positions, _ = _positions(segments, batch, length)
+        # a target is a token of a document (not padding) at or after its segment's prefix, and
+        # never a segment's first token (nothing of its own segment precedes it)
+        first_target = np.repeat(np.maximum(segments.prefixes, 1), segments.lengths).reshape(batch, length)
+        target = (positions >= first_target) & (np.arange(length)[None, :] < real[:, None])
+        labels = np.full((batch, length), IGNORE_INDEX, dtype=np.int64)
         if self.shift_labels:
-            target = t[None, 1:]
-            keep = (target >= prefix[:, None]) & (target < real[:, None])
-            labels[:, :-1] = np.where(keep, input_ids[:, 1:], IGNORE_INDEX)
+            labels[:, :-1] = np.where(target[:, 1:], input_ids[:, 1:], IGNORE_INDEX)
         else:
-            # position 0 is never predicted: its label is -100 even without a prefix
-            keep = (t[None, :] >= np.maximum(prefix, 1)[:, None]) & (t[None, :] < real[:, None])
-            labels[:] = np.where(keep, input_ids, IGNORE_INDEX)
+            labels[:] = np.where(target, input_ids, IGNORE_INDEX)
         out = {
             "input_ids": input_ids,
-            "attention_mask": float_mask(allowed, self.mask_dtype),
+            "attention_mask": _four_d_mask(segments, batch, length, self.mask_dtype, self.attn_implementation),
             "labels": labels,
-            "position_ids": np.broadcast_to(t, (len(rows), length)).copy(),
+            "position_ids": positions,
         }
         if self.return_prefix_length:
-            out["prefix_length"] = prefix.astype(np.int64)
+            row_of = (np.cumsum(segments.lengths) - segments.lengths) // length
+            out["prefix_length"] = np.bincount(row_of, weights=segments.prefixes, minlength=batch).astype(np.int64)
         return to_tensors(out)

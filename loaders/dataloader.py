@@ -36,7 +36,11 @@ class _Batches(IterableDataset):
         return self.stream.iter_batches(columnar=self.columnar)
 
     def __len__(self) -> int:
-        return self.stream.schedule().num_batches
+        """Samples of the next pass over all ranks: what HF ``Trainer`` reads as the length of a
+        loader's dataset for its samples-per-second figures (the loader's own length is this
+        rank's batches, :meth:`ResumableDataLoader.__len__`)."""
+        stream = self.stream
+        return stream.schedule().num_samples * stream.world_size
 
 
 class _Groups(IterableDataset):
@@ -114,6 +118,10 @@ class ResumableDataLoader(DataLoader):
     def sampler(self, value: Any) -> None:  # DataLoader.__init__ sets it once
         self.__dict__["_epoch_sampler"] = _EpochSampler(self, value)
 
+    def __len__(self) -> int:
+        """Batches this rank reads in its next pass."""
+        return self.stream.schedule().num_batches
+
     @property
     def batch_size_per_rank(self) -> int:
         return self.stream.batch_size
@@ -173,6 +181,7 @@ def make_dataloader(
     multiprocessing_context: Any = None,
     timeout: float = 0,
     group_batches: int = 8,
+    model: Any = None,
     **collator_kwargs: Any,
 ) -> ResumableDataLoader:
     """A resumable DataLoader yielding collated batches of ``dataset.batch_size`` examples.
@@ -189,6 +198,8 @@ def make_dataloader(
         multiprocessing_context: passed to the DataLoader.
         timeout: passed to the DataLoader.
         group_batches: consecutive batches handed over at once (one DataLoader item).
+        model: the model the batches are for (``collate_fn="auto"``): decoder batches then
+            carry 4-D masks in its dtype, as a BlockMask under flex attention.
 
     Raises:
         ValueError: bad arguments.
@@ -198,9 +209,10 @@ def make_dataloader(
     if collate_fn == "auto":
         from loaders.collate import collator_for
 
-        collate_fn = collator_for(dataset, **collator_kwargs)
-    elif collator_kwargs:
-        raise ValueError(f"collator options {sorted(collator_kwargs)} need collate_fn='auto'")
+        collate_fn = collator_for(dataset, model=model, **collator_kwargs)
+    elif collator_kwargs or model is not None:
+        options = sorted([*collator_kwargs, *(["model"] if model is not None else [])])
+        raise ValueError(f"collator options {options} need collate_fn='auto'")
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     kwargs: dict[str, Any] = {"num_workers": num_workers, "pin_memory": pin_memory, "timeout": timeout,

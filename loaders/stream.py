@@ -131,7 +131,15 @@ class ResumableStream(IterableDataset):
                             self.drop_last)
 
     def __len__(self) -> int:
-        """Samples this rank yields in its next pass (the rest of the epoch after a loaded state)."""
+        """Samples this rank yields in its next pass (the rest of the epoch after a loaded state).
+
+        Raises:
+            ConfigError: called by a plain ``transformers.Trainer`` (see
+                :func:`loaders.integrations.hf.refuse_plain_trainer`).
+        """
+        from loaders.integrations.hf import refuse_plain_trainer
+
+        refuse_plain_trainer(self)
         return self.schedule().num_samples
 
     def set_epoch(self, epoch: int) -> None:
@@ -280,6 +288,9 @@ class ResumableStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._counted_by_loader:  # make_dataloader's loader counts what it hands out
             return self._iter_uncounted()
+        from loaders.integrations.hf import refuse_plain_trainer
+
+        refuse_plain_trainer(self)
         if get_worker_info() is not None:
             self._worker_pass = None  # a new pass begins with this iterator (joined on first use)
             return self._iter_worker()

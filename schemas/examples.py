@@ -3,7 +3,8 @@
 Families (docs/design.md section 5, objectives issue):
 
 - ``decoder`` (clm, prefix_lm, ul2 decoder-only): ``input_ids`` fixed_size_list<int32>[L],
-  ``doc_lengths`` list<int32>, optionally ``prefix_length`` int32.
+  ``doc_lengths`` list<int32>, optionally ``prefix_lengths`` list<int32> (one per document
+  segment: its bidirectional prefix; format 3, where format 2 had one ``prefix_length`` int32).
 - ``encoder`` (mlm): ``input_ids`` and ``labels`` fixed_size_list<int32>[L] (-100 where no loss).
 - ``seq2seq`` (span_corruption, bart, ul2 encoder-decoder): ``inputs`` and ``targets``,
   fixed_size_list when every example has the same length, list<int32> otherwise.
@@ -46,8 +47,8 @@ class ExampleSchema:
         family: one of :data:`FAMILIES`.
         schema: the Arrow schema, column order included.
         token_columns: columns holding token ids (fixed or variable lists of int32).
-        int_list_columns: other list<int32> columns (``doc_lengths``).
-        scalar_columns: int32 scalar columns (``prefix_length``).
+        int_list_columns: other list<int32> columns (``doc_lengths``, ``prefix_lengths``).
+        scalar_columns: int32 scalar columns (format 2's ``prefix_length``).
         string_columns: string columns (``key``, ``denoiser``).
     """
 
@@ -92,6 +93,7 @@ def example_schema(
     seq_len: int | None = None,
     inputs_length: int | None = None,
     targets_length: int | None = None,
+    prefix_lengths: bool = False,
     prefix_length: bool = False,
     denoiser: bool = False,
 ) -> ExampleSchema:
@@ -102,7 +104,10 @@ def example_schema(
         seq_len: row length of ``input_ids`` (decoder, encoder); required there.
         inputs_length: fixed length of ``inputs`` (seq2seq), None for variable.
         targets_length: fixed length of ``targets`` (seq2seq), None for variable.
-        prefix_length: add an int32 ``prefix_length`` column (decoder family).
+        prefix_lengths: add a list<int32> ``prefix_lengths`` column, aligned with ``doc_lengths``
+            (decoder family).
+        prefix_length: add format 2's int32 ``prefix_length`` scalar (one prefix per row; read,
+            no longer written by an objective).
         denoiser: add a string ``denoiser`` column (ul2).
 
     Raises:
@@ -120,6 +125,9 @@ def example_schema(
             token_columns = ("input_ids",)
             fields.append(pa.field("doc_lengths", pa.list_(pa.int32()), nullable=False))
             int_list_columns = ("doc_lengths",)
+            if prefix_lengths:
+                fields.append(pa.field("prefix_lengths", pa.list_(pa.int32()), nullable=False))
+                int_list_columns = ("doc_lengths", "prefix_lengths")
             if prefix_length:
                 fields.append(pa.field("prefix_length", pa.int32(), nullable=False))
                 scalar_columns = ("prefix_length",)

@@ -24,7 +24,11 @@ MANIFEST_NAME = "manifest.json"
 #: counter-based noise and one digest per example for shard, row order and noise; fairseq's
 #: BART words, BERT's MLM selection size. Shards of version 1 still read, but their layout and
 #: noise follow the rules of the lmshards that wrote them.
-MANIFEST_VERSION = 2
+#: Version 3: decoder rows with a prefix (prefix_lm, ul2's decoder layout) store
+#: ``prefix_lengths`` (list<int32>, one per document segment beside ``doc_lengths``) instead of
+#: one ``prefix_length``: prefix_lm splits every document segment of a chunk on its own, so that
+#: packed documents stay apart. Version 2's ``prefix_length`` rows still read (one segment each).
+MANIFEST_VERSION = 3
 FORMAT_DIRS = {"arrow": "arrow", "webdataset": "wds"}
 FORMAT_SUFFIXES = {"arrow": ".arrow", "webdataset": ".tar"}
 #: Most tokens one example's length parameter may ask for: far beyond any model's context, and

@@ -71,7 +71,10 @@ class Anatomy:
         raw_tokens: tokens of the source chunk the example was made from.
         denoiser: UL2 denoiser name.
         doc_lengths: document segment lengths (decoder family).
-        prefix_length: tokens before the prefix/suffix boundary (prefix_lm, UL2 decoder layout).
+        prefix_length: prefix tokens of the row (prefix_lm: over all its document segments; UL2
+            decoder layout: its inputs).
+        prefix_lengths: the prefix of each document segment (format 3's ``prefix_lengths``;
+            None for format 2's single ``prefix_length``).
         inputs: unpadded inputs (seq2seq; split from ``input_ids`` in the UL2 decoder layout).
         targets: unpadded targets, likewise.
         offset: leading mode tokens of ``inputs`` (1 for UL2, else 0).
@@ -91,6 +94,7 @@ class Anatomy:
     denoiser: str | None = None
     doc_lengths: np.ndarray | None = None
     prefix_length: int | None = None
+    prefix_lengths: np.ndarray | None = None
     inputs: np.ndarray | None = None
     targets: np.ndarray | None = None
     offset: int = 0
@@ -243,11 +247,20 @@ def _family_parts(example: dict[str, Any], view: ObjectiveView, a: Anatomy) -> A
             # concat packing cuts one stream of documents each followed by its EOS
             a.issues.append("a document segment other than the last does not end with EOS")
         a.lengths, a.padding, a.raw_tokens = {"input_ids": length}, ids.size - length, length
-        if "prefix_length" in example:
+        if "prefix_lengths" in example:
+            a.prefix_lengths = np.asarray(example["prefix_lengths"], dtype=np.int64)
+            a.prefix_length = int(a.prefix_lengths.sum())
+            if a.prefix_lengths.shape != a.doc_lengths.shape:
+                a.issues.append(f"prefix_lengths has {a.prefix_lengths.size} entries for {a.doc_lengths.size} "
+                                "document segments")
+            elif not ((a.prefix_lengths > 0) & (a.prefix_lengths <= np.maximum(a.doc_lengths - 1, 1))).all():
+                a.issues.append(f"prefix_lengths {a.prefix_lengths.tolist()} outside [1, d-1] of their segments "
+                                f"{a.doc_lengths.tolist()}")
+        elif "prefix_length" in example:  # format 2: one prefix for the whole row
             a.prefix_length = int(example["prefix_length"])
             if not 0 < a.prefix_length <= max(length - 1, 1):
                 a.issues.append(f"prefix_length {a.prefix_length} outside [1, {max(length - 1, 1)}]")
-        if view.decoder_layout:
+        if view.decoder_layout:  # one segment: its prefix is the inputs
             cut = min(max(a.prefix_length or 0, 0), length)
             a.inputs, a.targets = ids[:cut], ids[cut:length]
             _seq2seq_parts(a, view)

@@ -6,7 +6,7 @@ from its class (``Objective.example_problems``: prefix_lm, mlm, bart, the UL2 pl
 
 - every example: a key without dots that names its split; token ids inside the vocabulary
   (labels: -100 or a token id); the structure :func:`~loaders.inspection.anatomy.take_apart` checks;
-- prefix_lm: ``prefix_length`` in ``[1, L-1]``;
+- prefix_lm: each segment's ``prefix_lengths`` in ``[1, d-1]``;
 - mlm: the exact selection budget (BERT's ``max(1, round(len * p))`` of the ``len`` tokens,
   at most the ``n`` non-special ones; at most that under whole-word masking), the 80/10/10
   split within one token of its ratios, labels and random replacements never special;
@@ -77,8 +77,9 @@ def _replay_seq2seq(example: dict[str, Any], a: Anatomy, view: ObjectiveView, se
     plan = view.objective.plan_of(example)
     replay, counters = build_example(view.objective, chunk, view.special, example_randoms(seed, [key]), plan=plan)
     if "input_ids" in replay:  # UL2's decoder layout: inputs then targets in one row
-        inputs = replay["input_ids"][: replay["prefix_length"]]
-        targets = replay["input_ids"][replay["prefix_length"] : int(replay["doc_lengths"].sum())]
+        cut = int(replay["prefix_lengths"].sum())  # one segment
+        inputs = replay["input_ids"][:cut]
+        targets = replay["input_ids"][cut : int(replay["doc_lengths"].sum())]
     else:  # span corruption pads to its fixed lengths
         inputs = replay["inputs"][: counters["inputs_tokens"]]
         targets = replay["targets"][: counters["targets_tokens"]]

@@ -139,15 +139,13 @@ def _objective_charts(out: Figures, ds: InspectedDataset, split: str, m: dict[st
             ], x_label="selected tokens", y_label="share", width=460)))
     if "prefix_tenths" in m:
         tenths = [f"{k / 10:.1f}" for k in range(10)]
-        total = sum(m["prefix_tenths"].values())
-        seq_len = ds.objective.config.seq_len
-        uniform = [sum(1 for p in range(1, seq_len) if min(9, 10 * p // seq_len) == k) / (seq_len - 1) * total
-                   for k in range(10)]
-        out.plots.append(("prefix length over chunk length; line: the split point ~ U[1, L-1]", bar_chart(
-            f"{split}: prefix length / chunk length", tenths, [
+        expected = m.get("prefix_expected_tenths") or {}
+        uniform = [float(expected.get(t, 0)) for t in tenths]
+        out.plots.append(("prefix length over segment length; line: each split ~ U[1, d-1]", bar_chart(
+            f"{split}: prefix length / document segment length", tenths, [
                 Series("measured", [float(m["prefix_tenths"].get(t, 0)) for t in tenths], MEASURED),
-                Series("expected U[1, L-1]", uniform, EXPECTED, "line")], x_label="prefix share",
-            y_label="examples")))
+                Series("expected U[1, d-1]", uniform, EXPECTED, "line")], x_label="prefix share",
+            y_label="segments")))
     if "bart" in m:  # BART's measured part (Bart.measured_summary)
         _bart_chart(out, ds, split)
 

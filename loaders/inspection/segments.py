@@ -175,11 +175,21 @@ def _merge(segments: list[Segment]) -> list[Segment]:
 
 def _decoder_line(b: _Builder, a: Anatomy, ids: np.ndarray) -> list[Segment]:
     length = int(a.doc_lengths.sum()) if a.doc_lengths is not None else ids.size
-    prefix = a.prefix_length if a.kind == "prefix_lm" else 0
-    segments = b.kinds(ids[:prefix], "prefix") + b.kinds(ids[prefix:length], "text")
+    docs = a.doc_lengths.tolist() if a.doc_lengths is not None else [length]
+    if a.kind != "prefix_lm":
+        prefixes = [0] * len(docs)
+    elif a.prefix_lengths is not None and len(a.prefix_lengths) == len(docs):
+        prefixes = a.prefix_lengths.tolist()
+    else:  # format 2: one prefix over the whole row
+        docs, prefixes = [length], [a.prefix_length or 0]
+    segments: list[Segment] = []
     cuts = {int(c): ("boundary", "doc") for c in np.cumsum(a.doc_lengths)[:-1]} if a.doc_lengths is not None else {}
-    if prefix:
-        cuts[prefix] = ("boundary", "prefix")
+    start = 0
+    for d, p in zip(docs, prefixes, strict=True):  # each document segment: its prefix, then its suffix
+        segments += b.kinds(ids[start : start + p], "prefix") + b.kinds(ids[start + p : start + d], "text")
+        if 0 < p < d:
+            cuts[start + p] = ("boundary", "prefix")
+        start += d
     segments = _with_markers(segments, cuts)
     return segments + ([Segment("pad", [b.pad] * (ids.size - length))] if ids.size > length else [])
 

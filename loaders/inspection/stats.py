@@ -117,7 +117,8 @@ class SplitStats:
         self.lengths = {column: Counter() for column in view.schema.token_columns}
         self.documents: Counter = Counter()
         self.segments: Counter = Counter()
-        self.prefix_tenths: Counter = Counter()
+        self.prefix_tenths: Counter = Counter()  # per document segment: tenth of its length in its prefix
+        self.prefix_expected_tenths: Counter = Counter()  # the same under each segment's U[1, d-1]
         self.noise = _Noise()
         self.denoisers: dict[str, _Noise] = {}
         self.mlm: Counter = Counter()
@@ -138,7 +139,15 @@ class SplitStats:
             self.segments.update(int(n) for n in a.doc_lengths)
         if a.kind == "prefix_lm" and a.prefix_length is not None and a.raw_tokens:
             c["prefix_tokens"] += a.prefix_length
-            self.prefix_tenths[min(9, 10 * a.prefix_length // a.raw_tokens)] += 1
+            if a.prefix_lengths is not None and a.prefix_lengths.shape == a.doc_lengths.shape:
+                pairs = zip(a.prefix_lengths.tolist(), a.doc_lengths.tolist(), strict=True)
+            else:  # format 2: one split over the whole row
+                pairs = [(a.prefix_length, a.raw_tokens)]
+            for prefix, length in pairs:
+                if length >= 2:  # a 1-token segment has no split to draw
+                    self.prefix_tenths[min(9, 10 * prefix // length)] += 1
+                    for tenth, share in _uniform_tenths(length).items():
+                        self.prefix_expected_tenths[tenth] += share
         if a.kind in ("span", "prefix"):
             self.noise.add(a)
             if a.denoiser is not None:
@@ -172,3 +181,14 @@ class SplitStats:
             out["document_segment_lengths"] = length_summary(self.segments)
         out.update(self.view.objective.measured_summary(self))  # the objective's own part
         return out
+
+
+def _uniform_tenths(length: int) -> dict[int, float]:
+    """How a split ~ U[1, length - 1] falls on the tenths ``min(9, 10 * p // length)``."""
+    out: dict[int, float] = {}
+    for tenth in range(10):
+        low = max(1, -(-tenth * length // 10))
+        high = length - 1 if tenth == 9 else min(length - 1, -(-(tenth + 1) * length // 10) - 1)
+        if high >= low:
+            out[tenth] = (high - low + 1) / (length - 1)
+    return out

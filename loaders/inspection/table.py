@@ -121,7 +121,7 @@ def _objective_lines(measured: dict[str, Any], manifest_summary: dict[str, Any] 
                      f"{_num(b['masks_per_example'])}; masked word share (manifest) {_num(ms.get('masked_word_share'))}"
                      f"; mean Poisson span (manifest) {_num(ms.get('spans', {}).get('mean_poisson_length'))}")
     if "prefix_share" in measured:
-        lines.append(f"  prefix share {_num(measured['prefix_share'])} (configured split ~ U[1, L-1]: 0.5)")
+        lines.append(f"  prefix share {_num(measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)")
     return lines
 
 

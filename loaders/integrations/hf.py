@@ -26,8 +26,15 @@ What the plain ``Trainer`` would do with such a dataset, and what the mixin does
   ``gradient_accumulation_steps`` that does not divide the batches of an epoch, the resumed
   epoch's last partial accumulation is merged into the next step (a warning says so).
 - Data collator: ``data_collator=None`` picks the dataset's collator
-  (:func:`~loaders.collate.collator_for`) with ``loader_kwargs`` as its options; masks are
-  made in the model's dtype when the model is not float32.
+  (:func:`~loaders.collate.collator_for`) with ``loader_kwargs`` as its options, for the
+  model: 4-D masks in its dtype, and as a BlockMask under flex attention.
+- ``Trainer`` counts an iterable dataset's samples by ``len(dataloader.dataset)``, which for
+  this loader is its batches; here it is the epoch's samples over all ranks, so
+  ``train_samples_per_second`` is samples, not steps.
+
+The plain ``Trainer`` is refused when it first asks an lmshards dataset for its length (in
+its ``__init__``) or iterates it: one line naming :class:`LMShardsTrainer`
+(:func:`refuse_plain_trainer`).
 """
 
 from __future__ import annotations
@@ -35,12 +42,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
 from loaders.stream import ResumableStream
+from schemas.errors import ConfigError
 
-__all__ = ["LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin", "model_config_kwargs"]  # noqa: F822 (LMShardsTrainer: lazy)
+__all__ = [  # noqa: F822 (LMShardsTrainer: lazy)
+    "LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin", "model_config_kwargs", "refuse_plain_trainer"]
 
 #: File of a checkpoint directory holding the training loader's state.
 LOADER_STATE_NAME = "lmshards_loader_state.json"
@@ -115,12 +125,17 @@ class LMShardsTrainerMixin:
                 raise ValueError(f"collator options {sorted(options)} need data_collator=None (the automatic one)")
             return make_dataloader(dataset, collate_fn=collator, num_workers=workers,
                                    pin_memory=args.dataloader_pin_memory, **loader_options)
-        dtype = getattr(self.model, "dtype", None)
-        floating = dtype is not None and dtype.is_floating_point
-        if dataset.family == "decoder" and "mask_dtype" not in options and floating:
-            options["mask_dtype"] = dtype  # sdpa wants a float mask in the query's dtype
+        # masks in the model's dtype (sdpa wants the query's) and a BlockMask under flex attention
         return make_dataloader(dataset, num_workers=workers, pin_memory=args.dataloader_pin_memory,
-                               **loader_options, **options)
+                               model=self.model, **loader_options, **options)
+
+    def num_examples(self, dataloader) -> int:
+        """Samples of an epoch over all ranks (``Trainer``'s samples-per-second figures divide by it);
+        ``Trainer``'s own count for other loaders."""
+        stream = getattr(dataloader, "stream", None)
+        if isinstance(stream, ResumableStream):
+            return stream.schedule(0).num_samples * stream.world_size
+        return super().num_examples(dataloader)
 
     def get_train_dataloader(self):
         """The lmshards loader for an lmshards ``train_dataset`` (``Trainer``'s own otherwise)."""
@@ -138,6 +153,14 @@ class LMShardsTrainerMixin:
         if not isinstance(dataset, ResumableStream):
             return super().get_eval_dataloader(eval_dataset)
         return self._lmshards_loader(dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        """The lmshards loader for an lmshards ``predict`` dataset (``Trainer``'s own otherwise, which
+        would strip ``doc_lengths`` and re-shard the stream)."""
+        if not isinstance(test_dataset, ResumableStream):
+            return super().get_test_dataloader(test_dataset)
+        self._check_dataset(test_dataset, self.args.eval_batch_size, "test_dataset", "per_device_eval_batch_size")
+        return self._lmshards_loader(test_dataset)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
@@ -191,6 +214,38 @@ class LMShardsTrainerMixin:
                 f"gradient_accumulation_steps={accumulation} does not divide the {batches} batches of an epoch: "
                 "the resumed epoch's last partial accumulation is merged into the next step", stacklevel=2)
         self._lmshards_resume = None
+
+
+def refuse_plain_trainer(dataset: ResumableStream) -> None:
+    """Refuse a plain ``transformers.Trainer`` (one not mixing in :class:`LMShardsTrainerMixin`)
+    that is asking ``dataset`` for its length or its examples.
+
+    That Trainer trains wrongly without a sign: accelerate re-shards the iterable dataset so that
+    under DDP every rank trains on rank 0's stream (or on half of its own), and
+    ``remove_unused_columns`` strips ``doc_lengths``, so positions never restart and document
+    starts are not masked. The calling Trainer is found on the call stack (a frame whose
+    ``self`` is one); transformers is not imported.
+
+    Raises:
+        ConfigError: a plain Trainer is the caller (a ValueError: ``Trainer`` takes a TypeError from
+            ``len()`` for "no length" and would go on).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not dataset and _is_plain_trainer(owner):
+            raise ConfigError(
+                f"{type(owner).__name__} cannot train from an lmshards dataset correctly (DDP ranks would share "
+                "rank 0's stream, remove_unused_columns strips doc_lengths): use "
+                "loaders.integrations.hf.LMShardsTrainer (or mix LMShardsTrainerMixin into your Trainer)")
+        frame = frame.f_back
+
+
+def _is_plain_trainer(owner: Any) -> bool:
+    if isinstance(owner, LMShardsTrainerMixin):
+        return False
+    return any(cls.__name__ == "Trainer" and cls.__module__.startswith("transformers")
+               for cls in type(owner).__mro__)
 
 
 def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:

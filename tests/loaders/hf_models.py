@@ -41,13 +41,23 @@ MODEL_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "bert":
                  "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration"}
 
 
-def tiny_model(kind: str, attn_implementation: str = "eager"):
-    """The model ``kind`` with ``attn_implementation``; every implementation of a kind has the same weights."""
+#: Dropout fields of the configs: off, so that train mode is deterministic (flex attention refuses
+#: attention dropout anyway).
+NO_DROPOUT = {"gpt2": {"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}, "llama": {"attention_dropout": 0.0}}
+
+
+def tiny_model(kind: str, attn_implementation: str = "eager", *, dropout: bool = True):
+    """The model ``kind`` with ``attn_implementation``; every implementation of a kind has the same
+    weights. ``dropout=False``: its config's dropout probabilities are 0 (train mode is exact)."""
     import transformers as hf
 
     cls = getattr(hf, MODEL_CLASSES[kind])
     torch.manual_seed(0)
-    model = cls._from_config(config(kind), attn_implementation=attn_implementation)
+    cfg = config(kind)
+    if not dropout:
+        for name, value in NO_DROPOUT.get(kind, {}).items():
+            setattr(cfg, name, value)
+    model = cls._from_config(cfg, attn_implementation=attn_implementation)
     if kind not in _WEIGHTS:
         _WEIGHTS[kind] = {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(_WEIGHTS[kind])

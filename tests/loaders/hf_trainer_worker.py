@@ -31,7 +31,8 @@ class RecordingTrainer(LMShardsTrainer):
         self.seen: list[int] = []
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        assert all(torch.is_tensor(v) for v in inputs.values()), sorted(inputs)  # only tensors in batches
+        # tensors, and the one model argument clm batches carry (use_cache=False: positions separate documents)
+        assert all(torch.is_tensor(v) or (k, v) == ("use_cache", False) for k, v in inputs.items()), sorted(inputs)
         self.seen += inputs["input_ids"][:, 0].tolist()
         return super().training_step(model, inputs, num_items_in_batch)
 

@@ -41,13 +41,24 @@ ROW0_DOCUMENTS = [
 ]
 
 
-def test_causal_default_is_hf_per_document_mask():
+def test_causal_default_is_o_of_l_document_positions():
     out = CausalCollator(PAD)(CLM_BATCH)
-    assert list(out) == ["input_ids", "attention_mask", "labels", "position_ids"]
+    # no mask: transformers derives the per-document mask from the restarting positions, which it
+    # does only without a cache (so the batch turns the cache off)
+    assert list(out) == ["input_ids", "labels", "position_ids", "use_cache"] and out["use_cache"] is False
     assert torch.equal(out["input_ids"], t([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 16]]))
     # unshifted (the model shifts); -100 at each document's first token and on padding
     assert torch.equal(out["labels"], t([[X, 6, X, 8, 9, X], [X, 12, 13, 14, 15, 16]]))
     assert torch.equal(out["position_ids"], t([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]))
+    bare = CausalCollator(PAD, model_arguments=False)(CLM_BATCH)  # a forward without use_cache
+    assert list(bare) == ["input_ids", "labels", "position_ids"]
+
+
+def test_causal_mask_mode_is_the_per_document_4d_mask():
+    out = CausalCollator(PAD, documents="mask")(CLM_BATCH)
+    assert list(out) == ["input_ids", "attention_mask", "labels", "position_ids"]
+    default = CausalCollator(PAD)(CLM_BATCH)
+    assert torch.equal(out["labels"], default["labels"]) and torch.equal(out["position_ids"], default["position_ids"])
     mask = out["attention_mask"]
     assert mask.shape == (2, 1, 6, 6) and mask.dtype == torch.float32
     assert torch.equal(mask[0, 0], additive(ROW0_DOCUMENTS))
@@ -65,14 +76,14 @@ def test_causal_megatron_shift_is_an_option():
 
 def test_causal_position_ids_mode_and_flash_attention_kwargs():
     plain = CausalCollator(PAD, documents="position_ids")(CLM_BATCH)
-    assert list(plain) == ["input_ids", "labels", "position_ids"]  # no mask: the model derives it
+    assert list(plain) == ["input_ids", "labels", "position_ids", "use_cache"]  # no mask: the model derives it
     assert torch.equal(plain["position_ids"], t([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]))
     flash = CausalCollator(PAD, documents="position_ids", flash_attention_kwargs=True)(CLM_BATCH)
     assert torch.equal(flash["cu_seq_lens_q"], torch.tensor([0, 2, 5, 6, 12], dtype=torch.int32))
     assert torch.equal(flash["cu_seq_lens_k"], flash["cu_seq_lens_q"])
     assert flash["max_length_q"] == flash["max_length_k"] == 6 and type(flash["max_length_q"]) is int
     with pytest.raises(ValueError, match="documents='position_ids'"):
-        CausalCollator(PAD, flash_attention_kwargs=True)
+        CausalCollator(PAD, documents="mask", flash_attention_kwargs=True)
     with pytest.raises(ValueError, match="cu_seq_lens_q"):
         CausalCollator(PAD, documents="cu_seqlens")
     with pytest.raises(ValueError, match="floating dtype"):
@@ -85,7 +96,8 @@ def test_causal_plain_attention_and_mask_dtypes():
     assert torch.equal(plain["attention_mask"], t([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]))
     assert torch.equal(plain["position_ids"], t([[0, 1, 2, 3, 4, 5]] * 2))
     for dtype in (torch.bfloat16, torch.float16, "float64"):
-        mask = CausalCollator(PAD, mask_dtype=dtype, trim_padding=False)(CLM_BATCH[:1])["attention_mask"]
+        mask = CausalCollator(PAD, documents="mask", mask_dtype=dtype, trim_padding=False)(CLM_BATCH[:1])[
+            "attention_mask"]
         expected_dtype = getattr(torch, str(dtype).replace("torch.", ""))
         assert mask.dtype == expected_dtype and not torch.isinf(mask).any()
         assert torch.equal(mask[0, 0] == 0, torch.tensor(ROW0_DOCUMENTS, dtype=torch.bool))
@@ -108,7 +120,7 @@ def test_padding_shared_by_every_row_is_trimmed():
     assert CausalCollator(PAD)(batch)["input_ids"].shape == (2, 3)
     assert CausalCollator(PAD, pad_to_multiple_of=4)(batch)["input_ids"].shape == (2, 4)
     assert CausalCollator(PAD, trim_padding=False)(batch)["input_ids"].shape == (2, 6)
-    out = PrefixLMCollator(PAD)([ex([5, 6, 7, 0, 0], prefix_length=1, doc_lengths=[3])])
+    out = PrefixLMCollator(PAD)([ex([5, 6, 7, 0, 0], prefix_lengths=[1], doc_lengths=[3])])
     assert torch.equal(out["input_ids"], t([[5, 6, 7]])) and out["attention_mask"].shape == (1, 1, 3, 3)
     mlm = MLMCollator(PAD)([ex([7, 4, 0, 0], labels=[X, 8, X, X]), ex([4, 5, 6, 0], labels=[6, X, X, X])])
     assert torch.equal(mlm["input_ids"], t([[7, 4, 0], [4, 5, 6]]))
@@ -116,7 +128,7 @@ def test_padding_shared_by_every_row_is_trimmed():
 
 
 def test_prefix_lm():
-    batch = [ex([21, 22, 23, 24, 0], prefix_length=2, doc_lengths=[4]), ex([31, 32, 33])]
+    batch = [ex([21, 22, 23, 24, 0], prefix_lengths=[2], doc_lengths=[4]), ex([31, 32, 33])]
     out = PrefixLMCollator(PAD)(batch)
     assert list(out) == ["input_ids", "attention_mask", "labels", "position_ids"]  # only what HF models take
     assert torch.equal(out["input_ids"], t([[21, 22, 23, 24], [31, 32, 33, 0]]))  # trimmed to the longest row
@@ -132,11 +144,43 @@ def test_prefix_lm():
         [1, 0, 0, 0],
         [1, 1, 0, 0],
         [1, 1, 1, 0],
-        [1, 1, 1, 1],  # padding row: the real tokens and itself
+        [0, 0, 0, 1],  # padding: a segment of its own (never an empty softmax row)
     ]))
     shifted = PrefixLMCollator(PAD, shift_labels=True, return_prefix_length=True)(batch[:1])
     assert torch.equal(shifted["labels"], t([[X, 23, 24, X]]))
     assert torch.equal(shifted["prefix_length"], t([2]))
+
+
+def test_packed_prefix_lm_keeps_each_document_a_segment_of_its_own():
+    # documents [21 22 23 | 24 25 26 27] with prefixes 1 and 2, then one padding token
+    batch = [ex([21, 22, 23, 24, 25, 26, 27, 0], doc_lengths=[3, 4], prefix_lengths=[1, 2])]
+    out = PrefixLMCollator(PAD, return_prefix_length=True, trim_padding=False)(batch)
+    assert torch.equal(out["position_ids"], t([[0, 1, 2, 0, 1, 2, 3, 0]]))
+    # each suffix is the loss; a segment's first token never is (nothing of its own before it)
+    assert torch.equal(out["labels"], t([[X, 22, 23, X, X, 26, 27, X]]))
+    assert torch.equal(out["attention_mask"][0, 0], additive([
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [0, 0, 0, 1, 1, 0, 0, 0],  # the second prefix is bidirectional within itself ...
+        [0, 0, 0, 1, 1, 0, 0, 0],
+        [0, 0, 0, 1, 1, 1, 0, 0],  # ... its suffix causal, and nothing crosses documents
+        [0, 0, 0, 1, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0, 0, 1],
+    ]))
+    assert torch.equal(out["prefix_length"], t([3]))
+    shifted = PrefixLMCollator(PAD, shift_labels=True, trim_padding=False)(batch)
+    assert torch.equal(shifted["labels"], t([[22, 23, X, X, 26, 27, X, X]]))
+    # format 2's single prefix_length: the row is one segment with that prefix
+    old = PrefixLMCollator(PAD)([ex([21, 22, 23, 24], doc_lengths=[2, 2], prefix_length=3)])
+    assert torch.equal(old["position_ids"], t([[0, 1, 2, 3]])) and torch.equal(old["labels"], t([[X, X, X, 24]]))
+    with pytest.raises(ValueError, match="prefix_lengths has 1 entries for 2 documents"):
+        PrefixLMCollator(PAD)([ex([21, 22, 23, 24], doc_lengths=[2, 2], prefix_lengths=[1])])
+    # a BlockMask for flex attention, the same pattern
+    block = PrefixLMCollator(PAD, attn_implementation="flex_attention", trim_padding=False)(batch)["attention_mask"]
+    dense = block.to_dense()[0, 0, :8, :8].bool()  # at block granularity: a single block holds the whole row
+    assert dense.all() and block.mask_mod(torch.tensor(0), torch.tensor(0), torch.tensor(3), torch.tensor(4))
+    assert not block.mask_mod(torch.tensor(0), torch.tensor(0), torch.tensor(3), torch.tensor(2))
 
 
 def test_mlm():
@@ -184,12 +228,13 @@ class _Described:
 
 def test_collator_for_picks_by_family_and_columns():
     assert type(collator_for(_Described("decoder", ["input_ids", "doc_lengths"]))) is CausalCollator
-    assert type(collator_for(_Described("decoder", ["input_ids", "prefix_length"]))) is PrefixLMCollator
+    assert type(collator_for(_Described("decoder", ["input_ids", "prefix_lengths"]))) is PrefixLMCollator
+    assert type(collator_for(_Described("decoder", ["input_ids", "prefix_length"]))) is PrefixLMCollator  # format 2
     assert type(collator_for(_Described("encoder", ["input_ids", "labels"]))) is MLMCollator
     t5 = collator_for(_Described("seq2seq", ["inputs", "targets"]))
     bart = collator_for(_Described("seq2seq", ["inputs", "targets"], objective="bart"))
     assert (t5.decoder_start_id, bart.decoder_start_id) == (0, 1)
-    assert collator_for(_Described("decoder", ["input_ids"])).documents == "mask"
+    assert collator_for(_Described("decoder", ["input_ids"])).documents == "position_ids"
     assert collator_for(_Described("decoder", ["input_ids"]), documents="none").documents == "none"
     with pytest.raises(UnsupportedSchemaError, match="family 'images'"):
         collator_for(_Described("images", ["pixels"]))
@@ -260,13 +305,22 @@ def test_collators_on_examples_of_every_objective(name):
         else:
             row = np.asarray(example["input_ids"])
             real = int(np.sum(example["doc_lengths"]))
-            prefix = int(example.get("prefix_length", 0))
-            # unshifted labels (HF): the suffix's tokens (prefix_lm), every token but the first (clm)
-            first = prefix if "prefix_length" in example else 1
-            expected = [row[t] if first <= t < real else X for t in range(real)]
+            docs = np.asarray(example["doc_lengths"]).tolist()
+            prefixes = np.asarray(example.get("prefix_lengths", [0] * len(docs))).tolist()
+            # unshifted labels (HF): each segment's suffix (prefix_lm), every token of a document but its
+            # first (clm)
+            expected, start = [], 0
+            for d, p in zip(docs, prefixes, strict=True):
+                expected += [row[start + r] if r >= max(p, 1) else X for r in range(d)]
+                start += d
             assert ids[i, :real].tolist() == row[:real].tolist() and labels[i, :real].tolist() == expected
             assert (labels[i, real:] == X).all()
-            if "prefix_length" in example:  # the prefix is bidirectional, the rest causal
+            if "prefix_lengths" in example:  # each segment: its prefix bidirectional, the rest causal, alone
                 mask = out["attention_mask"][i, 0].numpy() == 0
-                assert mask[:prefix, :prefix].all() and not mask[prefix - 1, prefix:].any()
-                assert mask[real - 1, :real].all() and not mask[prefix, prefix + 1 :].any()
+                start = 0
+                for d, p in zip(docs, prefixes, strict=True):
+                    seg = mask[start : start + d]
+                    assert seg[:p, start : start + p].all() and not seg[:p, start + p : start + d].any()
+                    assert seg[d - 1, start : start + d].all() and not seg[:, :start].any()
+                    assert not seg[:, start + d :].any()
+                    start += d

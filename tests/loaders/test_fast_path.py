@@ -196,6 +196,14 @@ def test_causal_document_segments_match_the_row_loop(data, width, size, multiple
             same_tensors(collate(column), collate(examples))
     prefix = ExampleBatch({"input_ids": np.stack(rows), "prefix_length": np.arange(size, dtype=np.int32)}, size)
     same_tensors(PrefixLMCollator(0)(prefix), PrefixLMCollator(0)(list(prefix)))
+    # packed prefix-LM: a prefix per document (empty documents' prefixes 0)
+    prefixes = [np.array([data.draw(st.integers(0 if d == 0 else 1, max(d - 1, 1))) for d in row], np.int32)
+                for row in docs]
+    packed = ExampleBatch({"input_ids": np.stack(rows), "doc_lengths": Ragged.from_rows(docs, np.int32),
+                           "prefix_lengths": Ragged.from_rows(prefixes, np.int32)}, size)
+    for shift in (True, False):
+        collate = PrefixLMCollator(0, shift_labels=shift, pad_to_multiple_of=multiple, return_prefix_length=True)
+        same_tensors(collate(packed), collate(list(packed)))
 
 
 def test_example_batch_is_a_sequence_of_examples():

@@ -4,7 +4,9 @@ Nothing is trained: for each objective and layout ``model(**batch)`` runs and it
 the loss computed by hand from the logits with the targets taken from the examples themselves
 (next tokens within a document, the suffix of a prefix, the masked positions, the targets);
 eager and sdpa attention give the same logits under the collators' masks, and those equal
-running each document (or each row) alone.
+running each document (or each row) alone. Document isolation in train and eval mode, for
+models loaded with ``from_pretrained`` too, is tests/loaders/test_document_isolation.py's; flex
+attention's, tests/loaders/test_flex_attention.py's.
 """
 
 from __future__ import annotations
@@ -81,19 +83,19 @@ def test_causal_loss_is_next_token_cross_entropy(kind, documents):
     batch = CausalCollator(PAD, documents=documents)(examples)
     pairs = next_token_pairs(examples, across_documents=documents == "none")
     for impl in IMPLEMENTATIONS:
-        # HF derives packed documents from position_ids only without a cache (training setups)
-        out = run(tiny_model(kind, impl), batch, **({"use_cache": False} if documents == "position_ids" else {}))
+        # position_ids batches carry use_cache=False: HF derives packed documents from positions only without a cache
+        out = run(tiny_model(kind, impl), batch)
         assert torch.allclose(out.loss, hand_loss(out.logits, pairs), atol=1e-6), (impl, documents)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_document_masks_equal_running_each_document_alone(kind):
     examples = packed_rows()
-    masked = CausalCollator(PAD)(examples)
-    flat = CausalCollator(PAD, documents="position_ids")(examples)
+    masked = CausalCollator(PAD, documents="mask")(examples)
+    flat = CausalCollator(PAD)(examples)
     logits = {impl: run(tiny_model(kind, impl), masked).logits for impl in IMPLEMENTATIONS}
     assert torch.allclose(logits["eager"], logits["sdpa"], atol=ATOL)
-    by_positions = run(tiny_model(kind, "sdpa"), flat, use_cache=False).logits
+    by_positions = run(tiny_model(kind, "sdpa"), flat).logits
     model = tiny_model(kind, "eager")
     for b, example in enumerate(examples):
         for start, length in documents(example):
@@ -109,13 +111,14 @@ def test_packed_batch_matches_hf_data_collator_with_flattening():
     rng = np.random.default_rng(1)
     docs = [tokens(rng, n) for n in (4, 1, 7, 3)]
     hf = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": d.tolist()} for d in docs])
-    ours = CausalCollator(PAD, documents="position_ids", flash_attention_kwargs=True)(
+    ours = CausalCollator(PAD, flash_attention_kwargs=True)(
         [{"input_ids": np.concatenate(docs), "doc_lengths": np.array([len(d) for d in docs], np.int32)}])
-    assert sorted(ours) == sorted(hf)
+    assert sorted(ours) == sorted([*hf, "use_cache"]) and ours["use_cache"] is False
     for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
         assert torch.equal(ours[key], hf[key].to(ours[key].dtype)), key
     assert ours["max_length_q"] == hf["max_length_q"] == ours["max_length_k"] == hf["max_length_k"] == 7
-    masked = CausalCollator(PAD)([{"input_ids": np.concatenate(docs), "doc_lengths": [len(d) for d in docs]}])
+    masked = CausalCollator(PAD, documents="mask")(
+        [{"input_ids": np.concatenate(docs), "doc_lengths": [len(d) for d in docs]}])
     assert torch.equal(masked["labels"], hf["labels"]) and torch.equal(masked["position_ids"], hf["position_ids"])
     for impl in IMPLEMENTATIONS:
         model = tiny_model("llama", impl)
@@ -155,8 +158,10 @@ def prefix_pairs(examples):
     pairs = []
     for b, example in enumerate(examples):
         ids = np.asarray(example["input_ids"]).tolist()
-        real, prefix = int(np.sum(example["doc_lengths"])), int(example.get("prefix_length", 0))
-        pairs += [(b, t, ids[t + 1]) for t in range(max(prefix - 1, 0), real - 1)]
+        starts = np.cumsum([0, *np.asarray(example["doc_lengths"]).tolist()])
+        prefixes = np.asarray(example.get("prefix_lengths", np.zeros(len(starts) - 1, np.int64))).tolist()
+        for start, end, prefix in zip(starts[:-1].tolist(), starts[1:].tolist(), prefixes, strict=True):
+            pairs += [(b, t, ids[t + 1]) for t in range(start + max(prefix - 1, 0), end - 1)]
     return pairs
 
 
@@ -186,7 +191,7 @@ def test_prefix_lm_loss_masks_and_separate_rows(name, params):
     assert torch.allclose(logits["eager"], logits["sdpa"], atol=ATOL)
     model = tiny_model("llama", "eager")
     for b, example in enumerate(examples):
-        real, prefix = int(np.sum(example["doc_lengths"])), int(example.get("prefix_length", 0))
+        real, prefix = int(np.sum(example["doc_lengths"])), int(np.sum(example.get("prefix_lengths", [0])))
         ids = torch.from_numpy(np.asarray(example["input_ids"][:real], np.int64))[None]
         mask = torch.where(torch.from_numpy(prefix_allowed(prefix, real)), 0.0, torch.finfo(torch.float32).min)
         alone = run(model, {"input_ids": ids, "attention_mask": mask[None, None]}).logits
@@ -245,17 +250,3 @@ def test_seq2seq_loss_is_target_cross_entropy(name, params, kind):
     assert torch.allclose(logits["eager"], logits["sdpa"], atol=ATOL)
     without = run(tiny_model(kind, "eager"), {k: v for k, v in batch.items() if k != "decoder_input_ids"})
     assert torch.allclose(without.logits, logits["eager"], atol=ATOL)  # HF's own shift agrees
-
-
-@pytest.mark.e2e
-def test_flex_attention_with_document_positions():
-    """Flex attention (compiled on CPU): with ``documents="position_ids"`` transformers builds the
-    per-document BlockMask itself; its logits equal the 4-D-masked sdpa run's (and so each
-    document run alone). (A 4-D tensor mask reaches flex as a score_mod that reads the mask;
-    torch 2.13's CPU flex compiler aborts on such a score_mod, with or without transformers.)"""
-    examples = packed_rows()
-    reference = run(tiny_model("llama", "sdpa"), CausalCollator(PAD)(examples))
-    flat = CausalCollator(PAD, documents="position_ids")(examples)
-    out = run(tiny_model("llama", "flex_attention"), flat, use_cache=False)
-    assert torch.allclose(out.logits, reference.logits, atol=1e-4)
-    assert torch.allclose(out.loss, reference.loss, atol=1e-5)

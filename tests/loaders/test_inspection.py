@@ -139,7 +139,15 @@ def test_decoder_example_marks_documents_prefix_and_padding():
                "doc_lengths": np.array([3, 3], np.int32), "prefix_length": 4}
     a = take_apart(example, view)
     line = to_text(render_example(Located("train", 0, 0, example), a, view), _Ids()).splitlines()[1]
-    assert line == "input_ids: .30.31.1[/doc].33[/prefix].34.35.0*2"
+    assert line == "input_ids: .30.31.1[/doc].33[/prefix].34.35.0*2"  # format 2: one prefix per row
+    packed = {**example, "prefix_length": None, "prefix_lengths": np.array([1, 2], np.int32)}
+    del packed["prefix_length"]
+    a = take_apart(packed, view)
+    assert not a.issues and a.prefix_length == 3
+    line = to_text(render_example(Located("train", 0, 0, packed), a, view), _Ids()).splitlines()[1]
+    assert line == "input_ids: .30[/prefix].31.1[/doc].33.34[/prefix].35.0*2"  # each document its own prefix
+    bad = take_apart({**packed, "prefix_lengths": np.array([3, 1], np.int32)}, view)
+    assert "outside [1, d-1]" in bad.issues[0]
 
 
 def test_a_dataset_behind_a_url_is_read_through_the_loader_file_layer(tmp_path, monkeypatch):

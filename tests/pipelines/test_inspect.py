@@ -113,7 +113,8 @@ def strip_pad(values: list[int]) -> list[int]:
 def seq2seq_parts(row: dict, name: str) -> tuple[list[int], list[int]]:
     if name == "ul2_decoder":
         length = sum(row["doc_lengths"])
-        return row["input_ids"][: row["prefix_length"]], row["input_ids"][row["prefix_length"] : length]
+        (cut,) = row["prefix_lengths"]  # one segment: the inputs
+        return row["input_ids"][:cut], row["input_ids"][cut:length]
     return strip_pad(row["inputs"]), strip_pad(row["targets"])
 
 
@@ -126,7 +127,7 @@ def independent_counts(path, name: str, split: str) -> dict:
         out["lengths"]["input_ids"] = Counter(str(sum(r["doc_lengths"])) for r in rows)
         out["documents"] = Counter(str(len(r["doc_lengths"])) for r in rows)
         if name == "prefix_lm":
-            out["prefix_share"] = round(sum(r["prefix_length"] for r in rows) / sum(out_len for out_len in
+            out["prefix_share"] = round(sum(sum(r["prefix_lengths"]) for r in rows) / sum(out_len for out_len in
                                         (sum(r["doc_lengths"]) for r in rows)), 6)
     if name == "mlm":
         selected = [(shown, label) for r in rows for shown, label in zip(r["input_ids"], r["labels"]) if label != -100]
@@ -556,7 +557,7 @@ def values(page: Page, chart: str, series: str) -> dict[str, float]:
 
 CHARTS = {
     "clm": ["train: documents per example", "train: document segment lengths"],
-    "prefix_lm": ["train: prefix length / chunk length"],
+    "prefix_lm": ["train: prefix length / document segment length"],
     "mlm": ["train: MLM replacement split"],
     "span_corruption": ["train: noise span lengths"],
     "bart": ["train: BART span lengths (words), manifest vs Poisson(3.5)"],

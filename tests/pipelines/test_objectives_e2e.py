@@ -167,8 +167,11 @@ def _rebuild_decoder(ds: Dataset, ex: dict) -> tuple[np.ndarray, dict[str, int]]
     if ds.name == "clm":
         counters["documents_segments"] = len(ex["doc_lengths"])
     else:
-        prefix = int(ex["prefix_length"])
-        assert 1 <= prefix <= max(1, length - 1)  # a 1-token piece (--packing none) has nothing to predict
+        prefixes, docs = ex["prefix_lengths"].tolist(), ex["doc_lengths"].tolist()
+        assert len(prefixes) == len(docs)  # a prefix per packed document segment
+        # a 1-token segment (or piece, --packing none) has nothing to predict
+        assert all(1 <= p <= max(1, d - 1) for p, d in zip(prefixes, docs, strict=True))
+        prefix = sum(prefixes)
         counters.update(prefix_tokens=prefix, suffix_tokens=length - prefix)
     return chunk, counters
 
@@ -225,7 +228,8 @@ def _rebuild_ul2(ds: Dataset, ex: dict) -> tuple[np.ndarray, dict[str, int]]:
     denoiser = {d["name"]: d for d in params["mixture"]}[ex["denoiser"]]
     if params["layout"] == "decoder":
         total = int(ex["doc_lengths"].sum())
-        inputs, targets = ex["input_ids"][: ex["prefix_length"]], ex["input_ids"][ex["prefix_length"] : total]
+        (cut,) = ex["prefix_lengths"].tolist()  # one segment: the inputs
+        inputs, targets = ex["input_ids"][:cut], ex["input_ids"][cut:total]
         assert len(ex["input_ids"]) == params["seq_len"] and (ex["input_ids"][total:] == ds.ids.pad).all()
     else:
         inputs, targets = ex["inputs"], ex["targets"]

@@ -110,7 +110,7 @@ def grouped(tmp_path_factory, sample_texts, tokenizer_path):
 
 def test_pack_groups_are_planned_in_tokens_and_recorded(grouped, sample_texts):
     _, out, manifest = grouped
-    assert manifest.format_version == 2
+    assert manifest.format_version == 3
     assert manifest.config["pack_group_tokens"] == GROUP_TOKENS and manifest.config["num_buckets"] is None
     train = manifest.splits["train"]
     plan = train["pack_groups"]

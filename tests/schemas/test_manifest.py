@@ -37,7 +37,7 @@ def _manifest(**run) -> Manifest:
 
 def test_constants():
     assert MANIFEST_NAME == "manifest.json"
-    assert MANIFEST_VERSION == 2
+    assert MANIFEST_VERSION == 3
 
 
 def test_shard_name():
@@ -83,7 +83,7 @@ def test_dumps_is_canonical():
     assert text.endswith("}\n") and not text.endswith("\n\n")
     data = json.loads(text)
     assert data["format"] == "lmshards"
-    assert data["format_version"] == 2
+    assert data["format_version"] == 3
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
     assert list(data) == sorted(data)
     assert text.startswith('{\n  "config": {\n    "formats": [\n      "arrow",')
@@ -103,7 +103,7 @@ def test_loads_defaults_for_missing_optional_blocks():
     del data["stats"], data["run"]
     loaded = Manifest.loads(json.dumps(data))
     assert loaded.stats == {} and loaded.run == {}
-    assert loaded.format_version == 2
+    assert loaded.format_version == 3
 
 
 def test_deterministic_view_drops_run_only():
@@ -142,10 +142,10 @@ def test_shards_unknown_split():
         ('{"format": "other", "format_version": 1}', 'not an lmshards manifest (missing "format": "lmshards")'),
         ('{"format_version": 1}', 'not an lmshards manifest (missing "format": "lmshards")'),
         (
-            '{"format": "lmshards", "format_version": 3}',
-            "unsupported manifest format_version 3; this lmshards reads <= 2",
+            '{"format": "lmshards", "format_version": 4}',
+            "unsupported manifest format_version 4; this lmshards reads <= 3",
         ),
-        ('{"format": "lmshards"}', "unsupported manifest format_version None; this lmshards reads <= 2"),
+        ('{"format": "lmshards"}', "unsupported manifest format_version None; this lmshards reads <= 3"),
         ('{"format": "lmshards", "format_version": "1"}', "unsupported manifest format_version '1'"),
     ],
 )

@@ -1,22 +1,27 @@
-"""Decoder-only prefix-LM: one packed chunk split into a bidirectional prefix and a causal suffix.
+"""Decoder-only prefix-LM over packed chunks: every document segment of a chunk split into a
+bidirectional prefix and a causal suffix of its own.
 
-Reference: T5's ``random_prefix_noise_mask`` with density .5 (``t5/data/preprocessors.py``,
-``prefix_lm``) and SeqIO's ``PrefixLMFeatureConverter`` / T5's experimental
-``pack_prefix_lm_decoder_only``: the split point is uniform on ``[1, L-1]`` over the
-chunk's ``L`` tokens, so the prefix and the suffix are never empty. The example keeps the
-chunk as ``input_ids`` and records ``prefix_length``; the loader builds the attention mask
-(bidirectional over the prefix, causal after it) and puts the loss on the suffix.
+Reference: T5's ``prefix_lm`` (``t5/data/preprocessors.py``: ``random_prefix_noise_mask`` with
+density .5 on a chunk of *one* document) packed as T5's experimental
+``pack_prefix_lm_decoder_only`` and SeqIO's ``PrefixLMFeatureConverter`` pack it: each packed
+segment keeps its own prefix, attends only within itself and numbers its positions from 0.
+Here the segments are the chunk's document segments (``doc_lengths``): a segment of ``d``
+tokens is split uniformly on ``[1, d - 1]``, so its prefix and suffix are never empty
+(``d = 1``: prefix 1, nothing to predict). The example keeps the chunk as ``input_ids`` and
+records ``prefix_lengths``, one per document segment beside ``doc_lengths``; the loader builds
+the attention mask (per segment: bidirectional over the prefix, causal after it, nothing across
+segments) and puts the loss on the suffixes. One split per chunk would let attention run across
+the chunk's documents in both directions.
 
 Deliberate differences from T5's encoder-decoder ``prefix_lm``: no EOS is appended (the
-chunk is packed text whose documents already end with EOS), and no separate
-inputs/targets columns. A chunk shorter than ``seq_len`` (a padded final chunk, or
-``best_fit``/``none`` packing) is split over its own length and right-padded with
-``special.pad`` to ``seq_len``, as :mod:`transforms.objectives.clm` does; the padding
-belongs to no document, so ``sum(doc_lengths)`` is the unpadded length. A 1-token chunk
-gets ``prefix_length = 1`` (nothing to predict).
+documents already end with EOS), and no separate inputs/targets columns. A chunk shorter than
+``seq_len`` (a padded final chunk, or ``best_fit``/``none`` packing) is right-padded with
+``special.pad`` to ``seq_len``, as :mod:`transforms.objectives.clm` does; the padding belongs
+to no document, so ``sum(doc_lengths)`` is the unpadded length.
 
-Randomness: the split of a chunk of ``L`` tokens is ``1 + floor(u * (L - 1))`` for the row's
-first number ``u`` of stream :data:`SPLIT_STREAM` (:mod:`transforms.objectives.randoms`).
+Randomness: the split of the ``j``-th segment (``d`` tokens) of a row is
+``1 + floor(u_j * max(d - 1, 1))`` for the row's ``j``-th number ``u_j`` of stream
+:data:`SPLIT_STREAM` (:mod:`transforms.objectives.randoms`); an empty segment's prefix is 0.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from transforms.objectives.layout import example_randoms
 from transforms.objectives.randoms import Randoms
 from transforms.objectives.summary import ratio, summarize_prefix_lm
 
-__all__ = ["SPLIT_STREAM", "PrefixLM", "PrefixLMConfig", "prefix_lengths"]
+__all__ = ["SPLIT_STREAM", "PrefixLM", "PrefixLMConfig", "prefix_lengths", "segment_prefix_lengths"]
 
 SPLIT_STREAM = 1
 
@@ -55,7 +60,8 @@ class PrefixLMConfig:
 
 
 def prefix_lengths(lengths: np.ndarray, randoms: Randoms, stream: int = SPLIT_STREAM) -> np.ndarray:
-    """Split points uniform on ``[1, L - 1]`` for rows of ``L`` tokens (1 where ``L`` is 1), int64.
+    """Split points uniform on ``[1, L - 1]`` for rows of ``L`` tokens (1 where ``L`` is 1), int64:
+    the split of a row that is one segment (the first number of the row's stream).
 
     Raises:
         ValueError: a length below 1.
@@ -66,6 +72,26 @@ def prefix_lengths(lengths: np.ndarray, randoms: Randoms, stream: int = SPLIT_ST
     split = randoms.integers(stream, 1, np.maximum(lengths - 1, 1)).reshape(-1)
     split += 1
     return split
+
+
+def segment_prefix_lengths(doc_lengths: np.ndarray, doc_offsets: np.ndarray, randoms: Randoms,
+                           stream: int = SPLIT_STREAM) -> np.ndarray:
+    """The prefix of every document segment of every row (aligned with ``doc_lengths``, int32).
+
+    Segment ``j`` of a row (``d`` tokens) is split at ``1 + floor(u_j * max(d - 1, 1))``, ``u_j``
+    the row's ``j``-th number of ``stream``; an empty segment's prefix is 0.
+    """
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    counts = np.diff(doc_offsets)
+    widest = int(counts.max(initial=0))
+    if not doc_lengths.size or not widest:
+        return np.zeros(doc_lengths.size, dtype=np.int32)
+    uniforms = randoms.uniforms(stream, widest)
+    rows = np.repeat(np.arange(counts.size), counts)
+    column = np.arange(doc_lengths.size) - np.repeat(doc_offsets[:-1], counts)
+    split = (uniforms[rows, column] * np.maximum(doc_lengths - 1, 1)).astype(np.int64) + 1
+    split[doc_lengths == 0] = 0
+    return split.astype(np.int32)
 
 
 class PrefixLM(Objective):
@@ -87,7 +113,7 @@ class PrefixLM(Objective):
         self.fixed_raw_length = config.seq_len
 
     def build(self, block: Block, special: SpecialIds) -> Built:
-        """Split every chunk; ``doc_lengths`` pass through.
+        """Split every document segment of every chunk; ``doc_lengths`` pass through.
 
         Counters: examples, tokens, prefix and suffix (loss) tokens, padding tokens.
 
@@ -95,34 +121,41 @@ class PrefixLM(Objective):
             ValueError: an empty chunk or one longer than ``seq_len``.
         """
         lengths = block.lengths
-        prefix = prefix_lengths(lengths, block.randoms)
+        if lengths.size and int(lengths.min()) < 1:
+            raise ValueError(f"prefix-LM needs at least 1 token per chunk, got {int(lengths.min())}")
+        prefix = segment_prefix_lengths(block.doc_lengths, block.doc_offsets, block.randoms)
         values, offsets, padding = padded_rows(block.tokens, block.offsets, self.config.seq_len, special.pad)
         tokens, prefix_tokens = int(block.offsets[-1]), int(prefix.sum())
         counters = {"examples": block.count, "tokens": tokens, "prefix_tokens": prefix_tokens,
                     "suffix_tokens": tokens - prefix_tokens, "padding_tokens": padding}
-        arrays = {"input_ids": (values, offsets), "doc_lengths": (block.doc_lengths, block.doc_offsets)}
-        return Built(arrays, {"prefix_length": prefix.astype(np.int32)}, {}, counters)
+        arrays = {"input_ids": (values, offsets), "doc_lengths": (block.doc_lengths, block.doc_offsets),
+                  "prefix_lengths": (prefix, block.doc_offsets)}
+        return Built(arrays, {}, {}, counters)
 
     def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
                          seed: int) -> list[str]:
-        """The stored split point must be the one the example's seed draws for its length."""
-        length = int(anatomy.doc_lengths.sum())
-        drawn = int(prefix_lengths(np.array([length]), example_randoms(seed, [anatomy.key]))[0])
-        if anatomy.prefix_length != drawn:
-            return [f"prefix_length {anatomy.prefix_length} differs from the objective replayed with the example's "
-                    "seed"]
+        """The stored split points must be the ones the example's seed draws for its segments."""
+        docs = np.asarray(anatomy.doc_lengths, dtype=np.int64)
+        drawn = segment_prefix_lengths(docs, np.array([0, docs.size]), example_randoms(seed, [anatomy.key]))
+        stored = [] if anatomy.prefix_lengths is None else np.asarray(anatomy.prefix_lengths).tolist()
+        if stored != drawn.tolist():
+            return [f"prefix_lengths {stored} differ from the objective replayed with the example's seed"]
         return []
 
     def measured_summary(self, stats: Any) -> dict[str, Any]:
-        """The measured prefix share (expected 0.5: split points uniform on [1, L-1]) and its tenths."""
+        """The measured prefix share (expected 0.5: split points uniform on [1, d-1]) and, per document
+        segment, the tenth of its length its prefix covers, beside what each segment's U[1, d-1] expects."""
         c = stats.counts
         return {"prefix_share": ratio(c["prefix_tokens"], c["raw_tokens"]), "configured_prefix_share": 0.5,
-                "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(stats.prefix_tenths.items())}}
+                "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(stats.prefix_tenths.items())},
+                "prefix_expected_tenths": {f"{k / 10:.1f}": round(n, 3)
+                                           for k, n in sorted(getattr(stats, "prefix_expected_tenths", {}).items())}}
 
     def schema_kwargs(self) -> dict[str, Any]:
-        """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_length`` column."""
-        return {"seq_len": self.config.seq_len, "prefix_length": True}
+        """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_lengths`` column (one per document)."""
+        return {"seq_len": self.config.seq_len, "prefix_lengths": True}
 
     def params(self) -> dict[str, Any]:
         """Configuration for the manifest."""
-        return {"reference": "t5.data.preprocessors.prefix_lm (split ~ U[1, L-1])", "seq_len": self.config.seq_len}
+        return {"reference": "t5.data.preprocessors.prefix_lm, packed (each document segment split ~ U[1, d-1])",
+                "seq_len": self.config.seq_len}

@@ -15,8 +15,9 @@ Lengths (``I`` = ``inputs_length``, mode token and EOS included in every budget)
 - S denoiser: raw chunk ``I - 1`` tokens; suffix length ~ U[1, min(T - 1, targets_length - 1)],
   i.e. prefix ~ U[1, T - 1] as T5 when no targets budget is set; inputs
   ``[mode] prefix </s>`` (at most ``I``), targets ``suffix </s>``.
-- Decoder layout: ``input_ids = inputs + targets``, ``prefix_length = len(inputs)``,
-  ``doc_lengths = [len(inputs) + len(targets)]``, padded with ``special.pad`` to ``seq_len``
+- Decoder layout: ``input_ids = inputs + targets``, ``doc_lengths = [len(inputs) + len(targets)]``
+  and ``prefix_lengths = [len(inputs)]``: the row is one segment with one prefix, the layout
+  of a packed prefix-LM row (:mod:`transforms.objectives.prefix_lm`), padded with ``special.pad`` to ``seq_len``
   = the longest full example over the mixture (positions past ``sum(doc_lengths)`` are
   padding).
 
@@ -279,9 +280,10 @@ class UL2(Objective):
             prefix[rows] = inputs_lengths
             totals[rows] = joined.shape[1]
         counters["padding_tokens"] = block.count * self.seq_len - int(totals.sum())
-        arrays = {"input_ids": (rows_out.reshape(-1), np.arange(block.count + 1, dtype=np.int64) * self.seq_len),
-                  "doc_lengths": (totals, np.arange(block.count + 1, dtype=np.int64))}
-        return Built(arrays, {"prefix_length": prefix}, strings, counters)
+        one_each = np.arange(block.count + 1, dtype=np.int64)
+        arrays = {"input_ids": (rows_out.reshape(-1), one_each * self.seq_len),
+                  "doc_lengths": (totals, one_each), "prefix_lengths": (prefix, one_each)}
+        return Built(arrays, {}, strings, counters)
 
     @classmethod
     def config_from_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,7 +352,7 @@ class UL2(Objective):
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""
         if self.config.layout == DECODER_LAYOUT:
-            return {"seq_len": self.seq_len, "prefix_length": True, "denoiser": True}
+            return {"seq_len": self.seq_len, "prefix_lengths": True, "denoiser": True}
         return {"inputs_length": None, "targets_length": None, "denoiser": True}
 
     def max_sentinels(self) -> int:

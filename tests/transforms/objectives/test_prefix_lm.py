@@ -11,7 +11,13 @@ from objective_oracles import assert_fits
 from transforms.objectives.base import Block, build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_digests, example_randoms
-from transforms.objectives.prefix_lm import SPLIT_STREAM, PrefixLM, PrefixLMConfig, prefix_lengths
+from transforms.objectives.prefix_lm import (
+    SPLIT_STREAM,
+    PrefixLM,
+    PrefixLMConfig,
+    prefix_lengths,
+    segment_prefix_lengths,
+)
 
 PAD = 0
 SPECIAL = SpecialIds(vocab_size=1000, pad=PAD, eos=1)
@@ -26,24 +32,34 @@ def test_golden_split():
     # The split is 1 + floor(u * (L - 1)) for the row's first number of the split stream: U[1, 7] here.
     u = float(example_randoms(0, ["k"]).uniforms(SPLIT_STREAM, 1)[0, 0])
     example, counters = split(np.arange(10, 18))
-    assert example["prefix_length"] == 1 + int(u * 7)
+    assert example["prefix_lengths"].tolist() == [1 + int(u * 7)] and example["prefix_lengths"].dtype == np.int32
     assert example["input_ids"].tolist() == list(range(10, 18)) and example["input_ids"].dtype == np.int32
     assert example["doc_lengths"].tolist() == [8] and example["doc_lengths"].dtype == np.int32
-    assert counters == {"examples": 1, "tokens": 8, "prefix_tokens": example["prefix_length"],
-                        "suffix_tokens": 8 - example["prefix_length"], "padding_tokens": 0}
+    prefix = int(example["prefix_lengths"][0])
+    assert counters == {"examples": 1, "tokens": 8, "prefix_tokens": prefix, "suffix_tokens": 8 - prefix,
+                        "padding_tokens": 0}
+
+
+def test_every_document_segment_gets_its_own_split():
+    # segment j of the row is split at 1 + floor(u_j * (d_j - 1)), u_j the row's j-th number
+    u = example_randoms(0, ["m"]).uniforms(SPLIT_STREAM, 3)[0]
+    example, counters = split(np.arange(10, 22), "m", 12, np.array([5, 1, 6]))
+    assert example["prefix_lengths"].tolist() == [1 + int(u[0] * 4), 1, 1 + int(u[2] * 5)]
+    assert counters["prefix_tokens"] == int(example["prefix_lengths"].sum())
+    assert split(np.arange(4), "m", 4, np.array([4]))[0]["prefix_lengths"].tolist() == [1 + int(u[0] * 3)]
 
 
 def test_two_tokens_always_split_in_the_middle():
     for key in ("a", "b", "c"):
-        assert split([5, 6], key, 2)[0]["prefix_length"] == 1
+        assert split([5, 6], key, 2)[0]["prefix_lengths"].tolist() == [1]
 
 
 def test_short_chunk_is_padded_and_split_over_real_tokens():
     example, counters = split([5, 6, 7], "s", 6)
     assert example["input_ids"].tolist() == [5, 6, 7, PAD, PAD, PAD]
     assert example["doc_lengths"].tolist() == [3] and counters["padding_tokens"] == 3
-    assert 1 <= example["prefix_length"] <= 2
-    assert split([5], "s", 6)[0]["prefix_length"] == 1
+    assert 1 <= example["prefix_lengths"][0] <= 2
+    assert split([5], "s", 6)[0]["prefix_lengths"].tolist() == [1]
 
 
 def test_doc_lengths_pass_through_and_are_checked():
@@ -72,28 +88,37 @@ def test_objective_interface():
     objective = PrefixLM(PrefixLMConfig(16))
     assert (objective.name, objective.family) == ("prefix_lm", "decoder")
     assert objective.fixed_raw_length == 16 and objective.plan(np.array([0.9]))[0].tolist() == [16]
-    assert objective.schema_kwargs() == {"seq_len": 16, "prefix_length": True}
+    assert objective.schema_kwargs() == {"seq_len": 16, "prefix_lengths": True}
     assert objective.max_sentinels() == 0 and objective.params()["seq_len"] == 16
 
 
 @settings(max_examples=100)
-@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=20), seed=st.integers(0, 2**32))
-def test_a_block_splits_each_row_as_the_documented_draw(lengths, seed):
-    keys = [f"b{i}" for i in range(len(lengths))]
+@given(rows=st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=5).filter(lambda d: sum(d) >= 1),
+                     min_size=1, max_size=20), seed=st.integers(0, 2**32))
+def test_a_block_splits_each_segment_as_the_documented_draw(rows, seed):
+    keys = [f"b{i}" for i in range(len(rows))]
     randoms = example_digests(seed % 1000, keys).randoms
-    lengths = np.array(lengths)
+    lengths = np.array([sum(docs) for docs in rows])
+    docs = np.concatenate([np.array(d, np.int32) for d in rows])
+    doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in rows])])
     block = Block(np.concatenate([np.arange(n) + 3 for n in lengths]).astype(np.int32),
-                  np.concatenate([[0], np.cumsum(lengths)]), lengths.astype(np.int32), np.arange(lengths.size + 1), {},
+                  np.concatenate([[0], np.cumsum(lengths)]), docs, doc_offsets, {},
                   np.zeros(lengths.size, np.int64), randoms)
     built = PrefixLM(PrefixLMConfig(300)).build(block, SPECIAL)
-    prefix = built.scalars["prefix_length"]
-    uniforms = randoms.uniforms(SPLIT_STREAM, 1)[:, 0]
-    assert prefix.tolist() == [1 + int(u * max(n - 1, 1)) for u, n in zip(uniforms, lengths.tolist())]
-    rows = built.arrays["input_ids"][0].reshape(lengths.size, 300)
+    assert built.scalars == {}
+    prefix, offsets = built.arrays["prefix_lengths"]
+    assert offsets.tolist() == doc_offsets.tolist()
+    uniforms = randoms.uniforms(SPLIT_STREAM, max(len(d) for d in rows))
+    expected = [0 if d == 0 else 1 + int(uniforms[r, j] * max(d - 1, 1)) for r, row in enumerate(rows)
+                for j, d in enumerate(row)]
+    assert prefix.tolist() == expected
+    assert all(1 <= p <= max(d - 1, 1) for p, d in zip(prefix.tolist(), docs.tolist()) if d)
+    rows_out = built.arrays["input_ids"][0].reshape(lengths.size, 300)
     for row, n in enumerate(lengths.tolist()):
-        assert rows[row, :n].tolist() == list(range(3, n + 3)) and not rows[row, n:].any()
+        assert rows_out[row, :n].tolist() == list(range(3, n + 3)) and not rows_out[row, n:].any()
     assert built.counters["prefix_tokens"] == int(prefix.sum())
     assert built.counters["suffix_tokens"] == int(lengths.sum() - prefix.sum())
+    assert segment_prefix_lengths(docs, doc_offsets, randoms).tolist() == expected
 
 
 def test_split_is_uniform():

@@ -33,7 +33,7 @@ def denoise(objective: UL2, tokens, plan: int, key: str = "k"):
 def parts(objective: UL2, example: dict) -> tuple[list[int], list[int]]:
     """(inputs, targets) of an example in either layout."""
     if objective.config.layout == "decoder":
-        row, cut = example["input_ids"], example["prefix_length"]
+        row, (cut,) = example["input_ids"], example["prefix_lengths"].tolist()
         total = int(example["doc_lengths"].sum())
         assert len(row) == objective.seq_len and (row[total:] == PAD).all()
         return row[:cut].tolist(), row[cut:total].tolist()
@@ -102,7 +102,7 @@ def test_lengths_at_512_count_the_mode_token():
     assert DEFAULT.family == "seq2seq" and DECODER.family == "decoder"
     # Decoder rows hold the longest inputs + targets: 512 + 511 (X(mu=8,r=0.5) and X(mu=64,r=0.5)).
     assert DECODER.seq_len == 1023
-    assert DECODER.schema_kwargs() == {"seq_len": 1023, "prefix_length": True, "denoiser": True}
+    assert DECODER.schema_kwargs() == {"seq_len": 1023, "prefix_lengths": True, "denoiser": True}
 
 
 @pytest.mark.parametrize("plan", range(7))
@@ -151,7 +151,7 @@ def test_decoder_layout_concatenates_and_pads():
     encoder_decoder, counters = denoise(DEFAULT, tokens, 0, "same")
     decoder, decoder_counters = denoise(DECODER, tokens, 0, "same")
     joined = encoder_decoder["inputs"].tolist() + encoder_decoder["targets"].tolist()
-    assert decoder["prefix_length"] == 512
+    assert decoder["prefix_lengths"].tolist() == [512]
     assert decoder["doc_lengths"].tolist() == [len(joined)] == [626]
     assert decoder["input_ids"].tolist() == joined + [PAD] * (1023 - 626)
     assert decoder_counters.pop("padding_tokens") == 1023 - 626
