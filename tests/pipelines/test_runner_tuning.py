@@ -203,8 +203,8 @@ def _labels(tuning: RunnerTuning) -> set[str]:
 def test_the_graph_differs_by_runner_only_where_the_tuning_says():
     """Dataflow and other runners: one BuildExamples over the chunk outputs' Flatten, nothing
     handed over, no worker freeze. FnApiRunner in-process: the large values handed over; with
-    local workers: the objective on each chunk output apart, each one's example batches handed
-    over through files, and their heaps frozen."""
+    local workers: the objective on each chunk output apart, the documents and each one's example
+    batches handed over through files, and their heaps frozen."""
     plain = _labels(RunnerTuning(in_one_process=False))
     assert {"AllChunks", "BuildExamples"} <= plain
     assert not {label for label in plain if label.startswith(("HandOver", "BuildRepacked", "FreezeWorkerHeap"))}
@@ -213,9 +213,9 @@ def test_the_graph_differs_by_runner_only_where_the_tuning_says():
             "HandOverExamples"} <= in_process
     assert not {label for label in in_process if label.startswith(("BuildRepacked", "FreezeWorkerHeap"))}
     workers = _labels(RunnerTuning(in_one_process=False, local_workers=True))
-    assert {"BuildExamples", "BuildRepackedExamples", "FreezeWorkerHeap", "HandOverExamples",
+    assert {"BuildExamples", "BuildRepackedExamples", "FreezeWorkerHeap", "HandOverDocuments", "HandOverExamples",
             "HandOverRepackedExamples"} <= workers
-    assert not {label for label in workers if label.startswith(("HandOverDocuments", "HandOverChunks", "AllChunks"))}
+    assert not {label for label in workers if label.startswith(("HandOverChunks", "AllChunks"))}
 
 
 def test_an_in_process_run_freezes_the_older_objects_while_it_runs_and_then_unfreezes():
