@@ -23,7 +23,7 @@ Modes:
 - ``--against CHECKOUT``: the same timings for this checkout and another one (e.g. the commit
   before a change, exported with ``git archive COMMIT | tar -x -C /tmp/before``), alternating
   rounds in fresh processes so both see the same load; prints before/after and the speed-up.
-  A checkout from before the batch-first protocol (issue 20) is timed through its own fast
+  A checkout from before the batch-first protocol is timed through its own fast
   path: ``example_rngs`` then ``build_many`` (``build_block`` for clm) on the same blocks.
 - ``--check``: builds thousands of examples per parameter set (defaults, paper preset,
   decoder layout, whole-word masks, every BART noise, partial chunks, T5's descending

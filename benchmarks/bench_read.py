@@ -1,4 +1,4 @@
-"""What verifying compressed inputs before their records count costs (issue 17).
+"""What verifying compressed inputs before their records count costs.
 
 The reader decompresses a compressed file once to check every gzip CRC and zstd checksum
 before it reads any record (:func:`transforms.archives.verify_archive`), then reads it again

@@ -5,7 +5,7 @@ transform takes an argument for a runner, and nothing here patches a library. Wh
 this module was measured to pay at least 5 % of a whole run on the benchmark corpus, as the
 median of at least five interleaved pairs of runs with and without it, every pair gaining, on
 the runner it is active for (``benchmarks/bench_tuning.py``; the figures are in
-``benchmarks/README.md``, "Runner tuning, measured (issue 22)"). Dataflow and every other
+``benchmarks/README.md``, "Runner tuning, measured"). Dataflow and every other
 runner get the plain graph: nothing here is active there.
 
 **By-reference handoff (FnApiRunner in-process only).** That runner runs every stage in

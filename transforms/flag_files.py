@@ -46,12 +46,7 @@ def _too_big(flag: str, path: str, limit: int) -> ValueError:
 
 
 def _read_local(flag: str, path: str, limit: int) -> bytes:
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise ValueError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{flag} {shown_name(path)}: {_kind(info.st_mode)}, not a regular file")
+    info = _check_local_regular(flag, path)
     if info.st_size > limit:
         raise _too_big(flag, path, limit)
     try:
@@ -97,13 +92,15 @@ def read_flag_file(flag: str, path: str, limit: int) -> bytes:
     return data
 
 
-def _check_local_regular(flag: str, path: str) -> None:
+def _check_local_regular(flag: str, path: str) -> os.stat_result:
+    """The stat of ``path``, a regular file (else a one-line ValueError)."""
     try:
         info = os.stat(path)
     except OSError as exc:
         raise ValueError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):
         raise ValueError(f"{flag} {shown_name(path)}: {_kind(info.st_mode)}, not a regular file")
+    return info
 
 
 def _first_line(exc: BaseException) -> str:
