@@ -40,7 +40,7 @@ from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.manifest import MANIFEST_NAME, Manifest
 from schemas.names import shown_name
 from transforms.objectives.registry import objective_flags
-from transforms.process_info import process_start
+from transforms.process_info import process_age
 
 if TYPE_CHECKING:
     import apache_beam as beam
@@ -432,10 +432,8 @@ def main(argv: list[str] | None = None) -> int:
 def command_seconds() -> float:
     """Seconds since this process started (its start time from ``/proc``; where there is none,
     since this module was imported): what the user waited for, interpreter and imports included."""
-    started = process_start(os.getpid())
-    if started is None:
-        return time.monotonic() - _IMPORTED
-    return max(0.0, time.time() - started)
+    age = process_age(os.getpid())
+    return time.monotonic() - _IMPORTED if age is None else age
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_start"]
+__all__ = ["process_age", "process_start"]
 
 
 def process_start(pid: int) -> float | None:
@@ -17,4 +17,18 @@ def process_start(pid: int) -> float | None:
             boot = next(float(line.split()[1]) for line in handle if line.startswith("btime "))
         return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def process_age(pid: int) -> float | None:
+    """Seconds since a process started, on the kernel's own clock (``/proc/uptime`` and the
+    process's start in ticks since boot), so that wall-clock steps and a virtual machine's
+    pauses, which shift ``btime`` against ``time.time()``, do not enter it; None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as handle:
+            uptime = float(handle.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
