@@ -215,7 +215,7 @@ def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_publis
     if proc.returncode == 0:  # the engine retried the work of the lost worker
         _same_dataset(out, references["clm"])
     else:
-        lines = stderr.strip().splitlines()
+        lines = [line for line in stderr.strip().splitlines() if not line.startswith("lmshards: ")]  # progress aside
         assert proc.returncode == 1, stderr
         assert len(lines) == 1, stderr
         # lmshards' watchdog names the worker, unless the engine failed the job first (Prism at times)
