@@ -21,7 +21,7 @@ from schemas.examples import ExampleSchema
 from transforms.objectives.packing import Piece
 from transforms.shard_format import ExampleColumns, MergedColumns
 
-__all__ = ["Chunk", "Document", "ShardPiece"]
+__all__ = ["ID_DTYPES", "Chunk", "Document", "ShardPiece", "narrow_ids"]
 
 
 class Document(NamedTuple):
@@ -30,19 +30,42 @@ class Document(NamedTuple):
     Attributes:
         key: the 16-byte digest of its text (:func:`transforms.tokenize.document_key`); also the
             order documents are packed in.
-        ids: its token ids as int32 bytes (raw bytes cross a shuffle far cheaper than pickled
-            arrays), or an int32 array.
+        ids: its token ids as raw bytes of ``width``-byte unsigned (2) or int32 (4) integers (raw
+            bytes cross a shuffle far cheaper than pickled arrays), or an integer array.
         features: per-token feature name (``word_starts``, ...) -> one bool per token.
+        width: bytes per id in ``ids`` when they are bytes: 2 when every id of the document's
+            encoding batch is below 2**16 (every vocabulary of up to 65,536 entries), which halves
+            what the shuffle carries and what is held until Pack; else 4.
     """
 
     key: bytes
     ids: bytes | np.ndarray
     features: dict[str, np.ndarray]
+    width: int = 4
 
     @property
     def tokens(self) -> int:
         """Number of token ids."""
-        return len(self.ids) // 4 if isinstance(self.ids, bytes) else len(self.ids)
+        return len(self.ids) // self.width if isinstance(self.ids, bytes) else len(self.ids)
+
+    def array(self) -> np.ndarray:
+        """The ids as an array (a view of the bytes: ``<u2`` for width 2, ``<i4`` for 4)."""
+        if not isinstance(self.ids, bytes):
+            return self.ids
+        if self.width not in ID_DTYPES:
+            raise ValueError(f"document ids of {self.width} bytes each: expected 2 or 4")
+        return np.frombuffer(self.ids, dtype=ID_DTYPES[self.width])
+
+
+#: The dtype of a :class:`Document`'s id bytes, by width.
+ID_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<i4")}
+
+
+def narrow_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(ids, width)``: ``ids`` as uint16 when every one fits (width 2), else as int32 (4)."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 1 << 16):
+        return ids.astype("<i4", copy=False), 4
+    return ids.astype("<u2"), 2
 
 
 class Chunk(NamedTuple):

@@ -101,15 +101,11 @@ def _fixed_length(objective) -> int:
     return objective.fixed_raw_length
 
 
-def _ids_array(ids) -> np.ndarray:
-    return np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else ids
-
-
 def _pieces(documents: list, eos: int) -> Iterator[Piece]:
     """Each document as a piece (tokens + EOS), letting go of its entry in ``documents`` once copied."""
     for index, (ids, features) in enumerate(documents):
         documents[index] = None
-        yield document_piece(_ids_array(ids), eos, features)
+        yield document_piece(ids, eos, features)
 
 
 class _PackBucket(beam.DoFn):
@@ -138,7 +134,7 @@ class _PackBucket(beam.DoFn):
         kept, lengths, previous = [], [], None
         for document in docs:
             if document.key != previous:  # the first of its key: packed
-                kept.append((document.ids, document.features))
+                kept.append((document.array(), document.features))
                 lengths.append(document.tokens)
                 previous = document.key
             let_go(document)  # the group's last reader: only ``kept`` holds the tokens packed

@@ -47,7 +47,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.elements import Document
+from transforms.elements import Document, narrow_ids
 from transforms.encoder import (
     EncodedBatch,
     EncoderUnavailable,
@@ -303,6 +303,9 @@ class _TokenizeBatch(beam.DoFn):
             self._fallback_batches.inc()
             self.fallback_batches += 1
         offsets = batch.offsets.tolist()
+        # the ids the shuffle carries, as narrow as the batch's ids allow (uint16 for vocabularies
+        # of up to 65,536 entries: half the bytes to send and to hold until Pack)
+        carried, width = narrow_ids(batch.ids)
         tokens = 0
         for index, text in enumerate(texts):
             start, end = offsets[index], offsets[index + 1]
@@ -317,7 +320,7 @@ class _TokenizeBatch(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, rejection("<tokenizer>", 0, "no_tokens", text))
                 continue
             ids = batch.ids[start:end]
-            data = ids.tobytes()  # the int32 bytes the shuffle carries
+            data = carried[start:end].tobytes()
             features = {}
             if self._token_features is not None:
                 encoding = batch.encodings[index] if batch.encodings is not None else None
@@ -328,7 +331,7 @@ class _TokenizeBatch(beam.DoFn):
             if sources:
                 self._source_lengths[split, sources[index]].append(end - start)
             # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
-            yield (split, bucket_of(key, self._num_buckets)), Document(key, data, features)
+            yield (split, bucket_of(key, self._num_buckets)), Document(key, data, features, width)
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         PROGRESS.add(len(texts), tokens)
@@ -393,9 +396,10 @@ def _windowed(outputs):
 
 
 class Tokenize(beam.PTransform):
-    """Encode texts in batches; emit ``((split, bucket), (key, ids_bytes, features))``.
+    """Encode texts in batches; emit ``((split, bucket), Document)``.
 
-    ``ids_bytes`` is the int32 token array as raw bytes (``np.frombuffer(b, np.int32)``).
+    A :class:`~transforms.elements.Document`'s ids are raw bytes, uint16 when the batch's ids
+    all fit, else int32 (:meth:`~transforms.elements.Document.array` reads them).
 
     Args:
         tokenizer_path: tokenizer.json on any Beam filesystem.

@@ -61,7 +61,7 @@ for output in outputs:
     if isinstance(output, TaggedOutput):
         continue
     (split, bucket), document = output.value if isinstance(output, WindowedValue) else output
-    ids[document.key.hex()] = np.frombuffer(document.ids, np.int32).tolist()
+    ids[document.key.hex()] = document.array().tolist()
 for function in functions.values():
     function.teardown()
 print("WORKER " + json.dumps({

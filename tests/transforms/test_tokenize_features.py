@@ -56,8 +56,9 @@ def test_sentence_starts_flag_the_token_holding_each_start(kind, tmp_path):
         encoding = tokenizer.encode(text, add_special_tokens=False)
         by_text[tuple(encoding.ids)] = (text, encoding)
     assert len(documents) == len(TEXTS)
-    for _, (_, ids, features) in documents:
-        text, encoding = by_text[tuple(np.frombuffer(ids, np.int32).tolist())]
+    for _, document in documents:
+        features = document.features
+        text, encoding = by_text[tuple(document.array().tolist())]
         assert np.flatnonzero(features["sentence_starts"]).tolist() == _expected_sentence_flags(encoding, text)
         assert features["word_starts"].tolist() == _expected_word_flags(encoding)
 
@@ -97,9 +98,10 @@ def test_a_byte_level_bpe_encodes_ids_only_and_falls_back_per_document(features,
     # fastokens refuses a byte the vocabulary lacks, where tokenizers gives <unk>: the batches
     # holding one are encoded by tokenizers, so the ids are the reference's either way.
     assert (fn.fallback_batches > 0) == (encoder == "fastokens")
-    for (_, (_, ids, made)), text in zip(documents, texts):
+    for (_, document), text in zip(documents, texts):
+        made = document.features
         encoding = tokenizer.encode(text, add_special_tokens=False)
-        assert np.frombuffer(ids, np.int32).tolist() == encoding.ids
+        assert document.array().tolist() == encoding.ids
         assert (unknown in encoding.ids) == (not text.isascii())  # the fallback ran for those
         assert set(made) == set(features)
         if "sentence_starts" in features:
@@ -111,7 +113,8 @@ def test_a_byte_level_bpe_encodes_ids_only_and_falls_back_per_document(features,
     assert fn._token_features.ids_suffice
     project = Tokenizer.from_file(str(PROJECT_TOKENIZER))
     project.encode_special_tokens = True
-    for (_, (_, _ids, made)), text in zip(documents, TEXTS):
+    for (_, document), text in zip(documents, TEXTS):
+        made = document.features
         encoding = project.encode(text, add_special_tokens=False)
         if "sentence_starts" in features:
             assert np.flatnonzero(made["sentence_starts"]).tolist() == _expected_sentence_flags(encoding, text)

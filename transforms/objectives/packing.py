@@ -122,22 +122,29 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
     copying every document (and ``head``) once (``eos=None``: no separator).
 
     Args:
-        documents: ``(ids, features)`` per document; ids as an integer array or the bytes of an
-            int32 one; every document has the same feature names.
+        documents: ``(ids, features)`` per document; ids as an integer array (any integer dtype:
+            cast to int32 as copied) or the bytes of an int32 one; every document has the same
+            feature names.
         head: a piece to put first (for example the tail of the previous block), or None.
     """
     if not documents:
         return concat_pieces([] if head is None else [head])
-    eos_bytes = b"" if eos is None else np.array([eos], dtype=np.int32).tobytes()
-    separator = len(eos_bytes) // 4
-    parts, lengths = [], np.empty(len(documents), dtype=np.int32)
+    separator = 0 if eos is None else 1
+    arrays = [np.frombuffer(ids, dtype=np.int32) if isinstance(ids, bytes) else np.asarray(ids) for ids, _ in documents]
+    lengths = np.fromiter((len(ids) + separator for ids in arrays), dtype=np.int64, count=len(arrays))
+    first = 0 if head is None else len(head.tokens)
+    ends = first + np.cumsum(lengths)
+    tokens = np.empty(int(ends[-1]) if len(ends) else first, dtype=np.int32)
     if head is not None:
-        parts.append(np.ascontiguousarray(head.tokens, dtype=np.int32).tobytes())
-    for index, (ids, _) in enumerate(documents):
-        data = ids if isinstance(ids, bytes) else np.asarray(ids).astype(np.int32, copy=False).tobytes()
-        parts.append(data)
-        parts.append(eos_bytes)
-        lengths[index] = len(data) // 4 + separator
+        tokens[:first] = head.tokens
+    start = first
+    for ids, end in zip(arrays, ends.tolist()):
+        tokens[start:start + len(ids)] = ids  # one copy, cast to int32 (documents may be uint16)
+        start = end
+    if separator:
+        tokens[ends - 1] = eos
+    del arrays
+    lengths = lengths.astype(np.int32)
     features = {}
     for name in documents[0][1]:
         end_flag = np.array([EOS_FEATURE.get(name, False)])[:separator]
@@ -148,7 +155,7 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
         features[name] = np.concatenate(flags)
     if head is not None:
         lengths = np.concatenate([np.asarray(head.doc_lengths, dtype=np.int32), lengths])
-    return Piece(np.frombuffer(bytearray().join(parts), dtype=np.int32), lengths, features)
+    return Piece(tokens, lengths, features)
 
 
 #: Tokens (about) a :class:`ConcatPacker` copies into one block.

@@ -125,6 +125,15 @@ def test_concat_documents_equals_concatenated_document_pieces(documents, as_byte
         assert joined.features[name].tolist() == expected.features[name].tolist()
 
 
+def test_concat_documents_casts_narrow_ids_and_keeps_the_head():
+    head = _doc(7, 8)
+    narrow = [(np.array([65535, 0, 3], dtype=np.uint16), {}), (np.array([9], dtype=np.uint16), {})]
+    joined = concat_documents(narrow, EOS, head=head)
+    assert joined.tokens.dtype == np.int32
+    assert _lists(joined) == ([7, 8, 1, 65535, 0, 3, 1, 9, 1], [3, 4, 2])
+    assert _lists(concat_documents(narrow, None)) == ([65535, 0, 3, 9], [3, 1])
+
+
 # --- pack_concat ----------------------------------------------------------------------------
 
 STREAM = concat_pieces([_doc(10, 11, 12), _doc(20, 21), _doc(30, 31, 32, 33)])
