@@ -64,7 +64,7 @@ def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0)
     :class:`transforms.elements.Document` (16-byte key, int32 ids as bytes, {feature: bool array})."""
     import numpy as np
 
-    from transforms.elements import Document
+    from transforms.elements import Document, narrow_ids
 
     rng = np.random.default_rng(seed)
     mu = np.log(MEAN_TOKENS) - SIGMA**2 / 2
@@ -77,7 +77,8 @@ def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0)
             flags["word_starts"] = rng.random(length) < 0.75
         if "sentence_starts" in features:
             flags["sentence_starts"] = rng.random(length) < 0.05
-        documents.append(Document(rng.bytes(16), ids.tobytes(), flags))
+        carried, width = narrow_ids(ids)  # as Tokenize sends them
+        documents.append(Document(rng.bytes(16), carried.tobytes(), flags, width))
         total += length + 1
     return documents
 

@@ -386,3 +386,40 @@ def test_tar_member_name_too_long_is_a_clear_error():
     example = dict(_decoder_examples()[0], key="k" * 90)
     with pytest.raises(ValueError, match="longer than 100 bytes"):
         _tar_bytes([example], DECODER)
+
+
+# --- columns across the shuffle -----------------------------------------------------------------
+
+@pytest.mark.parametrize("values, dtype", [([5, 65535, 0, 9], "<u2"), ([-100, 32767, 3, -32768], "<i2"),
+                                           ([70000, -1, 2, 3], "<i4"), ([-40000, 1, 2, 3], "<i4")])
+def test_columns_travel_narrow_and_write_the_same_bytes(values, dtype):
+    """Encoded for the shuffle, array values take the narrowest dtype that holds them all; decoded,
+    they are the same integers, and both writers (one part or merged parts) write the same bytes."""
+    from transforms.columns import ExampleColumns, MergedColumns
+    from transforms.shard_format import write_arrow_columns
+    from transforms.tar_format import write_tar_columns
+
+    examples = [dict(example, input_ids=np.array(values) if i == 0 else example["input_ids"])
+                for i, example in enumerate(_decoder_examples())]
+    columns = ExampleColumns.from_examples(examples, DECODER)
+    count, arrays, _, _ = encoded = columns.encode()
+    assert arrays["input_ids"][1] == dtype
+    assert len(arrays["input_ids"][0]) == 12 * np.dtype(dtype).itemsize
+    decoded = ExampleColumns.decode(encoded, DECODER)
+    assert decoded.arrays["input_ids"][0].dtype == np.dtype(dtype)
+    assert decoded.arrays["input_ids"][0].tolist() == columns.arrays["input_ids"][0].tolist()
+    for writer, expected in ((write_arrow_columns, _arrow_bytes(examples, DECODER)),
+                             (write_tar_columns, _tar_bytes(examples, DECODER))):
+        for form in (decoded, MergedColumns([decoded], np.zeros(3, np.int64), np.arange(3), DECODER)):
+            buffer = io.BytesIO()
+            writer(buffer, form)
+            assert buffer.getvalue() == expected, (writer, form)
+
+
+def test_columns_of_an_unknown_travel_dtype_are_refused():
+    from transforms.columns import ExampleColumns
+
+    count, arrays, scalars, strings = ExampleColumns.from_examples(_decoder_examples(), DECODER).encode()
+    flat, _, offsets = arrays["input_ids"]
+    with pytest.raises(ValueError, match="'<f8'"):
+        ExampleColumns.decode((count, {**arrays, "input_ids": (flat, "<f8", offsets)}, scalars, strings), DECODER)
