@@ -37,13 +37,15 @@ freezes the objects that exist when the pipeline starts (:func:`gc.freeze`, CPyt
 API) and unfreezes them when it ends; what the run makes is collected as usual. A process that
 froze objects itself is left alone (a freeze has no undo of one caller's part).
 
-**The objective applied to each chunk output apart (FnApiRunner with local workers only).**
-Pack has two chunk outputs (the groups' chunks, and the re-packed remainders). FnApiRunner
-materializes a ``Flatten``: every chunk would be encoded into a buffer and decoded out of it,
-which in-process the handoff makes cheap, but not between worker processes. Applying
-BuildExamples to each output keeps each in the fused stage that made it; the two example
-streams meet in the writers' shuffle, which exists anyway. On a runner that fuses a Flatten
-(Dataflow), the plain graph is the same work.
+**The objective applied to each chunk output apart (FnApiRunner, in-process or with local
+workers).** Pack has two chunk outputs (the groups' chunks, and the re-packed remainders).
+FnApiRunner materializes a ``Flatten``: every chunk would be encoded into a buffer and decoded
+out of it, which between worker processes is slow; in-process, where the handoff makes it
+cheap, the buffer holds every chunk of the corpus (int32 tokens: 1.3 bytes per byte of text)
+until the whole Pack stage has run, beside the documents not yet packed. Applying
+BuildExamples to each output keeps each in the fused stage that made it, so a chunk lives only
+until its block is built; the two example streams meet in the writers' shuffle, which exists
+anyway. On a runner that fuses a Flatten (Dataflow), the plain graph is the same work.
 
 **Documents and example batches through files (FnApiRunner with local workers only).** Beam's
 FnApiRunner can drop parts of a large stage input it sends to an SDK worker process (a race in
@@ -186,7 +188,7 @@ class RunnerTuning:
 
     def __init__(self, in_one_process: bool, local_workers: bool = False, output: str | None = None,
                  replays: bool = False):
-        self.build_apart = local_workers
+        self.build_apart = local_workers or in_one_process
         self.freeze_workers = local_workers
         self.freeze_run = in_one_process
         self.files = FileHandoff(output) if local_workers else None
@@ -218,21 +220,20 @@ class RunnerTuning:
         """Apply the objective (``make_build(separate_ok)``: a BuildExamples) to Pack's chunk
         outputs; return ``(example batch PCollections, objective statistics)``.
 
-        Local workers: one BuildExamples per output (``separate_ok`` only for the first, as the
-        groups' chunks are the many), each batch handed over through a file, their statistics
-        flattened. Elsewhere: one over the
-        outputs' Flatten (in-process, the chunks handed over by reference first)."""
+        FnApiRunner (in-process or local workers): one BuildExamples per output (``separate_ok``
+        only for the first, as the groups' chunks are the many), each batch handed over (by
+        reference, or through a file), their statistics flattened. Elsewhere: one over the
+        outputs' Flatten."""
         if self.build_apart:
             batches, stats = [], []
             for index, (label, chunks) in enumerate(zip(("BuildExamples", "BuildRepackedExamples"), chunk_outputs)):
                 built, built_stats = (chunks, split_tokens) | label >> make_build(index == 0)
-                batches.append(built | f"HandOver{label[5:]}" >> beam.Map(spill_value, self.files.directory))
+                batches.append(self.hand_over(built, f"HandOver{label[5:]}", values_only=True))
                 stats.append(built_stats)
             return tuple(batches), tuple(stats) | "AllObjectiveStats" >> beam.Flatten()
-        all_chunks = tuple(self.hand_over(c, f"HandOverChunks{i}") for i, c in enumerate(chunk_outputs)) | (
-            "AllChunks" >> beam.Flatten())
+        all_chunks = tuple(chunk_outputs) | "AllChunks" >> beam.Flatten()
         built, built_stats = (all_chunks, split_tokens) | "BuildExamples" >> make_build(True)
-        return (self.hand_over(built, "HandOverExamples", values_only=True),), built_stats
+        return (built,), built_stats
 
     @contextlib.contextmanager
     def running(self):

@@ -202,16 +202,16 @@ def _labels(tuning: RunnerTuning) -> set[str]:
 
 def test_the_graph_differs_by_runner_only_where_the_tuning_says():
     """Dataflow and other runners: one BuildExamples over the chunk outputs' Flatten, nothing
-    handed over, no worker freeze. FnApiRunner in-process: the large values handed over; with
-    local workers: the objective on each chunk output apart, the documents and each one's example
-    batches handed over through files, and their heaps frozen."""
+    handed over, no worker freeze. FnApiRunner: the objective on each chunk output apart (no
+    chunk materialized between stages), the documents and each output's example batches handed
+    over, by reference in-process, through files with local workers (whose heaps are frozen)."""
     plain = _labels(RunnerTuning(in_one_process=False))
     assert {"AllChunks", "BuildExamples"} <= plain
     assert not {label for label in plain if label.startswith(("HandOver", "BuildRepacked", "FreezeWorkerHeap"))}
     in_process = _labels(RunnerTuning(in_one_process=True))
-    assert {"AllChunks", "BuildExamples", "HandOverDocuments", "HandOverChunks0", "HandOverChunks1",
-            "HandOverExamples"} <= in_process
-    assert not {label for label in in_process if label.startswith(("BuildRepacked", "FreezeWorkerHeap"))}
+    assert {"BuildExamples", "BuildRepackedExamples", "HandOverDocuments", "HandOverExamples",
+            "HandOverRepackedExamples"} <= in_process
+    assert not {label for label in in_process if label.startswith(("HandOverChunks", "AllChunks", "FreezeWorkerHeap"))}
     workers = _labels(RunnerTuning(in_one_process=False, local_workers=True))
     assert {"BuildExamples", "BuildRepackedExamples", "FreezeWorkerHeap", "HandOverDocuments", "HandOverExamples",
             "HandOverRepackedExamples"} <= workers
