@@ -17,7 +17,7 @@ ratio to the ceiling:
     line, no verification pass; the records with a NUL byte, which materialize rejects, go
     to the rejected output); its line-position fix-up is materialize's own;
   - Tokenize: no encoder; each document leaves as Tokenize emits it,
-    ``((split, sub-bucket), Document)``, its ids as many int32 as the document has tokens
+    ``((split, sub-bucket), Document)``, its ids as many uint16 as the document has tokens
     (counted once with fastokens and cached under ``benchmarks/.cache/``), its key, split
     (1% validation) and sub-bucket from a cheap integer hash instead of blake2b, and a bool
     per token for each feature the objective asks for (bart's word and sentence starts);
@@ -29,7 +29,8 @@ ratio to the ceiling:
     FnApiRunner once per output, else over their Flatten), with the split-token side input:
     chunks stacked into blocks of ``BLOCK_ROWS`` rows, each block one element per shard, in
     the layout of ``ShardPiece.encode`` (16-byte order keys, shard hashes and token counts
-    per row, and the chunk's tokens once per token column of the objective); no objective;
+    per row, and the chunk's tokens once per token column of the objective, as uint16); no
+    objective;
   - WriteShards: the same markers and ``GroupByShard``; each shard's bytes written once per
     format (side by side, as materialize writes them) to a temporary file and renamed (no
     Arrow or tar framing, no sort, no sha256);
@@ -101,7 +102,7 @@ __all__ = ["build_floor", "compare_graphs", "graph_counts", "read_documents", "r
 MODULE = "benchmarks.bench_floor"
 VALIDATION_FRACTION = 0.01
 FORMATS = ("arrow", "webdataset")
-EOS = np.zeros(1, dtype=np.int32).tobytes()
+EOS = np.zeros(1, dtype="<u2").tobytes()
 _NO_FEATURE = np.zeros(1, dtype=np.bool_)
 _MASK64 = (1 << 64) - 1
 #: Part of the token counts cache's name: changes with what :func:`read_documents` keeps.
@@ -205,7 +206,7 @@ def _tokenize(element, features):
     mixed = _mix64(file_id << 40 | index)
     key = mixed.to_bytes(8, "little") + _mix64(mixed).to_bytes(8, "little")
     split = "validation" if mixed % 10_000 < VALIDATION_FRACTION * 10_000 else "train"
-    document = Document(key, bytes(4 * tokens), {name: np.zeros(tokens, dtype=np.bool_) for name in features})
+    document = Document(key, bytes(2 * tokens), {name: np.zeros(tokens, dtype=np.bool_) for name in features}, 2)
     yield (split, (mixed >> 24) % SUB_BUCKETS), document
 
 
@@ -235,7 +236,7 @@ class _Pack(beam.DoFn):
                 parts += (document.features[name], _NO_FEATURE)
             documents += 1
             doc_tokens += document.tokens
-        tokens = np.frombuffer(b"".join(ids), dtype=np.int32)
+        tokens = np.frombuffer(b"".join(ids), dtype="<u2").astype(np.int32)  # as Pack copies them
         del ids
         joined = {name: np.concatenate(parts) for name, parts in features.items()}
         chunks, rest, rest_features = _chunks(split, f"{split}-g{group:05d}", tokens, joined, self._length)
@@ -297,7 +298,8 @@ class _Build(beam.DoFn):
             rows = block[shards == shard]
             n, width = rows.shape
             offsets = np.arange(0, (n + 1) * width, width, dtype=np.int64).tobytes()
-            columns = (n, {name: (rows.tobytes(), offsets) for name in self._columns}, {}, {})
+            narrow = rows.astype("<u2").tobytes()  # as the 16k vocabulary's ids travel
+            columns = (n, {name: (narrow, "<u2", offsets) for name in self._columns}, {}, {})
             piece = (np.zeros(16 * n, np.uint8).tobytes(), np.zeros(n, np.uint64).tobytes(),
                      np.full(n, width, np.int64).tobytes(), columns)
             yield (split, shard, count), piece
@@ -322,8 +324,8 @@ def _write_file(output: str, relative: str, parts: list) -> int:
     written = 0
     with open(temp, "wb") as handle:
         for part in parts:
-            for flat, _ in part[3][1].values():
-                written += handle.write(flat)
+            for flat, dtype, _ in part[3][1].values():
+                written += handle.write(np.frombuffer(flat, dtype=dtype).astype(np.int32))  # int32, as shards hold
     os.rename(temp, os.path.join(output, relative))
     return written
 
