@@ -59,15 +59,17 @@ def _objective_args(objective: str, seq_len: int) -> list[str]:
     return ["--objective", objective, "--seq-len", str(seq_len)]
 
 
-def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0) -> list:
+def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0,
+                    mean_tokens: int = MEAN_TOKENS) -> list:
     """Documents of about ``tokens`` tokens in all (EOS included), as Tokenize emits them:
-    :class:`transforms.elements.Document` (16-byte key, int32 ids as bytes, {feature: bool array})."""
+    :class:`transforms.elements.Document` (16-byte key, ids as bytes, uint16 when they fit, {feature:
+    bool array}); lengths log-normal of mean ``mean_tokens``."""
     import numpy as np
 
     from transforms.elements import Document, narrow_ids
 
     rng = np.random.default_rng(seed)
-    mu = np.log(MEAN_TOKENS) - SIGMA**2 / 2
+    mu = np.log(mean_tokens) - SIGMA**2 / 2
     documents, total = [], 0
     while total < tokens:
         length = int(min(max(1, rng.lognormal(mu, SIGMA)), tokens - total))
@@ -83,7 +85,7 @@ def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0)
     return documents
 
 
-def measure_group(objective: str, group_tokens: int, seq_len: int) -> dict:
+def measure_group(objective: str, group_tokens: int, seq_len: int, mean_tokens: int = MEAN_TOKENS) -> dict:
     """Peak memory of Pack + Build on one synthetic group (run in a fresh process)."""
     from pipelines.options import parse_args
     from pipelines.plan import plan_run
@@ -101,7 +103,8 @@ def measure_group(objective: str, group_tokens: int, seq_len: int) -> dict:
         handle.write("5")  # reset the peak (VmHWM) to what is resident now
     before = _status_bytes("VmRSS")
     start = time.perf_counter()
-    group = synthetic_group(group_tokens, frozenset(plan.objective.features), special.vocab_size - 200)
+    group = synthetic_group(group_tokens, frozenset(plan.objective.features), special.vocab_size - 200,
+                            mean_tokens=mean_tokens)
     documents = len(group)
     chunks = examples = 0
     for output in pack.process((("train", 0), group)):
@@ -162,7 +165,7 @@ def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
 
 def _child(spec: dict) -> dict:
     if spec["kind"] == "group":
-        return measure_group(spec["objective"], spec["group_tokens"], spec["seq_len"])
+        return measure_group(spec["objective"], spec["group_tokens"], spec["seq_len"], spec.get("mean_tokens", MEAN_TOKENS))
     if spec["kind"] == "remainders":
         return measure_remainders(spec["objective"], spec["groups"], spec["seq_len"])
     from pipelines.materialize import run
@@ -186,15 +189,15 @@ def measure(spec: dict) -> dict:
     return json.loads(lines[-1][len(_RESULT):])
 
 
-def memory_table(objectives: list[str], sizes_m: list[float], seq_len: int) -> None:
+def memory_table(objectives: list[str], sizes_m: list[float], seq_len: int, mean_tokens: int = MEAN_TOKENS) -> None:
     print(f"Pack + Build peak memory per group (seq-len {seq_len}; synthetic documents of mean "
-          f"~{MEAN_TOKENS} tokens; each in a fresh process):")
+          f"~{mean_tokens} tokens; each in a fresh process):")
     print(f"  {'objective':<16}{'group tokens':>14}{'documents':>11}{'examples':>10}{'peak MiB':>10}"
           f"{'bytes/token':>13}{'s':>7}")
     for objective in objectives:
         for size in sizes_m:
             result = measure({"kind": "group", "objective": objective, "group_tokens": int(size * 2**20),
-                              "seq_len": seq_len})
+                              "seq_len": seq_len, "mean_tokens": mean_tokens})
             per_token = result["peak_bytes"] / result["group_tokens"]
             print(f"  {objective:<16}{result['group_tokens']:>14,}{result['documents']:>11,}{result['examples']:>10,}"
                   f"{result['peak_bytes'] / 2**20:>10,.0f}{per_token:>13.2f}{result['seconds']:>7.1f}", flush=True)
@@ -245,6 +248,7 @@ def main() -> None:
     parser.add_argument("--objectives", default="clm,bart", help="comma-separated objectives")
     parser.add_argument("--group-tokens", default="4,16,64", help="group sizes in Mi tokens (2**20)")
     parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--mean-tokens", type=int, default=MEAN_TOKENS, help="--memory: mean document length")
     parser.add_argument("--corpus", help="corpus glob for --throughput (default: the 60 MB docstring corpus)")
     parser.add_argument("--megabytes", type=float, default=60, help="size of the default corpus")
     parser.add_argument("--tokenizer", help="tokenizer for --throughput (default: bench_materialize's 32k BPE)")
@@ -256,7 +260,7 @@ def main() -> None:
         return
     objectives = [o for o in args.objectives.split(",") if o]
     if args.memory:
-        memory_table(objectives, [float(s) for s in args.group_tokens.split(",")], args.seq_len)
+        memory_table(objectives, [float(s) for s in args.group_tokens.split(",")], args.seq_len, args.mean_tokens)
     if args.remainders:
         remainders_table(objectives, [int(n) for n in args.remainders.split(",")], args.seq_len)
     if args.throughput:
