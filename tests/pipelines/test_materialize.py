@@ -227,14 +227,15 @@ def test_bytes_identical_across_runners_and_input_splits(tmp_path, clm_dataset, 
         assert on_disk.deterministic_view() == reference.deterministic_view(), name
 
 
-def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
-                                                                            sample_glob, tokenizer_path):
-    """The in-process runner gets documents, chunks and example batches by reference (the
-    shuffles copy no bytes), writes the bytes the copying runners write, and holds none of them
-    to the end: each is let go of by its last reader; other runners never get a reference."""
+def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path, monkeypatch, clm_dataset,
+                                                                    sample_glob, tokenizer_path):
+    """The in-process runner gets documents and example batches by reference (the shuffles copy
+    no bytes), writes the bytes the copying runners write, and holds none of them to the end:
+    each is let go of by its last reader; chunks never leave the stage that cut them (the
+    objective is applied there, no Flatten holds them); other runners never get a reference."""
     from pipelines import runner_tuning
     from pipelines.runner_tuning import RunnerTuning
-    from transforms.objectives.packing import Piece
+    from transforms.elements import Chunk, Document
 
     reference_out, reference = clm_dataset
     stored, left = {}, []  # every value a run's store took (by id), and what it held at the end
@@ -259,15 +260,17 @@ def test_in_process_runs_hand_documents_chunks_and_examples_over_by_reference(tm
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
-    # Every document, chunk and example batch went by reference
+    # Every document and example batch went by reference, no chunk did
     handed = list(stored.values())
-    documents = {value[0] for value in handed if len(value) == 3}
-    chunks = {value[1] for value in handed if len(value) == 4 and isinstance(value[3], Piece)}
-    batch_rows = sum(len(value[0]) // 16 for value in handed if len(value) == 4 and not isinstance(value[3], Piece))
-    examples = sum(info["examples"] for info in manifest.splits.values())
+    documents = [value for value in handed if isinstance(value, Document)]
+    batches = [value for value in handed if not isinstance(value, (Document, Chunk))]
+    assert not [value for value in handed if isinstance(value, Chunk)]
+    assert len({document.key for document in documents}) == manifest.counts["documents_written"]
     assert len(documents) == manifest.counts["documents_written"] + manifest.counts["duplicates"]
-    assert len(chunks) == examples  # one draw: an example per chunk
-    assert examples <= batch_rows
+    assert {document.width for document in documents} == {2}  # the sample's 16k vocabulary: uint16 ids
+    batch_rows = sum(len(value[0]) // 16 for value in batches)
+    examples = sum(info["examples"] for info in manifest.splits.values())
+    assert examples == batch_rows
     # and none of them waited for the end of the run (Beam's size samples of them included)
     assert left == []
     from pipelines.options import parse_args
