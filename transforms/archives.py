@@ -15,13 +15,11 @@ so a decompression bomb costs time, never memory:
 
 A compressed file's records must not count before its checksums verified, yet gzip and
 zstd check only at the end of a member or frame. :func:`verify_archive` therefore
-decompresses the whole file once before its records are read (a verification pass), and
-keeps what it decompressed for the reader: in memory up to :data:`KEEP_BYTES`, beyond that
-in an unnamed temporary file (removed when closed) up to :data:`SPILL_BYTES`, so that a file
-is decompressed once (zlib's pass costs about ten times writing and reading back the bytes
-through the page cache). Only a file larger than that is decompressed a second time, by the
-reader, so that neither memory nor the temporary disk grows with a file
-(``benchmarks/bench_read.py`` measures the passes).
+decompresses the whole file once before its records are read (a verification pass: the
+output is thrown away, except that a file of at most :data:`KEEP_BYTES` decompressed
+bytes is kept, so that small files are decompressed once). The reader then reads the
+file again, or the kept bytes. The cost is one more decompression of files larger than
+that (``benchmarks/bench_read.py`` measures it).
 """
 
 from __future__ import annotations
@@ -29,21 +27,17 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 __all__ = ["KEEP_BYTES", "ArchiveCheck", "ZstdFrames", "compression_of", "open_decompressed", "verify_archive"]
 
-#: A verified file of at most this many decompressed bytes is kept in memory for reading.
+#: A verified file of at most this many decompressed bytes is kept for reading (not decompressed again).
 KEEP_BYTES = 16 << 20
-#: A verified file of at most this many decompressed bytes is kept in a temporary file for reading
-#: (not decompressed again); a larger one is decompressed again by the reader.
-SPILL_BYTES = 1 << 30
 #: Decompressed bytes per read of the verification pass.
 _READ = 1 << 20
 
@@ -212,46 +206,17 @@ class ArchiveCheck:
         unverified: frames without a checksum (zstd), so the file's bytes are not verified.
         size: decompressed bytes (up to the fault when there is one).
         data: the decompressed bytes when verified and at most :data:`KEEP_BYTES`, else None.
-        spill: an unnamed temporary file holding them when verified, larger than that and at most
-            :data:`SPILL_BYTES`, else None; :meth:`kept` reads it (and closes it), or
-            :meth:`discard` closes it.
     """
 
     error: str | None
     unverified: int
     size: int
     data: bytes | None
-    spill: Any = None
-
-    @contextlib.contextmanager
-    def kept(self) -> Iterator[BinaryIO]:
-        """A stream of the verified bytes kept by the pass (``data`` or ``spill``), closed after."""
-        if self.spill is not None:
-            try:
-                self.spill.seek(0)
-                yield self.spill
-            finally:
-                self.spill.close()
-        elif self.data is not None:
-            yield io.BytesIO(self.data)
-        else:
-            raise ValueError("the verification pass kept no bytes of this file")
-
-    @property
-    def has_kept(self) -> bool:
-        return self.data is not None or self.spill is not None
-
-    def discard(self) -> None:
-        """Close the temporary file of the kept bytes, if any."""
-        if self.spill is not None:
-            self.spill.close()
 
 
 def verify_archive(path: str, kind: str) -> ArchiveCheck:
-    """Decompress ``path`` once, checking every checksum, with memory bounded by the window;
-    keep the bytes for the reader (:class:`ArchiveCheck`) within the bounds of the module."""
+    """Decompress ``path`` once, checking every checksum, with memory bounded by the window."""
     kept: list[bytes] | None = []
-    spill = None
     size = 0
     unverified = 0
     try:
@@ -260,21 +225,10 @@ def verify_archive(path: str, kind: str) -> ArchiveCheck:
                 size += len(block)
                 if kept is not None:
                     kept.append(block)
-                    if size > KEEP_BYTES:  # from now on in a temporary file
-                        spill = tempfile.TemporaryFile(prefix="lmshards-verified-")
-                        for part in kept:
-                            spill.write(part)
+                    if size > KEEP_BYTES:
                         kept = None
-                elif spill is not None:
-                    if size > SPILL_BYTES:  # too large to keep: the reader decompresses it again
-                        spill.close()
-                        spill = None
-                    else:
-                        spill.write(block)
             if kind == "zstd":
                 unverified = stream.frames.unverified_frames
     except Exception as exc:  # zlib.error, gzip.BadGzipFile, EOFError, zstandard.ZstdError, OSError
-        if spill is not None:
-            spill.close()
         return ArchiveCheck(f"{type(exc).__name__}: {exc}", unverified, size, None)
-    return ArchiveCheck(None, unverified, size, b"".join(kept) if kept is not None else None, spill)
+    return ArchiveCheck(None, unverified, size, b"".join(kept) if kept is not None else None)

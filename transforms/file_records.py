@@ -6,6 +6,8 @@ whose :class:`~transforms.read.ReadCorpus` runs this per read task.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import zlib
 from collections import Counter
@@ -135,7 +137,6 @@ def iter_file_records(
     if compression is not None and verify:
         check = verify_archive(path, compression)
         if check.error is not None or (check.unverified and policy.unverified_zstd == "reject"):
-            check.discard()
             held = _count_records(path, kind, text_mode, text_field, policy)
             if check.error is not None:
                 yield rejection(path, 0, "unreadable_file", f"{check.error} (none of the {held:,} records before the "
@@ -146,12 +147,13 @@ def iter_file_records(
             return
         if check.unverified:
             counters[UNVERIFIED_PREFIX + path] = 1
-        kept = check if check.has_kept else None
+        kept = check.data
     position = 0
     produced = 0
     split_at = None  # position of the record whose pieces are being read
     try:
-        opened = kept.kept() if kept is not None else open_task(task, record_mode, open_decompressed, counters)
+        opened = contextlib.nullcontext(io.BytesIO(kept)) if kept is not None else \
+            open_task(task, record_mode, open_decompressed, counters)
         with opened as stream:
             label = SourceLabel(source_field) if source_field else None
             for position, value, repairs, piece in records_of(path, kind, stream, text_mode, text_field, policy,

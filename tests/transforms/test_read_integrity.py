@@ -257,42 +257,14 @@ def test_multi_member_gzip_and_multi_frame_zstd_with_skippable_frames(tmp_path):
     assert check.error is None and check.unverified == 0 and check.data == b"".join(parts)
 
 
-def test_verification_keeps_small_files_in_memory_and_larger_ones_in_a_temporary_file(tmp_path, monkeypatch):
-    """A file is decompressed once: the pass keeps its bytes for the reader, in memory up to
-    KEEP_BYTES, in an unnamed temporary file up to SPILL_BYTES; only a larger one is read again."""
-    from transforms import archives
-
+def test_verification_keeps_small_files_and_rereads_large_ones(tmp_path):
     small = _write(tmp_path / "s.txt.gz", gzip.compress(b"x\n" * 1000))
-    check = verify_archive(small, "gzip")
-    assert check.data == b"x\n" * 1000 and check.spill is None
+    assert verify_archive(small, "gzip").data == b"x\n" * 1000
     rng = np.random.default_rng(0)
     big_data = rng.integers(97, 123, size=20 << 20, dtype=np.uint8).tobytes()
     big = _write(tmp_path / "b.txt.gz", gzip.compress(big_data, compresslevel=1))
     check = verify_archive(big, "gzip")
-    assert check.error is None and check.data is None and check.size == len(big_data) and check.has_kept
-    with check.kept() as stream:
-        assert stream.read() == big_data
-    assert check.spill.closed  # the temporary file is gone once read
-    monkeypatch.setattr(archives, "SPILL_BYTES", 18 << 20)  # the project's own bound, made small
-    check = verify_archive(big, "gzip")
-    assert check.error is None and not check.has_kept and check.size == len(big_data)
-    lines = (b"line %d\n" % i for i in range(3_000_000))
-    records = _write(tmp_path / "r.txt.gz", gzip.compress(b"".join(lines), compresslevel=1))
-    for spill_bytes in (1 << 30, 18 << 20):  # kept in a file, or read again: the same records
-        monkeypatch.setattr(archives, "SPILL_BYTES", spill_bytes)
-        texts = [t for _, t in _texts(_read(records))]
-        assert len(texts) == 3_000_000 and texts[0] == "line 0" and texts[-1] == "line 2999999"
-
-
-def test_a_corrupt_large_file_leaves_no_temporary_file(tmp_path):
-    rng = np.random.default_rng(1)
-    data = bytearray(gzip.compress(rng.integers(97, 123, size=20 << 20, dtype=np.uint8).tobytes(), compresslevel=1))
-    data[-6] ^= 0xFF  # the CRC-32
-    bad = _write(tmp_path / "c.txt.gz", bytes(data))
-    check = verify_archive(bad, "gzip")
-    assert check.error is not None and "CRC" in check.error and check.spill is None
-    (entry,) = _read(bad)
-    assert entry["reason"] == "unreadable_file"
+    assert check.error is None and check.data is None and check.size == len(big_data)
 
 
 # --- nothing vanishes ---------------------------------------------------------------------------
