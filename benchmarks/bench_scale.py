@@ -165,7 +165,8 @@ def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
 
 def _child(spec: dict) -> dict:
     if spec["kind"] == "group":
-        return measure_group(spec["objective"], spec["group_tokens"], spec["seq_len"], spec.get("mean_tokens", MEAN_TOKENS))
+        return measure_group(spec["objective"], spec["group_tokens"], spec["seq_len"],
+                             spec.get("mean_tokens", MEAN_TOKENS))
     if spec["kind"] == "remainders":
         return measure_remainders(spec["objective"], spec["groups"], spec["seq_len"])
     from pipelines.materialize import run
