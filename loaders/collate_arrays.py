@@ -5,6 +5,7 @@ as torch tensors. torch is imported only to wrap the finished arrays.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,17 +90,23 @@ def fit_rows(rows: np.ndarray | Sequence[np.ndarray], length: int, value: int | 
     return out
 
 
+#: Set while a loader worker collates a group of batches whose storages it packs itself
+#: (:func:`loaders.dataloader._one_storage_per_dtype`): :func:`to_tensors` then copies nothing.
+_GROUPED: contextvars.ContextVar[bool] = contextvars.ContextVar("lmshards_grouped_batches", default=False)
+
+
 def to_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
     """numpy -> torch without a copy; inside a DataLoader worker, one storage per dtype.
 
     A worker hands every tensor storage to the main process as its own shared-memory
     segment, and that transfer, not the copy, is what limits a worker's batches per second;
     packing a batch's arrays into one storage per dtype roughly halves it for four arrays.
+    (The loader's own workers pack a whole group of batches at once, see ``_GROUPED``.)
     """
     import torch
     from torch.utils.data import get_worker_info
 
-    if get_worker_info() is None:
+    if get_worker_info() is None or _GROUPED.get():
         return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
     out = {k: v for k, v in arrays.items() if not isinstance(v, np.ndarray)}
     by_dtype: dict[np.dtype, list[str]] = {}

@@ -284,3 +284,36 @@ def test_worker_groups_partition_the_rank_batches(n, world, batch, workers, grou
             got, lengths = schedule.batches_stream_indices(mine)
             assert np.array_equal(got, flat) and lengths == [len(i) for i in indices]
         assert sorted(owned) == list(range(schedule.num_batches))
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_workers_group_of_batches_crosses_as_one_storage_per_dtype(family_dataset, group):
+    """Through workers a group's tensors are views of one storage per dtype (one shared-memory
+    segment for the group, not one per batch), with the very values of the in-process batches."""
+    path, _, family = family_dataset
+    collate = {"decoder": CausalCollator, "encoder": MLMCollator, "seq2seq": Seq2SeqCollator}[family]
+    _, here = batches(path, collate(pad_id=0), group=group)
+    _, there = batches(path, collate(pad_id=0), workers=1, group=group)
+    assert len(here) == len(there) > 1
+    for a, b in zip(here, there, strict=True):
+        same_tensors(a, b)
+    for start in range(0, len(there), group):
+        storages = {}
+        for batch in there[start:start + group]:
+            for value in batch.values():
+                if isinstance(value, torch.Tensor):
+                    storages.setdefault(value.dtype, set()).add(value.untyped_storage().data_ptr())
+        assert storages and all(len(pointers) == 1 for pointers in storages.values()), storages
+
+
+def test_packing_a_group_keeps_values_shapes_and_other_values():
+    from loaders.dataloader import _one_storage_per_dtype
+
+    first = {"a": torch.arange(6).view(2, 3), "b": torch.ones(4, dtype=torch.float32), "n": 7}
+    second = {"a": torch.arange(4).view(2, 2) + 10, "b": torch.zeros(2, dtype=torch.float32), "n": 8}
+    packed = _one_storage_per_dtype([first, second])
+    for original, got in zip((first, second), packed, strict=True):
+        same_tensors(original, got)
+    assert packed[0]["a"].untyped_storage().data_ptr() == packed[1]["a"].untyped_storage().data_ptr()
+    assert packed[0]["b"].untyped_storage().data_ptr() == packed[1]["b"].untyped_storage().data_ptr()
+    assert _one_storage_per_dtype(["not a dict"]) == ["not a dict"]
