@@ -82,6 +82,13 @@ def longer_corpus(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def longer_reference(tmp_path_factory, longer_corpus):
+    """The in-process runner's clm output for the sample with :func:`longer_corpus` added."""
+    out = tmp_path_factory.mktemp("in-process-longer") / "clm"
+    return out, materialize(out, *_args("clm"), "--input", longer_corpus)
+
+
 def _same_dataset(out, reference) -> None:
     reference_out, reference_manifest = reference
     assert file_digests(out) == file_digests(reference_out)
@@ -193,9 +200,11 @@ def test_the_command_line_starts_and_stops_its_own_engine(tmp_path, references, 
 
 
 @pytest.mark.e2e
-def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_published(tmp_path, references, runner):
+def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_published(tmp_path, longer_reference,
+                                                                                   runner, longer_corpus):
+    # 13 MB: the sample alone can be done before a worker has been up for 2 s
     out = tmp_path / "out"
-    proc = _launch(runner, out)
+    proc = _launch(runner, out, "--input", longer_corpus)
     killed, seen, first_seen = None, {}, {}
     try:
         while proc.poll() is None and killed is None:
@@ -213,7 +222,7 @@ def test_a_killed_sdk_worker_gives_the_same_bytes_or_one_line_and_nothing_publis
     assert killed is not None, "the run ended before a worker could be killed"
     assert "Traceback" not in stderr
     if proc.returncode == 0:  # the engine retried the work of the lost worker
-        _same_dataset(out, references["clm"])
+        _same_dataset(out, longer_reference)
     else:
         lines = [line for line in stderr.strip().splitlines() if not line.startswith("lmshards: ")]  # progress aside
         assert proc.returncode == 1, stderr
