@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from schemas.examples import ExampleSchema
 
-__all__ = ["ARROW_BATCH_ROWS", "ExampleColumns", "MergedColumns", "examples_to_batch"]
+__all__ = ["ARROW_BATCH_ROWS", "ExampleColumns", "MergedColumns", "examples_to_batch", "narrowest"]
 
 #: Rows per Arrow record batch of a shard; fixed so that bytes never depend on the runner.
 ARROW_BATCH_ROWS = 1000
@@ -200,15 +200,23 @@ class ExampleColumns:
 _TRAVEL_DTYPES = {"<u2": np.dtype("<u2"), "<i2": np.dtype("<i2"), "<i4": np.dtype("<i4")}
 
 
+def narrowest(values: np.ndarray, candidates: tuple[str, ...] = ("<u2", "<i2")) -> np.ndarray:
+    """``values`` in the first of ``candidates`` that holds every one of them (an empty array in
+    the first), else as int32: how token ids and example values cross a shuffle."""
+    if not values.size:
+        return values.astype(candidates[0])
+    low, high = int(values.min()), int(values.max())
+    for candidate in candidates:
+        info = np.iinfo(candidate)
+        if info.min <= low and high <= info.max:
+            return values.astype(candidate)
+    return values.astype("<i4", copy=False)
+
+
 def _narrow(flat: np.ndarray) -> tuple[bytes, str]:
     """``(bytes, dtype)`` of ``flat`` in the narrowest travel dtype that holds every value."""
-    if flat.size:
-        low, high = int(flat.min()), int(flat.max())
-        if 0 <= low and high < 1 << 16:
-            return flat.astype("<u2").tobytes(), "<u2"
-        if -(1 << 15) <= low and high < 1 << 15:
-            return flat.astype("<i2").tobytes(), "<i2"
-    return np.ascontiguousarray(flat, dtype="<i4").tobytes(), "<i4"
+    narrow = narrowest(flat)
+    return narrow.tobytes(), narrow.dtype.str
 
 
 def _widen(flat: bytes, dtype: str, offsets: bytes) -> tuple[np.ndarray, np.ndarray]:

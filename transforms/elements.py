@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from schemas.examples import ExampleSchema
+from transforms.columns import narrowest
 from transforms.objectives.packing import Piece
 from transforms.shard_format import ExampleColumns, MergedColumns
 
@@ -63,9 +64,8 @@ ID_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<i4")}
 
 def narrow_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
     """``(ids, width)``: ``ids`` as uint16 when every one fits (width 2), else as int32 (4)."""
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 1 << 16):
-        return ids.astype("<i4", copy=False), 4
-    return ids.astype("<u2"), 2
+    narrow = narrowest(ids, ("<u2",))
+    return narrow, narrow.dtype.itemsize
 
 
 class Chunk(NamedTuple):

@@ -134,7 +134,7 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
     lengths = np.fromiter((len(ids) + separator for ids in arrays), dtype=np.int64, count=len(arrays))
     first = 0 if head is None else len(head.tokens)
     ends = first + np.cumsum(lengths)
-    tokens = np.empty(int(ends[-1]) if len(ends) else first, dtype=np.int32)
+    tokens = np.empty(int(ends[-1]), dtype=np.int32)
     if head is not None:
         tokens[:first] = head.tokens
     start = first
@@ -143,7 +143,6 @@ def concat_documents(documents: list[tuple[np.ndarray | bytes, dict[str, np.ndar
         start = end
     if separator:
         tokens[ends - 1] = eos
-    del arrays
     lengths = lengths.astype(np.int32)
     features = {}
     for name in documents[0][1]:
