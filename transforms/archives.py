@@ -15,11 +15,12 @@ so a decompression bomb costs time, never memory:
 
 A compressed file's records must not count before its checksums verified, yet gzip and
 zstd check only at the end of a member or frame. :func:`verify_archive` therefore
-decompresses the whole file once before its records are read (a verification pass: the
-output is thrown away, except that a file of at most :data:`KEEP_BYTES` decompressed
-bytes is kept, so that small files are decompressed once). The reader then reads the
-file again, or the kept bytes. The cost is one more decompression of files larger than
-that (``benchmarks/bench_read.py`` measures it).
+decompresses the whole file once (a verification pass) before any of its records is used.
+A small file (:data:`transforms.file_records.VERIFY_FIRST_BYTES`) is verified first and its
+decompressed bytes, at most :data:`KEEP_BYTES`, are kept for reading, so it is decompressed
+once. A larger one is verified by a thread of its own while it is read (decompression releases
+the GIL, so the two share the cores), its records held until the verification ends; the cost
+is the second decompression, on another core (``benchmarks/bench_read.py`` measures it).
 """
 
 from __future__ import annotations
@@ -214,9 +215,10 @@ class ArchiveCheck:
     data: bytes | None
 
 
-def verify_archive(path: str, kind: str) -> ArchiveCheck:
-    """Decompress ``path`` once, checking every checksum, with memory bounded by the window."""
-    kept: list[bytes] | None = []
+def verify_archive(path: str, kind: str, keep: bool = True) -> ArchiveCheck:
+    """Decompress ``path`` once, checking every checksum, with memory bounded by the window
+    (``keep``: the bytes of a file of at most :data:`KEEP_BYTES` are kept, else none)."""
+    kept: list[bytes] | None = [] if keep else None
     size = 0
     unverified = 0
     try:
@@ -232,3 +234,4 @@ def verify_archive(path: str, kind: str) -> ArchiveCheck:
     except Exception as exc:  # zlib.error, gzip.BadGzipFile, EOFError, zstandard.ZstdError, OSError
         return ArchiveCheck(f"{type(exc).__name__}: {exc}", unverified, size, None)
     return ArchiveCheck(None, unverified, size, b"".join(kept) if kept is not None else None)
+

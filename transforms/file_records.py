@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from transforms.archives import compression_of, open_decompressed, verify_archive
+from transforms.archives import ArchiveCheck, compression_of, open_decompressed, verify_archive
 from transforms.flag_values import TEXT_MODES
 from transforms.inputs import list_inputs
 from transforms.line_reader import iter_lines
@@ -34,6 +36,11 @@ __all__ = [
 
 #: Prefix of the read-stats key that marks a file read without verified checksums.
 UNVERIFIED_PREFIX = "unverified_input:"
+#: A compressed file of at most this many bytes is verified first and read from the verified
+#: bytes (decompressed once); a larger one is verified beside its reading.
+VERIFY_FIRST_BYTES = 1 << 20
+#: The most text of records read beside an archive's verification held until it ends.
+HOLD_BYTES = 32 << 20
 _TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
@@ -86,6 +93,76 @@ def _count_records(path: str, kind: str, text_mode: str, text_field: str, policy
         pass
     return count
 
+
+def _archive_rejection(path: str, check: ArchiveCheck, kind: str, text_mode: str, text_field: str,
+                       policy: RecordPolicy) -> dict[str, Any] | None:
+    """The one rejected entry of an archive whose verification failed (None: it passed)."""
+    if check.error is None and not (check.unverified and policy.unverified_zstd == "reject"):
+        return None
+    held = _count_records(path, kind, text_mode, text_field, policy)
+    if check.error is not None:
+        return rejection(path, 0, "unreadable_file", f"{check.error} (none of the {held:,} records before the "
+                         "fault is used)")
+    return rejection(path, 0, "unverified_archive", f"{check.unverified} zstd frame(s) without a content "
+                     f"checksum; {held:,} records not used (--unverified-zstd keep reads them)")
+
+
+def _compressed_size(path: str, size: int | None) -> float:
+    """The file's size: ``size`` as listed, a local file's from the file system, else unknown (inf)."""
+    if size is not None:
+        return size
+    if "://" not in path:
+        with contextlib.suppress(OSError):
+            return os.path.getsize(path)
+    return float("inf")
+
+
+def _read_beside_verification(path: str, compression: str, kind: str, text_mode: str, text_field: str,
+                              policy: RecordPolicy, counters: Counter, records: Iterator[Any]) -> Iterator[Any]:
+    """``records`` of an archive, read while a thread of its own verifies it.
+
+    Decompression releases the GIL, so the verification runs beside the parsing on another
+    core. Nothing is yielded before the verification passes: what is read meanwhile is held
+    (at most :data:`HOLD_BYTES` of text, then the reading waits for it). If it fails, what was
+    held is dropped, the counters the reading moved are put back, and the file yields its one
+    rejected entry, as when it is verified first.
+    """
+    result: list[ArchiveCheck] = []
+    done = threading.Event()
+
+    def verify() -> None:
+        try:
+            result.append(verify_archive(path, compression, keep=False))
+        except BaseException as exc:  # noqa: BLE001 - reported as the archive's fault
+            result.append(ArchiveCheck(f"{type(exc).__name__}: {exc}", 0, 0, None))
+        finally:
+            done.set()
+
+    before = Counter(counters)
+    threading.Thread(target=verify, name="lmshards-verify-archive", daemon=True).start()
+    held: list[Any] = []
+    held_bytes = 0
+    try:
+        for item in records:
+            held.append(item)
+            held_bytes += len(item[2]) if isinstance(item, tuple) else 1
+            if held_bytes > HOLD_BYTES or done.is_set():
+                break
+        done.wait()
+        failed = _archive_rejection(path, result[0], kind, text_mode, text_field, policy)
+        if failed is not None:
+            counters.clear()
+            counters.update(before)
+            yield failed
+            return
+        if result[0].unverified:
+            counters[UNVERIFIED_PREFIX + path] = 1
+        yield from held
+        held.clear()
+        yield from records
+    finally:
+        records.close()  # type: ignore[attr-defined]
+
 def iter_file_records(
     path: str,
     *,
@@ -96,6 +173,7 @@ def iter_file_records(
     verify: bool = True,
     task: ReadTask | None = None,
     source_field: str | None = None,
+    size: int | None = None,
 ) -> Iterator[Any]:
     """Yield ``(source, position, text)`` records and rejected-entry dicts of one file
     (``(source, position, text, label)`` with ``source_field``).
@@ -124,6 +202,10 @@ def iter_file_records(
         source_field: JSONL field (dotted path) naming each record's source; its value is the
             label of the record (:class:`SourceLabel`: ``(missing)`` where absent, and for the
             records of text and Parquet files).
+        size: the file's size in bytes as listed (None: a local file's is looked up). A compressed
+            file of at most :data:`VERIFY_FIRST_BYTES` is verified first and read from the
+            verified bytes; a larger one is verified by a thread of its own beside its reading,
+            its records held (at most :data:`HOLD_BYTES` of text) until the verification ends.
     """
     if text_mode not in TEXT_MODES:
         raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
@@ -133,21 +215,31 @@ def iter_file_records(
     task = task or ReadTask(path)
     record_mode = "paragraph" if kind == "text" and text_mode == "paragraph" else "line"
     compression = compression_of(path)
-    kept = None
     if compression is not None and verify:
-        check = verify_archive(path, compression)
-        if check.error is not None or (check.unverified and policy.unverified_zstd == "reject"):
-            held = _count_records(path, kind, text_mode, text_field, policy)
-            if check.error is not None:
-                yield rejection(path, 0, "unreadable_file", f"{check.error} (none of the {held:,} records before the "
-                                "fault is used)")
-            else:
-                yield rejection(path, 0, "unverified_archive", f"{check.unverified} zstd frame(s) without a content "
-                                f"checksum; {held:,} records not used (--unverified-zstd keep reads them)")
+        if _compressed_size(path, size) <= VERIFY_FIRST_BYTES:
+            check = verify_archive(path, compression)
+            failed = _archive_rejection(path, check, kind, text_mode, text_field, policy)
+            if failed is not None:
+                yield failed
+                return
+            if check.unverified:
+                counters[UNVERIFIED_PREFIX + path] = 1
+            yield from _read_records(path, kind, task, record_mode, text_mode, text_field, policy, counters,
+                                     source_field, check.data)
             return
-        if check.unverified:
-            counters[UNVERIFIED_PREFIX + path] = 1
-        kept = check.data
+        yield from _read_beside_verification(path, compression, kind, text_mode, text_field, policy, counters,
+                                             _read_records(path, kind, task, record_mode, text_mode, text_field,
+                                                           policy, counters, source_field, None))
+        return
+    yield from _read_records(path, kind, task, record_mode, text_mode, text_field, policy, counters, source_field,
+                             None)
+
+
+def _read_records(path: str, kind: str, task: ReadTask, record_mode: str, text_mode: str, text_field: str,
+                  policy: RecordPolicy, counters: Counter, source_field: str | None,
+                  kept: bytes | None) -> Iterator[Any]:
+    """The records of a file whose archive, if it is one, is verified or being verified
+    (:func:`iter_file_records`); from ``kept``, its verified bytes, when given."""
     position = 0
     produced = 0
     split_at = None  # position of the record whose pieces are being read

@@ -23,7 +23,8 @@ Everything read is untrusted (docs/design.md section 7):
   decompression bomb becomes ``too_long`` (or ``nul_bytes``) records, never an OOM.
 - **Archives verified before their records count.** A compressed file is decompressed
   once to check every gzip CRC and zstd content checksum before any of its records is
-  read (:func:`transforms.archives.verify_archive`). A file that fails is one
+  used (:func:`transforms.archives.verify_archive`; a large file beside its reading, its
+  records held until the check ends). A file that fails is one
   ``unreadable_file`` rejection that says how many records it held: none of them is used.
   A zstd frame written without a checksum cannot be verified: its file is read and
   listed as unverified in the manifest (``unverified_zstd="keep"``, the default) or
@@ -110,7 +111,7 @@ class _ReadFile(beam.DoFn):
         counters: Counter = Counter()
         for item in iter_file_records(
             path, text_mode=self._text_mode, text_field=self._text_field, policy=self._policy, counters=counters,
-            task=task, source_field=self._source_field,
+            task=task, source_field=self._source_field, size=listed.size if listed is not None else None,
         ):
             if isinstance(item, dict):
                 beam.metrics.Metrics.counter("lmshards", f"rejected_{item['reason']}").inc()

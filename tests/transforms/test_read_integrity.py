@@ -206,8 +206,9 @@ def _flip(data: bytes, rng: random.Random) -> bytes:
     return bytes(out)
 
 
+@pytest.mark.parametrize("size", [None, 1 << 40], ids=["verified-first", "verified-beside"])
 @pytest.mark.parametrize("suffix", [".gz", ".zst"])
-def test_bit_flips_never_put_a_garbled_document_into_the_output(tmp_path, suffix):
+def test_bit_flips_never_put_a_garbled_document_into_the_output(tmp_path, suffix, size):
     docs = _docs(400, 1)
     data = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
     if suffix == ".gz":
@@ -218,7 +219,8 @@ def test_bit_flips_never_put_a_garbled_document_into_the_output(tmp_path, suffix
     outcomes = collections.Counter()
     for trial in range(50):
         path = _write(tmp_path / f"f{trial}.jsonl{suffix}", _flip(compressed, rng))
-        items = _read(path)
+        # a listed size above VERIFY_FIRST_BYTES: verified by a thread while it is read
+        items = _read(path, size=size)
         texts = [t for _, t in _texts(items)]
         if texts:  # a flip the format does not protect (a gzip header's mtime): the data is intact
             assert texts == docs and not _reasons(items)
@@ -228,6 +230,53 @@ def test_bit_flips_never_put_a_garbled_document_into_the_output(tmp_path, suffix
             assert "records before the fault is used" in items[0]["excerpt"]
             outcomes["rejected"] += 1
     assert outcomes["rejected"] >= 40, outcomes
+
+
+def _large_jsonl(n_docs: int) -> tuple[list[str], bytes]:
+    """``n_docs`` documents of about 600 bytes (random hex: gzip halves it), some with an invalid
+    UTF-8 byte, as JSONL bytes."""
+    rng = random.Random(5)
+    docs = [f"doc {i} lorem " + rng.randbytes(300).hex() for i in range(n_docs)]
+    lines = [json.dumps({"text": d}).encode() for d in docs]
+    for i in range(0, n_docs, 1000):  # raw bytes inside the JSON string: replaced under --invalid-utf8 replace
+        lines[i] = lines[i].replace(b"lorem", b"l\xffrem", 1)
+    return docs, b"".join(line + b"\n" for line in lines)
+
+
+def test_a_large_archive_verified_beside_its_reading_yields_what_verifying_first_does(tmp_path):
+    """More than HOLD_BYTES of text: the reading holds its records, waits for the verification,
+    then yields them all; the same records and counters as a file verified first."""
+    from transforms.file_records import HOLD_BYTES, VERIFY_FIRST_BYTES
+
+    docs, data = _large_jsonl(60_000)
+    assert len(data) > HOLD_BYTES
+    path = _write(tmp_path / "big.jsonl.gz", gzip.compress(data, compresslevel=1, mtime=0))
+    assert os.path.getsize(path) > VERIFY_FIRST_BYTES
+    policy = RecordPolicy(invalid_utf8="replace")
+    beside, first = collections.Counter(), collections.Counter()
+    items = _read(path, policy=policy, counters=beside)
+    assert items == _read(path, policy=policy, counters=first, size=0)  # listed as small: verified first
+    assert beside == first and beside["invalid_utf8_replaced"] == 60
+    texts = [t for _, t in _texts(items)]
+    assert len(texts) == 60_000 and texts[1:1000] == docs[1:1000] and "\ufffd" in texts[0]
+
+
+@pytest.mark.parametrize("damage", ["crc", "truncated"])
+def test_a_large_damaged_archive_verified_beside_its_reading_yields_one_rejection(tmp_path, damage):
+    """The fault is in the last bytes, found after more than HOLD_BYTES of records were read:
+    none of them comes out, and the counters the reading moved are put back."""
+    _, data = _large_jsonl(60_000)
+    compressed = bytearray(gzip.compress(data, compresslevel=1, mtime=0))
+    if damage == "crc":
+        compressed[-8] ^= 0x01  # the member's CRC-32
+    else:
+        compressed = compressed[:-4]  # the length field cut off
+    path = _write(tmp_path / "big.jsonl.gz", bytes(compressed))
+    counters = collections.Counter({"kept": 1})
+    items = _read(path, policy=RecordPolicy(invalid_utf8="replace"), counters=counters)
+    assert [r["reason"] for r in items] == ["unreadable_file"], items[:2]
+    assert "records before the fault is used" in items[0]["excerpt"]
+    assert counters == collections.Counter({"kept": 1})
 
 
 def test_zstd_frames_without_a_checksum_are_listed_or_rejected(tmp_path):
