@@ -234,4 +234,3 @@ def verify_archive(path: str, kind: str, keep: bool = True) -> ArchiveCheck:
     except Exception as exc:  # zlib.error, gzip.BadGzipFile, EOFError, zstandard.ZstdError, OSError
         return ArchiveCheck(f"{type(exc).__name__}: {exc}", unverified, size, None)
     return ArchiveCheck(None, unverified, size, b"".join(kept) if kept is not None else None)
-

@@ -7,13 +7,14 @@ whose :class:`~transforms.read.ReadCorpus` runs this per read task.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from transforms.archives import ArchiveCheck, compression_of, open_decompressed, verify_archive
@@ -94,10 +95,13 @@ def _count_records(path: str, kind: str, text_mode: str, text_field: str, policy
     return count
 
 
-def _archive_rejection(path: str, check: ArchiveCheck, kind: str, text_mode: str, text_field: str,
-                       policy: RecordPolicy) -> dict[str, Any] | None:
-    """The one rejected entry of an archive whose verification failed (None: it passed)."""
+def _verdict(path: str, kind: str, text_mode: str, text_field: str, policy: RecordPolicy, counters: Counter,
+             check: ArchiveCheck) -> dict[str, Any] | None:
+    """The one rejected entry of an archive whose verification failed; None when it passed (a
+    file with unverifiable zstd frames that is kept is then marked in ``counters``)."""
     if check.error is None and not (check.unverified and policy.unverified_zstd == "reject"):
+        if check.unverified:
+            counters[UNVERIFIED_PREFIX + path] = 1
         return None
     held = _count_records(path, kind, text_mode, text_field, policy)
     if check.error is not None:
@@ -117,15 +121,15 @@ def _compressed_size(path: str, size: int | None) -> float:
     return float("inf")
 
 
-def _read_beside_verification(path: str, compression: str, kind: str, text_mode: str, text_field: str,
-                              policy: RecordPolicy, counters: Counter, records: Iterator[Any]) -> Iterator[Any]:
+def _read_beside_verification(path: str, compression: str, counters: Counter, records: Generator[Any, None, None],
+                              verdict: Callable[[ArchiveCheck], dict[str, Any] | None]) -> Iterator[Any]:
     """``records`` of an archive, read while a thread of its own verifies it.
 
     Decompression releases the GIL, so the verification runs beside the parsing on another
     core. Nothing is yielded before the verification passes: what is read meanwhile is held
     (at most :data:`HOLD_BYTES` of text, then the reading waits for it). If it fails, what was
     held is dropped, the counters the reading moved are put back, and the file yields its one
-    rejected entry, as when it is verified first.
+    rejected entry (``verdict``), as when it is verified first.
     """
     result: list[ArchiveCheck] = []
     done = threading.Event()
@@ -149,19 +153,17 @@ def _read_beside_verification(path: str, compression: str, kind: str, text_mode:
             if held_bytes > HOLD_BYTES or done.is_set():
                 break
         done.wait()
-        failed = _archive_rejection(path, result[0], kind, text_mode, text_field, policy)
+        failed = verdict(result[0])
         if failed is not None:
             counters.clear()
             counters.update(before)
             yield failed
             return
-        if result[0].unverified:
-            counters[UNVERIFIED_PREFIX + path] = 1
         yield from held
         held.clear()
         yield from records
     finally:
-        records.close()  # type: ignore[attr-defined]
+        records.close()
 
 def iter_file_records(
     path: str,
@@ -215,24 +217,18 @@ def iter_file_records(
     task = task or ReadTask(path)
     record_mode = "paragraph" if kind == "text" and text_mode == "paragraph" else "line"
     compression = compression_of(path)
-    if compression is not None and verify:
-        if _compressed_size(path, size) <= VERIFY_FIRST_BYTES:
-            check = verify_archive(path, compression)
-            failed = _archive_rejection(path, check, kind, text_mode, text_field, policy)
-            if failed is not None:
-                yield failed
-                return
-            if check.unverified:
-                counters[UNVERIFIED_PREFIX + path] = 1
-            yield from _read_records(path, kind, task, record_mode, text_mode, text_field, policy, counters,
-                                     source_field, check.data)
-            return
-        yield from _read_beside_verification(path, compression, kind, text_mode, text_field, policy, counters,
-                                             _read_records(path, kind, task, record_mode, text_mode, text_field,
-                                                           policy, counters, source_field, None))
+    read = functools.partial(_read_records, path, kind, task, record_mode, text_mode, text_field, policy, counters,
+                             source_field)
+    if compression is None or not verify:
+        yield from read(None)
         return
-    yield from _read_records(path, kind, task, record_mode, text_mode, text_field, policy, counters, source_field,
-                             None)
+    verdict = functools.partial(_verdict, path, kind, text_mode, text_field, policy, counters)
+    if _compressed_size(path, size) > VERIFY_FIRST_BYTES:
+        yield from _read_beside_verification(path, compression, counters, read(None), verdict)
+        return
+    check = verify_archive(path, compression)
+    failed = verdict(check)
+    yield from [failed] if failed is not None else read(check.data)
 
 
 def _read_records(path: str, kind: str, task: ReadTask, record_mode: str, text_mode: str, text_field: str,
