@@ -40,7 +40,7 @@ from transforms.output import TMP_DIR
 
 __all__ = ["FileHandoff", "FileHandoffError", "SpilledValue", "spilled"]
 
-_WRITERS: dict[str, tuple[int, list[int]]] = {}  # directory -> (fd, [next offset]) of this process
+_WRITERS: dict[str, tuple[int, list[int]]] = {}  # path (directory and pid) -> (fd, [next offset])
 _READERS: dict[str, int] = {}  # path -> fd
 _LOCK = threading.Lock()
 _TYPES: dict[type, type] = {}
@@ -54,10 +54,10 @@ def _write(directory: str, data: bytes) -> tuple[str, int]:
     """Append ``data`` to this process's file under ``directory``; return ``(path, offset)``."""
     path = os.path.join(directory, f"{os.getpid()}.bin")
     with _LOCK:
-        entry = _WRITERS.get(directory)
-        if entry is None or not os.path.exists(path):
+        entry = _WRITERS.get(path)  # keyed by the pid too: a forked child opens its own file
+        if entry is None:
             os.makedirs(directory, exist_ok=True)
-            entry = _WRITERS[directory] = (os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), [0])
+            entry = _WRITERS[path] = (os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), [0])
         fd, offset = entry
         start = offset[0]
         offset[0] += len(data)
@@ -156,9 +156,8 @@ class FileHandoff:
 
     def release(self) -> None:
         with _LOCK:
-            writer = _WRITERS.pop(self.directory, None)
-            if writer is not None:
-                os.close(writer[0])
+            for path in [p for p in _WRITERS if os.path.dirname(p) == self.directory]:
+                os.close(_WRITERS.pop(path)[0])
             for path in [p for p in _READERS if os.path.dirname(p) == self.directory]:
                 os.close(_READERS.pop(path))
         shutil.rmtree(self.directory, ignore_errors=True)

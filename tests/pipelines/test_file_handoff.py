@@ -106,6 +106,32 @@ def test_another_process_reads_what_this_one_wrote(tmp_path):
         handoff.release()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")
+def test_a_forked_worker_writes_its_own_file_not_its_parents(tmp_path):
+    """A process forked after its parent wrote (its open file inherited) appends to a file of its
+    own pid: the parent's values stay as they were written."""
+    handoff = FileHandoff(str(tmp_path))
+    try:
+        first = pickle.loads(pickle.dumps(spilled((b"parent", 1), handoff.directory)))
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: write one value, send its place, leave without cleanup
+            os.close(read)
+            os.write(write, pickle.dumps(spilled((b"child!", 2), handoff.directory)))
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            blob = pipe.read()
+        assert os.waitpid(child, 0)[1] == 0
+        second = pickle.loads(blob)
+        assert second.path == os.path.join(handoff.directory, f"{child}.bin") != first.path
+        later = pickle.loads(pickle.dumps(spilled((b"parent", 3), handoff.directory)))
+        assert (tuple(first), tuple(second), tuple(later)) == ((b"parent", 1), (b"child!", 2), (b"parent", 3))
+        assert later.path == first.path and later.offset == first.offset + first.length
+    finally:
+        handoff.release()
+
+
 def test_beams_timed_stream_flush_drops_what_is_written_while_it_sends():
     """The Beam race (apache_beam.runners.worker.data_plane, 2.77): a time-flushed stream clears
     its buffer after handing it to a send that takes a while, so bytes written meanwhile are
