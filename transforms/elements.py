@@ -1,7 +1,9 @@
 """What flows between the stages of the pipeline (docs/design.md section 2), named.
 
-- :class:`Document`: a tokenized document, from Tokenize through the pack-group shuffle to
-  Pack, keyed by ``(split, sub-bucket)`` and then ``(split, pack group)``.
+- :class:`Document`: a tokenized document, from Tokenize to AssignGroups keyed by
+  ``(split, sub-bucket)``;
+- :class:`DocumentBlock`: documents of one pack group, from AssignGroups through the pack-group
+  shuffle to Pack, keyed by ``(split, pack group)``: the shuffle groups blocks, not documents;
 - :class:`Chunk`: a packed chunk, from Pack to BuildExamples.
 - :class:`ShardPiece`: the examples of one block bound for one shard, from BuildExamples to
   WriteShards (keyed by ``(split, shard, shard count)``), crossing the shuffle encoded
@@ -22,7 +24,7 @@ from transforms.columns import narrowest
 from transforms.objectives.packing import Piece
 from transforms.shard_format import ExampleColumns, MergedColumns
 
-__all__ = ["ID_DTYPES", "Chunk", "Document", "ShardPiece", "narrow_ids"]
+__all__ = ["ID_DTYPES", "Chunk", "Document", "DocumentBlock", "ShardPiece", "narrow_ids"]
 
 
 class Document(NamedTuple):
@@ -56,6 +58,15 @@ class Document(NamedTuple):
         if self.width not in ID_DTYPES:
             raise ValueError(f"document ids of {self.width} bytes each: expected 2 or 4")
         return np.frombuffer(self.ids, dtype=ID_DTYPES[self.width])
+
+
+class DocumentBlock(tuple):
+    """Documents bound for one pack group, one element of Pack's shuffle (a tuple of
+    :class:`Document`, or of the references a runner hands them over by). Which documents share
+    a block depends on bundles and the runner, never the output: Pack sorts a group's
+    documents by key."""
+
+    __slots__ = ()
 
 
 #: The dtype of a :class:`Document`'s id bytes, by width.

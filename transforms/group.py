@@ -10,7 +10,10 @@ it packs a group is bounded by configuration, never by the corpus, and the numbe
   sub-buckets, in order, into consecutive ranges of at most ``--pack-group-tokens`` tokens
   (:func:`plan_groups`; a range closes before the sub-bucket that would overflow it, so a
   group is only larger when one sub-bucket alone is);
-- AssignGroups keys each document by ``(split, group of its sub-bucket)``.
+- AssignGroups keys each document by ``(split, group of its sub-bucket)`` and sends the
+  documents of a group that a bundle holds as blocks (:class:`~transforms.elements.DocumentBlock`,
+  at most :data:`BLOCK_DOCUMENTS` documents or :data:`BLOCK_BYTES` of ids each), so that Pack's
+  shuffle carries a few large elements, not one per document.
 
 The plan is a pure function of the multiset of documents and the config: the token counts
 are those of every document read, duplicates included (they are counted before they are
@@ -32,8 +35,12 @@ import bisect
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
 
-__all__ = ["SUB_BUCKETS", "AssignGroups", "PlanGroups", "group_of", "plan_groups", "plan_summary"]
+from transforms.elements import Document, DocumentBlock
+
+__all__ = ["BLOCK_BYTES", "BLOCK_DOCUMENTS", "HELD_BYTES", "SUB_BUCKETS", "AssignGroups", "PlanGroups", "group_of",
+           "plan_groups", "plan_summary"]
 
 #: Hash sub-buckets per split that pack groups are made of: fine enough that a sub-bucket
 #: stays far below a group up to about 10**14 tokens (a sub-bucket of 2**20 holds 1/1,048,576
@@ -129,18 +136,65 @@ class PlanGroups(beam.PTransform):
         )
 
 
-def _assign(element, plan):
-    (split, bucket), document = element
-    return (split, group_of(plan[split], bucket)), document
+#: Documents in one block at most.
+BLOCK_DOCUMENTS = 4096
+#: Bytes of token ids in one block at most (counted for documents held as values; a reference a
+#: runner hands a document over by counts as none: what it stands for is stored elsewhere).
+BLOCK_BYTES = 4 << 20
+#: Bytes of token ids a bundle's unfinished blocks hold at most before all of them are sent.
+HELD_BYTES = 64 << 20
+
+
+class _AssignBlocks(beam.DoFn):
+    """Keys each document by its group (the plan: a side input) and gathers a bundle's documents
+    of each group into blocks; a block goes out when full, every block at the end of the bundle
+    (or when together they hold :data:`HELD_BYTES`)."""
+
+    def __init__(self, block_documents: int, block_bytes: int, held_bytes: int):
+        self._block_documents, self._block_bytes, self._held_bytes = block_documents, block_bytes, held_bytes
+
+    def start_bundle(self):
+        self._blocks: dict[tuple, list] = {}  # (split, group) -> [documents, bytes]
+        self._held = 0
+
+    def process(self, element, plan):
+        (split, bucket), document = element
+        key = (split, group_of(plan[split], bucket))
+        block = self._blocks.get(key)
+        if block is None:
+            block = self._blocks[key] = [[], 0]
+        block[0].append(document)
+        size = len(document.ids) if isinstance(document, Document) else 0  # no field read of a reference
+        block[1] += size
+        self._held += size
+        if len(block[0]) >= self._block_documents or block[1] >= self._block_bytes:
+            del self._blocks[key]
+            self._held -= block[1]
+            yield key, DocumentBlock(block[0])
+        elif self._held > self._held_bytes:
+            yield from self._sent()
+
+    def _sent(self):
+        blocks, self._blocks, self._held = self._blocks, {}, 0
+        for key, (documents, _) in blocks.items():
+            yield key, DocumentBlock(documents)
+
+    def finish_bundle(self):
+        for element in self._sent():
+            yield GlobalWindows.windowed_value(element)
 
 
 class AssignGroups(beam.PTransform):
-    """``((split, sub-bucket), document)`` -> ``((split, group), document)`` by the plan
-    (a side input: :class:`PlanGroups`' output)."""
+    """``((split, sub-bucket), document)`` -> ``((split, group), DocumentBlock)`` by the plan
+    (a side input: :class:`PlanGroups`' output); the documents only travel in global windows
+    (a batch job's)."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, *, block_documents: int = BLOCK_DOCUMENTS, block_bytes: int = BLOCK_BYTES,
+                 held_bytes: int = HELD_BYTES):
         super().__init__()
         self._plan = plan
+        self._limits = (block_documents, block_bytes, held_bytes)
 
     def expand(self, documents):
-        return documents | "GroupOfBucket" >> beam.Map(_assign, plan=beam.pvalue.AsSingleton(self._plan))
+        return documents | "GroupOfBucket" >> beam.ParDo(_AssignBlocks(*self._limits),
+                                                          plan=beam.pvalue.AsSingleton(self._plan))

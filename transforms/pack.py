@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 
-from transforms.elements import Chunk
+from transforms.elements import Chunk, DocumentBlock
 from transforms.free_memory import return_freed_memory
 from transforms.handoff import let_go
 from transforms.objectives.counters import length_counters
@@ -122,7 +122,13 @@ class _PackBucket(beam.DoFn):
 
     def process(self, element):
         (split, bucket), grouped = element
-        docs = list(grouped)
+        docs = []
+        for value in grouped:  # blocks of documents (AssignGroups), or documents (--num-buckets)
+            if type(value) is DocumentBlock:
+                docs.extend(value)
+            else:
+                docs.append(value)
+        value = None
         if isinstance(grouped, list):
             # Pack is the grouped values' only reader, and Beam's runner holds the element (and
             # with it this list) until process returns: emptied, the list no longer keeps every

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+import tempfile
+
 import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -11,6 +14,7 @@ from hypothesis import strategies as st
 from transforms.elements import Document
 from transforms.group import (
     SUB_BUCKETS,
+    AssignGroups,
     PlanGroups,
     group_of,
     plan_groups,
@@ -72,3 +76,63 @@ def test_plan_groups_transform_counts_every_document_with_its_eos():
         # train: sub-bucket 3 holds 8 tokens (two copies, 4 each), sub-bucket 9 holds 11
         assert_that(plan, equal_to([{"train": {"starts": [3, 9], "tokens": [8, 11]},
                                      "validation": {"starts": [4], "tokens": [2]}}]))
+
+
+# --- documents sent to their groups in blocks ------------------------------------------------
+
+
+def _blocks(documents, plan, **limits):
+    """What AssignGroups sends: ``(key, its type's name, [document keys], ids bytes)`` per block
+    (gathered in a file: the matcher runs on a copy of itself)."""
+    with tempfile.NamedTemporaryFile(suffix=".pickle") as seen:
+
+        def check(blocks, path=seen.name):
+            with open(path, "wb") as handle:
+                pickle.dump(list(blocks), handle)
+
+        _run_blocks(documents, plan, check, limits)
+        with open(seen.name, "rb") as handle:
+            return pickle.load(handle)
+
+
+def _run_blocks(documents, plan, check, limits):
+    with TestPipeline(runner="FnApiRunner") as pipeline:
+        plans = pipeline | "Plan" >> beam.Create([plan])
+        sent = pipeline | "Documents" >> beam.Create(documents) | AssignGroups(plans, **limits)
+        described = sent | beam.Map(lambda kv: (kv[0], type(kv[1]).__name__,
+                                                [d.key if isinstance(d, Document) else d for d in kv[1]],
+                                                sum(len(d.ids) for d in kv[1] if isinstance(d, Document))))
+        assert_that(described, check)
+
+
+PLAN = {"train": {"starts": [0, 100], "tokens": [0, 0]}, "validation": {"starts": [0], "tokens": [0]}}
+
+
+def test_assign_groups_sends_every_document_to_its_group_in_blocks_of_bounded_count():
+    documents = [_document("train", bucket, bytes([bucket, n])) for bucket in (3, 7, 150) for n in range(5)]
+    documents.append(_document("validation", 9, b"v"))
+    blocks = _blocks(documents, PLAN, block_documents=3)
+    assert {name for _, name, _, _ in blocks} == {"DocumentBlock"}
+    assert max(len(keys) for _, _, keys, _ in blocks) == 3
+    placed = sorted((key, document) for key, _, keys, _ in blocks for document in keys)
+    expected = sorted([(("train", 0), bytes([b, n])) for b in (3, 7) for n in range(5)]
+                      + [(("train", 1), bytes([150, n])) for n in range(5)] + [(("validation", 0), b"v")])
+    assert placed == expected  # each document once, in the group of its sub-bucket
+    assert len([1 for key, *_ in blocks if key == ("train", 0)]) >= 4  # 10 documents, at most 3 a block
+
+
+def test_a_block_closes_at_its_byte_limit_and_a_bundle_sends_all_at_its_held_limit():
+    documents = [_document("train", 3, bytes([n]), tuple(range(10))) for n in range(12)]  # 40 bytes of ids each
+    by_bytes = _blocks(documents, PLAN, block_bytes=100)
+    assert sorted(len(keys) for _, _, keys, _ in by_bytes) == [3, 3, 3, 3]  # the third reaches 120 >= 100
+    documents += [_document("train", 150, bytes([100 + n]), tuple(range(10))) for n in range(12)]
+    held = _blocks(documents, PLAN, held_bytes=200)
+    assert sum(len(keys) for _, _, keys, _ in held) == 24
+    assert max(size for *_, size in held) <= 240  # both groups' blocks together hold at most 200 + 40 bytes
+
+
+def test_a_reference_a_document_is_handed_over_by_counts_no_bytes_and_is_not_read():
+    references = [(("train", 3), ("handed over", n)) for n in range(7)]  # no ids to read
+    blocks = _blocks(references, PLAN, block_documents=4, block_bytes=1)
+    assert sorted(len(keys) for _, _, keys, _ in blocks) == [3, 4]
+    assert sorted(n for _, _, keys, _ in blocks for _, n in keys) == list(range(7))
