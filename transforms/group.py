@@ -39,8 +39,8 @@ from apache_beam.transforms.window import GlobalWindows
 
 from transforms.elements import Document, DocumentBlock
 
-__all__ = ["BLOCK_BYTES", "BLOCK_DOCUMENTS", "HELD_BYTES", "SUB_BUCKETS", "AssignGroups", "PlanGroups", "group_of",
-           "plan_groups", "plan_summary"]
+__all__ = ["BLOCK_BYTES", "BLOCK_DOCUMENTS", "HELD_BYTES", "REFERENCE_BYTES", "SUB_BUCKETS", "AssignGroups",
+           "PlanGroups", "group_of", "plan_groups", "plan_summary"]
 
 #: Hash sub-buckets per split that pack groups are made of: fine enough that a sub-bucket
 #: stays far below a group up to about 10**14 tokens (a sub-bucket of 2**20 holds 1/1,048,576
@@ -139,8 +139,11 @@ class PlanGroups(beam.PTransform):
 #: Documents in one block at most.
 BLOCK_DOCUMENTS = 4096
 #: Bytes of token ids in one block at most (counted for documents held as values; a reference a
-#: runner hands a document over by counts as none: what it stands for is stored elsewhere).
+#: runner hands a document over by counts as :data:`REFERENCE_BYTES`: what it stands for is
+#: stored elsewhere, and reading its size would load it).
 BLOCK_BYTES = 4 << 20
+#: What a reference to a handed-over document counts for.
+REFERENCE_BYTES = 256
 #: Bytes of token ids a bundle's unfinished blocks hold at most before all of them are sent.
 HELD_BYTES = 64 << 20
 
@@ -164,7 +167,7 @@ class _AssignBlocks(beam.DoFn):
         if block is None:
             block = self._blocks[key] = [[], 0]
         block[0].append(document)
-        size = len(document.ids) if isinstance(document, Document) else 0  # no field read of a reference
+        size = len(document.ids) if isinstance(document, Document) else REFERENCE_BYTES  # a reference is not read
         block[1] += size
         self._held += size
         if len(block[0]) >= self._block_documents or block[1] >= self._block_bytes:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from transforms.elements import Document
 from transforms.group import (
+    REFERENCE_BYTES,
     SUB_BUCKETS,
     AssignGroups,
     PlanGroups,
@@ -131,8 +132,12 @@ def test_a_block_closes_at_its_byte_limit_and_a_bundle_sends_all_at_its_held_lim
     assert max(size for *_, size in held) <= 240  # both groups' blocks together hold at most 200 + 40 bytes
 
 
-def test_a_reference_a_document_is_handed_over_by_counts_no_bytes_and_is_not_read():
+def test_a_reference_a_document_is_handed_over_by_counts_a_fixed_size_and_is_not_read():
     references = [(("train", 3), ("handed over", n)) for n in range(7)]  # no ids to read
-    blocks = _blocks(references, PLAN, block_documents=4, block_bytes=1)
+    blocks = _blocks(references, PLAN, block_documents=4)
     assert sorted(len(keys) for _, _, keys, _ in blocks) == [3, 4]
+    # references of many groups are bounded together: 256 bytes each against the bundle's limit
+    many = [(("train", 3 if n % 2 else 150), ("handed over", n)) for n in range(20)]
+    held = _blocks(many, PLAN, held_bytes=REFERENCE_BYTES * 5)
+    assert max(len(keys) for _, _, keys, _ in held) <= 3  # six references held send them all
     assert sorted(n for _, _, keys, _ in blocks for _, n in keys) == list(range(7))
