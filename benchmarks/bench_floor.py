@@ -230,7 +230,7 @@ class _Pack(beam.DoFn):
     def process(self, element):
         (split, group), grouped = element
         ids, features, documents, doc_tokens = [], {name: [] for name in self._features}, 0, 0
-        for document in grouped:
+        for document in (document for block in grouped for document in block):  # AssignGroups' blocks
             ids += (document.ids, EOS)
             for name, parts in features.items():
                 parts += (document.features[name], _NO_FEATURE)
