@@ -16,7 +16,7 @@ from pipelines.file_handoff import FileHandoff, FileHandoffError, SpilledValue, 
 
 
 def test_a_document_reads_its_fields_through_its_place(tmp_path):
-    """Pack and AssignGroups read a document's fields (key, ids, tokens): a spilled document
+    """Pack reads a document's fields (key, ids, tokens): a spilled document
     loads, once, as the Document it is; Python's protocol lookups never load it."""
     from transforms.elements import Document
 
