@@ -91,19 +91,15 @@ def _blocks(documents, plan, **limits):
             with open(path, "wb") as handle:
                 pickle.dump(list(blocks), handle)
 
-        _run_blocks(documents, plan, check, limits)
+        with TestPipeline(runner="FnApiRunner") as pipeline:
+            plans = pipeline | "Plan" >> beam.Create([plan])
+            sent = pipeline | "Documents" >> beam.Create(documents) | AssignGroups(plans, **limits)
+            described = sent | beam.Map(lambda kv: (kv[0], type(kv[1]).__name__,
+                                                    [d.key if isinstance(d, Document) else d for d in kv[1]],
+                                                    sum(len(d.ids) for d in kv[1] if isinstance(d, Document))))
+            assert_that(described, check)
         with open(seen.name, "rb") as handle:
             return pickle.load(handle)
-
-
-def _run_blocks(documents, plan, check, limits):
-    with TestPipeline(runner="FnApiRunner") as pipeline:
-        plans = pipeline | "Plan" >> beam.Create([plan])
-        sent = pipeline | "Documents" >> beam.Create(documents) | AssignGroups(plans, **limits)
-        described = sent | beam.Map(lambda kv: (kv[0], type(kv[1]).__name__,
-                                                [d.key if isinstance(d, Document) else d for d in kv[1]],
-                                                sum(len(d.ids) for d in kv[1] if isinstance(d, Document))))
-        assert_that(described, check)
 
 
 PLAN = {"train": {"starts": [0, 100], "tokens": [0, 0]}, "validation": {"starts": [0], "tokens": [0]}}
