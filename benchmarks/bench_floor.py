@@ -16,13 +16,14 @@ ratio to the ceiling:
   - ReadCorpus: the same files listed, spread and read (gzip and one ``json.loads`` per
     line, no verification pass; the records with a NUL byte, which materialize rejects, go
     to the rejected output); its line-position fix-up is materialize's own;
-  - Tokenize: no encoder; each document leaves as Tokenize emits it,
-    ``((split, sub-bucket), Document)``, its ids as many uint16 as the document has tokens
-    (counted once with fastokens and cached under ``benchmarks/.cache/``), its key, split
-    (1% validation) and sub-bucket from a cheap integer hash instead of blake2b, and a bool
-    per token for each feature the objective asks for (bart's word and sentence starts);
+  - Tokenize: no encoder; the documents leave as Tokenize emits them, one
+    ``(split, encoded DocumentBatch)`` per split of each batch of ``BATCH_SIZE`` texts of a
+    bundle, each document's ids as many uint16 as it has tokens (counted once with fastokens
+    and cached under ``benchmarks/.cache/``), its key, split (1% validation) and sub-bucket
+    from a cheap integer hash instead of blake2b, and a bool per token for each feature the
+    objective asks for (bart's word and sentence starts);
   - PlanGroups, AssignGroups: materialize's own transforms;
-  - Pack: a group's ids (and features) joined once, EOS between documents, cut into
+  - Pack: a group's blocks decoded, their ids (and features) joined once, EOS between documents, cut into
     ``Chunk`` elements of the objective's raw length (views; no sorting, no packer, no
     plan), the remainders through the same ``GroupRemainders`` shuffle;
   - BuildExamples over both chunk outputs as materialize's runner tuning applies it (on
@@ -87,14 +88,16 @@ from benchmarks.bench_materialize import (
 )
 from benchmarks.bench_materialize import _child as materialize_child
 from pipelines.runner_tuning import RunnerTuning
-from transforms.elements import Chunk, Document
+from transforms.elements import Chunk, DocumentBatch
 from transforms.group import SUB_BUCKETS, AssignGroups, PlanGroups
+from transforms.group import split_tokens as document_tokens
 from transforms.objectives.counters import sum_counters
 from transforms.objectives.layout import shard_count
 from transforms.objectives.packing import Piece
 from transforms.parallel import BLOCK_ROWS
 from transforms.read import empty_file_rejection, rejection
 from transforms.splits import FixLinePositions
+from transforms.tokenize import BATCH_SIZE
 from transforms.write import WriteRejected
 
 __all__ = ["build_floor", "compare_graphs", "graph_counts", "read_documents", "read_records", "token_counts"]
@@ -102,7 +105,7 @@ __all__ = ["build_floor", "compare_graphs", "graph_counts", "read_documents", "r
 MODULE = "benchmarks.bench_floor"
 VALIDATION_FRACTION = 0.01
 FORMATS = ("arrow", "webdataset")
-EOS = np.zeros(1, dtype="<u2").tobytes()
+EOS_IDS = np.zeros(1, dtype="<u2")
 _NO_FEATURE = np.zeros(1, dtype=np.bool_)
 _MASK64 = (1 << 64) - 1
 #: Part of the token counts cache's name: changes with what :func:`read_documents` keeps.
@@ -200,14 +203,44 @@ class _ReadFile(beam.DoFn):
         yield beam.pvalue.TaggedOutput("stats", {"documents": documents, "rejected": rejected})
 
 
-def _tokenize(element, features):
-    """Tokenize without an encoder: ``((split, sub-bucket), Document)``."""
-    file_id, index, tokens, _text = element
-    mixed = _mix64(file_id << 40 | index)
-    key = mixed.to_bytes(8, "little") + _mix64(mixed).to_bytes(8, "little")
-    split = "validation" if mixed % 10_000 < VALIDATION_FRACTION * 10_000 else "train"
-    document = Document(key, bytes(2 * tokens), {name: np.zeros(tokens, dtype=np.bool_) for name in features}, 2)
-    yield (split, (mixed >> 24) % SUB_BUCKETS), document
+class _Tokenize(beam.DoFn):
+    """Tokenize without an encoder: ``(split, encoded DocumentBatch)`` per split of each batch."""
+
+    def __init__(self, features):
+        self._features = tuple(features)
+
+    def start_bundle(self):
+        self._batch = []
+
+    def process(self, element):
+        self._batch.append(element)
+        if len(self._batch) >= BATCH_SIZE:
+            yield from self._emit()
+
+    def finish_bundle(self):
+        for output in self._emit():
+            yield GlobalWindows.windowed_value(output)
+
+    def _emit(self):
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        keys, buckets, lengths, splits = [], [], [], []
+        for file_id, index, tokens, _text in batch:
+            mixed = _mix64(file_id << 40 | index)
+            keys.append(mixed.to_bytes(8, "little") + _mix64(mixed).to_bytes(8, "little"))
+            splits.append(mixed % 10_000 < VALIDATION_FRACTION * 10_000)
+            buckets.append((mixed >> 24) % SUB_BUCKETS)
+            lengths.append(tokens)
+        offsets = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        whole = DocumentBatch(np.frombuffer(b"".join(keys), np.uint8).reshape(-1, 16), np.array(buckets, np.uint64),
+                              offsets, np.zeros(int(offsets[-1]), np.uint16),
+                              {name: np.zeros(int(offsets[-1]), np.bool_) for name in self._features})
+        validation = np.array(splits, dtype=bool)
+        for split, mask in (("train", ~validation), ("validation", validation)):
+            if mask.any():
+                yield split, (whole if mask.all() else whole.take(np.flatnonzero(mask))).encode()
 
 
 def _chunks(split: str, prefix: str, tokens: np.ndarray, features: dict, length: int):
@@ -230,13 +263,16 @@ class _Pack(beam.DoFn):
     def process(self, element):
         (split, group), grouped = element
         ids, features, documents, doc_tokens = [], {name: [] for name in self._features}, 0, 0
-        for document in (document for block in grouped for document in block):  # AssignGroups' blocks
-            ids += (document.ids, EOS)
-            for name, parts in features.items():
-                parts += (document.features[name], _NO_FEATURE)
-            documents += 1
-            doc_tokens += document.tokens
-        tokens = np.frombuffer(b"".join(ids), dtype="<u2").astype(np.int32)  # as Pack copies them
+        for value in grouped:  # AssignGroups' blocks
+            block = DocumentBatch.decode(tuple(value))
+            offsets = block.offsets.tolist()
+            for start, end in zip(offsets, offsets[1:]):
+                ids += (block.ids[start:end], EOS_IDS)
+                for name, parts in features.items():
+                    parts += (block.features[name][start:end], _NO_FEATURE)
+            documents += block.count
+            doc_tokens += block.tokens
+        tokens = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)  # as Pack copies them
         del ids
         joined = {name: np.concatenate(parts) for name, parts in features.items()}
         chunks, rest, rest_features = _chunks(split, f"{split}-g{group:05d}", tokens, joined, self._length)
@@ -400,11 +436,12 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     empty_stats = empty | "ReadCorpus/EmptyFileStats" >> beam.Map(lambda _: {"rejected": 1})
     read_stats = (read.stats, empty_stats) | "ReadCorpus/AllReadStats" >> beam.Flatten()
     # Tokenize, PlanGroups, AssignGroups
-    tokenized = tuning.before_tokenize(read.texts) | "Tokenize/Encode" >> beam.FlatMap(
-        _tokenize, features=features).with_outputs("rejected", "sources", main="documents")
+    tokenized = tuning.before_tokenize(read.texts) | "Tokenize/Encode" >> beam.ParDo(
+        _Tokenize(features)).with_outputs("rejected", "sources", main="documents")
+    groups = tokenized.documents | "PlanGroups" >> PlanGroups(group_tokens)
     documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
-    groups = documents | "PlanGroups" >> PlanGroups(group_tokens)
     assigned = documents | "AssignGroups" >> AssignGroups(groups)
+    assigned = tuning.hand_over(assigned, "HandOverBlocks", values_only=True)
     # Pack
     packed = (
         assigned
@@ -420,7 +457,7 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     pack_stats = packing_stats | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
     split_tokens = (
         tokenized.documents
-        | "DocumentTokens" >> beam.Map(lambda element: (element[0][0], element[1].tokens + 1))
+        | "DocumentTokens" >> beam.Map(document_tokens)
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     # BuildExamples over both chunk outputs (as materialize's runner tuning applies it), WriteShards

@@ -60,29 +60,46 @@ def _objective_args(objective: str, seq_len: int) -> list[str]:
 
 
 def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0,
-                    mean_tokens: int = MEAN_TOKENS) -> list:
-    """Documents of about ``tokens`` tokens in all (EOS included), as Tokenize emits them:
-    :class:`transforms.elements.Document` (16-byte key, ids as bytes, uint16 when they fit, {feature:
-    bool array}); lengths log-normal of mean ``mean_tokens``."""
+                    mean_tokens: int = MEAN_TOKENS) -> tuple[list, int]:
+    """Documents of about ``tokens`` tokens in all (EOS included), as AssignGroups sends them to
+    Pack: ``(encoded DocumentBatch blocks of about BLOCK_BYTES of ids each, documents)`` (16-byte
+    keys, ids uint16 when they fit, a bool per token and feature); lengths log-normal of mean
+    ``mean_tokens``."""
     import numpy as np
 
-    from transforms.elements import Document, narrow_ids
+    from transforms.elements import DocumentBatch, narrow_ids
+    from transforms.group import BLOCK_BYTES
 
     rng = np.random.default_rng(seed)
     mu = np.log(mean_tokens) - SIGMA**2 / 2
-    documents, total = [], 0
-    while total < tokens:
-        length = int(min(max(1, rng.lognormal(mu, SIGMA)), tokens - total))
-        ids = rng.integers(10, vocab, size=length, dtype=np.int32)
+    blocks, lengths, total, documents, held = [], [], 0, 0, 0
+
+    def block() -> None:
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        count, size = len(lengths), int(offsets[-1])
         flags = {}
         if "word_starts" in features:
-            flags["word_starts"] = rng.random(length) < 0.75
+            flags["word_starts"] = rng.random(size) < 0.75
         if "sentence_starts" in features:
-            flags["sentence_starts"] = rng.random(length) < 0.05
-        carried, width = narrow_ids(ids)  # as Tokenize sends them
-        documents.append(Document(rng.bytes(16), carried.tobytes(), flags, width))
+            flags["sentence_starts"] = rng.random(size) < 0.05
+        ids, _ = narrow_ids(rng.integers(10, vocab, size=size, dtype=np.int32))  # as Tokenize sends them
+        blocks.append(DocumentBatch(np.frombuffer(rng.bytes(16 * count), np.uint8).reshape(-1, 16),
+                                    np.zeros(count, np.uint64), offsets, ids, flags).encode())
+        lengths.clear()
+
+    while total < tokens:
+        length = int(min(max(1, rng.lognormal(mu, SIGMA)), tokens - total))
+        lengths.append(length)
+        documents += 1
         total += length + 1
-    return documents
+        held += length
+        if held * 2 >= BLOCK_BYTES:
+            block()
+            held = 0
+    if lengths:
+        block()
+    return blocks, documents
 
 
 def measure_group(objective: str, group_tokens: int, seq_len: int, mean_tokens: int = MEAN_TOKENS) -> dict:
@@ -103,9 +120,8 @@ def measure_group(objective: str, group_tokens: int, seq_len: int, mean_tokens: 
         handle.write("5")  # reset the peak (VmHWM) to what is resident now
     before = _status_bytes("VmRSS")
     start = time.perf_counter()
-    group = synthetic_group(group_tokens, frozenset(plan.objective.features), special.vocab_size - 200,
-                            mean_tokens=mean_tokens)
-    documents = len(group)
+    group, documents = synthetic_group(group_tokens, frozenset(plan.objective.features), special.vocab_size - 200,
+                                       mean_tokens=mean_tokens)
     chunks = examples = 0
     for output in pack.process((("train", 0), group)):
         if getattr(output, "tag", None) in (Pack.STATS, Pack.REST):

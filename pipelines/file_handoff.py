@@ -11,17 +11,18 @@ stages, which FnApiRunner materializes) whose writing outlasts the flush period,
 with the size of the input and the load of the machine (``benchmarks/beam_flush_race.py``
 shows it with a plain Beam pipeline).
 
-In lmshards such inputs are the documents (materialized before AssignGroups, which waits for
-the plan of the groups; and a pack group reaches its worker as one element of up to hundreds of
-MB) and the writers' Flatten of example batches: a 320 MB run with 2 workers on a machine at
-load 11 lost 1,109 of 53,068 documents (the end-to-end check refused it) while its example
-batches already went through files. With local workers each document and each batch is
-therefore written, once, by the worker that made it to a file of its process under a directory
-of the run (:func:`spilled`), and only a reference crosses the runner: the ``(path, offset,
-length)`` of its bytes. The reference reads as the tuple it stands for (iterating it, or
-reading one of its fields, loads the value), so Pack and the writers use it as they use the
-value itself; re-encoding it (the runner's grouping does) copies only the reference. Nothing
-in the output depends on it: the bytes loaded are the bytes pickled.
+In lmshards such inputs are the documents (Tokenize's batches, materialized before
+AssignGroups, which waits for the plan of the groups; and AssignGroups' blocks, as a pack group
+reaches its worker as one element of up to hundreds of MB) and the writers' Flatten of example
+batches: a 320 MB run with 2 workers on a machine at load 11 lost 1,109 of 53,068 documents
+(the end-to-end check refused it) while its example batches already went through files. With
+local workers each batch and block of documents and each example batch is therefore written,
+once, by the worker that made it to a file of its process under a directory of the run
+(:func:`spilled`), and only a reference crosses the runner: the ``(path, offset, length)`` of
+its bytes. The reference reads as the tuple it stands for (iterating it, or reading one of its
+fields, loads the value), so AssignGroups, Pack and the writers use it as they use the value
+itself; re-encoding it (the runner's grouping does) copies only the reference. Nothing in the
+output depends on it: the bytes loaded are the bytes pickled.
 
 The directory is the run's (:class:`FileHandoff`), removed when the run ends.
 """
@@ -84,8 +85,8 @@ def _read(path: str, offset: int, length: int) -> bytes:
 
 
 class SpilledValue:
-    """A value written to a handoff file: iterating it, or reading a field of it (a document's
-    ``key``, ``ids``), loads it (the tuple it stands for, read once and kept while the reference
+    """A value written to a handoff file: iterating it, or reading a field of it (a NamedTuple's),
+    loads it (the tuple it stands for, read once and kept while the reference
     lives); pickling it writes only its place again."""
 
     __slots__ = ("path", "offset", "length", "_value")

@@ -59,12 +59,6 @@ _IMPORTED = time.monotonic()
 
 __all__ = ["build_pipeline", "run", "run_job", "main", "summary_lines"]
 
-def _split_tokens(element):
-    """``((split, sub-bucket), Document)`` -> ``(split, its tokens and EOS)``."""
-    (split, _), document = element
-    return split, document.tokens + 1
-
-
 def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None,
                    tuning: RunnerTuning | None = None, lock: RunLock | None = None) -> None:
     """Add the materialize steps to ``pipeline``.
@@ -80,7 +74,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     from pipelines.plan import shard_sizing, static_manifest
     from pipelines.runner_tuning import RunnerTuning
     from transforms.build import BuildExamples
-    from transforms.group import SUB_BUCKETS, AssignGroups, PlanGroups
+    from transforms.group import SUB_BUCKETS, AssignGroups, PlanGroups, split_tokens
     from transforms.manifest import WriteManifest
     from transforms.objectives.counters import sum_counters
     from transforms.pack import Pack
@@ -106,14 +100,15 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         encoder_threads=o.encoder_threads,
         encoder=plan.encoder.backend,
     )
+    # Pack groups are planned from every document's tokens; each batch of documents is then split
+    # by group (with --num-buckets its bucket is its group) into blocks, and in each group exact
+    # duplicates, which share a key and so a group, are dropped.
+    groups = tokenized.documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
     documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
-    # Pack groups are planned from every document's tokens; each document then goes to its group
-    # (with --num-buckets its bucket is its group), where exact duplicates, which share a key and
-    # so a group, are dropped.
-    groups = documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
-    if o.num_buckets is None:
-        documents = documents | "AssignGroups" >> AssignGroups(groups)
-    chunks, packing_stats = documents | "Pack" >> Pack(
+    # (named apart with --num-buckets: a fixed key space, not groups sized by tokens)
+    blocks = documents | ("AssignGroups" if o.num_buckets is None else "AssignBuckets") >> AssignGroups(groups)
+    blocks = tuning.hand_over(blocks, "HandOverBlocks", values_only=True)
+    chunks, packing_stats = blocks | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, last_chunk=o.last_chunk,
         eos=plan.resolved.special.eos if o.document_separator == "eos" else None,
         group_name="b" if o.num_buckets else "g",
@@ -122,7 +117,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (
         tokenized.documents
-        | "DocumentTokens" >> beam.Map(_split_tokens)
+        | "DocumentTokens" >> beam.Map(split_tokens)
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     sizing = shard_sizing(plan)

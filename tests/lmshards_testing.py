@@ -36,6 +36,23 @@ def file_digests(root) -> dict[str, str]:
     return out
 
 
+def tokenized_documents(outputs) -> list:
+    """Tokenize's main outputs among ``outputs`` (a DoFn's, windowed or not; tagged ones are
+    skipped) as ``(split, Document)`` pairs, in the order it emitted them."""
+    from apache_beam.pvalue import TaggedOutput
+
+    from transforms.elements import DocumentBatch
+
+    documents = []
+    for output in outputs:
+        if isinstance(output, TaggedOutput):
+            continue
+        split, encoded = getattr(output, "value", output)  # finish_bundle's are windowed
+        batch = DocumentBatch.decode(encoded)
+        documents.extend((split, batch.document(index)) for index in range(batch.count))
+    return documents
+
+
 def encode_documents(texts, tokenizer_path) -> list[np.ndarray]:
     from tokenizers import Tokenizer
 

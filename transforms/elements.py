@@ -1,9 +1,13 @@
 """What flows between the stages of the pipeline (docs/design.md section 2), named.
 
-- :class:`Document`: a tokenized document, from Tokenize to AssignGroups keyed by
-  ``(split, sub-bucket)``;
-- :class:`DocumentBlock`: documents of one pack group, from AssignGroups through the pack-group
-  shuffle to Pack, keyed by ``(split, pack group)``: the shuffle groups blocks, not documents;
+- :class:`DocumentBatch`: tokenized documents as columns (flat ids with offsets, keys,
+  sub-buckets, features), from Tokenize (one per encoding batch and split, keyed by split) to
+  AssignGroups, and from AssignGroups (the documents of one pack group a bundle holds, keyed
+  by ``(split, pack group)``) through the pack-group shuffle to Pack: the shuffles carry a few
+  blocks of megabytes, never one element per document. It crosses them encoded
+  (:meth:`DocumentBatch.encode`: bytes and ints, which Beam's default coder writes without
+  pickling);
+- :class:`Document`: one document of a batch (:meth:`DocumentBatch.document`), a view;
 - :class:`Chunk`: a packed chunk, from Pack to BuildExamples.
 - :class:`ShardPiece`: the examples of one block bound for one shard, from BuildExamples to
   WriteShards (keyed by ``(split, shard, shard count)``), crossing the shuffle encoded
@@ -24,52 +28,30 @@ from transforms.columns import narrowest
 from transforms.objectives.packing import Piece
 from transforms.shard_format import ExampleColumns, MergedColumns
 
-__all__ = ["ID_DTYPES", "Chunk", "Document", "DocumentBlock", "ShardPiece", "narrow_ids"]
+__all__ = ["ID_DTYPES", "Chunk", "Document", "DocumentBatch", "ShardPiece", "key_order", "narrow_ids"]
 
 
 class Document(NamedTuple):
-    """A tokenized document.
+    """One document of a :class:`DocumentBatch` (:meth:`DocumentBatch.document`): views of its arrays.
 
     Attributes:
         key: the 16-byte digest of its text (:func:`transforms.tokenize.document_key`); also the
             order documents are packed in.
-        ids: its token ids as raw bytes of ``width``-byte unsigned (2) or int32 (4) integers (raw
-            bytes cross a shuffle far cheaper than pickled arrays), or an integer array.
-        features: per-token feature name (``word_starts``, ...) -> one bool per token.
-        width: bytes per id in ``ids`` when they are bytes: 2 when every id of the document's
-            encoding batch is below 2**16 (every vocabulary of up to 65,536 entries), which halves
-            what the shuffle carries and what is held until Pack; else 4.
+        ids: its token ids (uint16 or int32).
+        features: per-token feature name -> one bool per token.
     """
 
     key: bytes
-    ids: bytes | np.ndarray
+    ids: np.ndarray
     features: dict[str, np.ndarray]
-    width: int = 4
 
     @property
     def tokens(self) -> int:
         """Number of token ids."""
-        return len(self.ids) // self.width if isinstance(self.ids, bytes) else len(self.ids)
-
-    def array(self) -> np.ndarray:
-        """The ids as an array (a view of the bytes: ``<u2`` for width 2, ``<i4`` for 4)."""
-        if not isinstance(self.ids, bytes):
-            return self.ids
-        if self.width not in ID_DTYPES:
-            raise ValueError(f"document ids of {self.width} bytes each: expected 2 or 4")
-        return np.frombuffer(self.ids, dtype=ID_DTYPES[self.width])
+        return int(self.ids.shape[0])
 
 
-class DocumentBlock(tuple):
-    """Documents bound for one pack group, one element of Pack's shuffle (a tuple of
-    :class:`Document`, or of the references a runner hands them over by). Which documents share
-    a block depends on bundles and the runner, never the output: Pack sorts a group's
-    documents by key."""
-
-    __slots__ = ()
-
-
-#: The dtype of a :class:`Document`'s id bytes, by width.
+#: The dtype of a :class:`DocumentBatch`'s ids, by their width in bytes.
 ID_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<i4")}
 
 
@@ -77,6 +59,103 @@ def narrow_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
     """``(ids, width)``: ``ids`` as uint16 when every one fits (width 2), else as int32 (4)."""
     narrow = narrowest(ids, ("<u2",))
     return narrow, narrow.dtype.itemsize
+
+
+#: Sub-buckets travel as uint64 (``--num-buckets`` may be any positive number).
+_BUCKET_DTYPE = np.dtype("<u8")
+_OFFSET_DTYPE = np.dtype("<i8")
+
+
+class DocumentBatch:
+    """Tokenized documents as columns: what moves from Tokenize to Pack.
+
+    Attributes:
+        keys: ``(n, 16)`` uint8: each document's key (:func:`transforms.tokenize.document_key`).
+        buckets: ``(n,)`` uint64: each document's sub-bucket (or ``--num-buckets`` bucket).
+        offsets: ``(n + 1,)`` int64: document ``i``'s ids are ``ids[offsets[i]:offsets[i + 1]]``
+            (``offsets[0]`` is 0, they never decrease).
+        ids: every document's ids end to end, uint16 when every id fits (any vocabulary of up to
+            65,536 entries: half the bytes to send and to hold until Pack), else int32.
+        features: per-token feature name -> ``(offsets[-1],)`` bool, aligned with ``ids``.
+
+    The documents of a batch are in no particular order: which documents share a batch depends
+    on bundles and the runner, never the output (Pack sorts a group's documents by key).
+    """
+
+    __slots__ = ("keys", "buckets", "offsets", "ids", "features")
+
+    def __init__(self, keys: np.ndarray, buckets: np.ndarray, offsets: np.ndarray, ids: np.ndarray,
+                 features: dict[str, np.ndarray] | None = None):
+        self.keys, self.buckets, self.offsets, self.ids = keys, buckets, offsets, ids
+        self.features = features or {}
+
+    @property
+    def count(self) -> int:
+        """Number of documents."""
+        return int(self.buckets.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        """Token ids of all documents (no separators)."""
+        return int(self.offsets[-1])
+
+    def lengths(self) -> np.ndarray:
+        """``(n,)`` int64 token ids of each document."""
+        return np.diff(self.offsets)
+
+    def document(self, index: int) -> Document:
+        """Document ``index`` (views of this batch's arrays)."""
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        return Document(self.keys[index].tobytes(), self.ids[start:end],
+                        {name: flags[start:end] for name, flags in self.features.items()})
+
+    def take(self, indices: np.ndarray) -> DocumentBatch:
+        """The documents at ``indices`` (in that order), copied into a batch of their own."""
+        indices = np.asarray(indices, dtype=np.int64)
+        starts, ends = self.offsets[indices], self.offsets[indices + 1]
+        offsets = np.zeros(indices.shape[0] + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=offsets[1:])
+        # position p of the new ids reads old position p + (start of its document - its new start)
+        source = np.repeat(starts - offsets[:-1], ends - starts) + np.arange(offsets[-1], dtype=np.int64)
+        return DocumentBatch(self.keys[indices], self.buckets[indices], offsets, self.ids[source],
+                             {name: flags[source] for name, flags in self.features.items()})
+
+    @classmethod
+    def concat(cls, batches: list[DocumentBatch]) -> DocumentBatch:
+        """The documents of ``batches`` in order, in one batch (ids as wide as the widest)."""
+        if len(batches) == 1:
+            return batches[0]
+        if not batches:
+            raise ValueError("no batch to concatenate")
+        lengths = np.concatenate([batch.lengths() for batch in batches])
+        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.concatenate([batch.ids for batch in batches])  # numpy widens uint16 + int32 to int32
+        names = batches[0].features.keys()
+        return cls(np.concatenate([batch.keys for batch in batches]), np.concatenate([b.buckets for b in batches]),
+                   offsets, ids, {name: np.concatenate([batch.features[name] for batch in batches]) for name in names})
+
+    def encode(self) -> tuple:
+        """Bytes, ints and a dict only: Beam's default coder writes them without pickling."""
+        return (self.keys.tobytes(), self.buckets.astype(_BUCKET_DTYPE, copy=False).tobytes(),
+                self.offsets.astype(_OFFSET_DTYPE, copy=False).tobytes(), self.ids.dtype.itemsize,
+                self.ids.tobytes(), {name: flags.tobytes() for name, flags in self.features.items()})
+
+    @classmethod
+    def decode(cls, encoded) -> DocumentBatch:
+        """Inverse of :meth:`encode` (views of its bytes); a malformed tuple raises ``ValueError``."""
+        keys, buckets, offsets, width, ids, features = encoded
+        if width not in ID_DTYPES:
+            raise ValueError(f"document ids of {width} bytes each: expected 2 or 4")
+        batch = cls(np.frombuffer(keys, dtype=np.uint8).reshape(-1, 16), np.frombuffer(buckets, dtype=_BUCKET_DTYPE),
+                    np.frombuffer(offsets, dtype=_OFFSET_DTYPE), np.frombuffer(ids, dtype=ID_DTYPES[width]),
+                    {name: np.frombuffer(flags, dtype=np.bool_) for name, flags in features.items()})
+        n = batch.buckets.shape[0]
+        if (batch.keys.shape[0] != n or batch.offsets.shape[0] != n + 1 or int(batch.offsets[0]) != 0
+                or int(batch.offsets[-1]) != batch.ids.shape[0]
+                or any(flags.shape[0] != batch.ids.shape[0] for flags in batch.features.values())):
+            raise ValueError("a document batch whose columns disagree in length")
+        return batch
 
 
 class Chunk(NamedTuple):
@@ -95,8 +174,8 @@ class Chunk(NamedTuple):
     piece: Piece
 
 
-def _order_of(orders: np.ndarray) -> np.ndarray:
-    """Stable ascending order of ``(n, 16)`` uint8 keys compared bytewise."""
+def key_order(orders: np.ndarray) -> np.ndarray:
+    """Stable ascending order of ``(n, 16)`` uint8 keys compared bytewise (as ``bytes`` sort)."""
     high = orders[:, :8].copy().view(">u8").reshape(-1)
     low = orders[:, 8:].copy().view(">u8").reshape(-1)
     return np.lexsort((low, high))
@@ -129,7 +208,7 @@ class ShardPiece:
             return cls(np.zeros((0, 16), np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.int64),
                        ExampleColumns.from_examples([], schema))
         orders = np.concatenate([p.orders for p in parts])
-        order = _order_of(orders)
+        order = key_order(orders)
         part = np.repeat(np.arange(len(parts)), [p.count for p in parts])[order]
         starts = np.zeros(len(parts) + 1, dtype=np.int64)
         np.cumsum([p.count for p in parts], out=starts[1:])

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 
-from transforms.elements import Chunk, DocumentBlock
+from transforms.elements import Chunk, DocumentBatch, key_order
 from transforms.free_memory import return_freed_memory
 from transforms.handoff import let_go
 from transforms.objectives.counters import length_counters
@@ -108,10 +108,36 @@ def _pieces(documents: list, eos: int) -> Iterator[Piece]:
         yield document_piece(ids, eos, features)
 
 
+def _sorted_documents(batches: list[DocumentBatch]) -> tuple[list, np.ndarray, int]:
+    """``(kept, lengths, duplicates)``: one ``(ids, features)`` of each key among the documents of
+    ``batches`` in ascending key order (views of the batches' arrays), their token counts, and
+    how many copies of a key already kept were left out. Equal keys mean equal texts, so which
+    copy is kept changes nothing."""
+    keys = np.concatenate([batch.keys for batch in batches]) if batches else np.zeros((0, 16), np.uint8)
+    order = key_order(keys)
+    ordered = keys[order]
+    first = np.ones(order.shape[0], dtype=bool)
+    if order.shape[0] > 1:
+        np.any(ordered[1:] != ordered[:-1], axis=1, out=first[1:])
+    chosen = order[first]
+    counts = np.array([batch.count for batch in batches], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    part = np.searchsorted(starts, chosen, side="right") - 1
+    local = chosen - starts[part]
+    kept = []
+    lengths = np.empty(chosen.shape[0], dtype=np.int64)
+    for position, (index, row) in enumerate(zip(part.tolist(), local.tolist())):
+        document = batches[index].document(row)
+        kept.append((document.ids, document.features))
+        lengths[position] = document.tokens
+    return kept, lengths, int(order.shape[0] - chosen.shape[0])
+
+
 class _PackBucket(beam.DoFn):
-    """Packs one group. What it holds is one copy of the group's documents: they are sorted
-    as they are, and each is let go of once copied into a chunk (:class:`ConcatPacker`, or
-    a piece of ``best_fit`` and ``none``); chunks go downstream as they are cut."""
+    """Packs one group. What it holds is one copy of the group's documents: the blocks as they
+    came, their documents sorted by key as views of them, each view let go of once copied into a
+    chunk (:class:`ConcatPacker`, or a piece of ``best_fit`` and ``none``; a block's bytes go
+    when its last document is copied); chunks go downstream as they are cut."""
 
     def __init__(self, objective, mode, seed, eos, group_name="g"):
         self._objective, self._mode, self._seed, self._eos = objective, mode, seed, eos
@@ -122,34 +148,23 @@ class _PackBucket(beam.DoFn):
 
     def process(self, element):
         (split, bucket), grouped = element
-        docs = []
-        for value in grouped:  # blocks of documents (AssignGroups), or documents (--num-buckets)
-            if type(value) is DocumentBlock:
-                docs.extend(value)
-            else:
-                docs.append(value)
+        batches = []
+        for value in grouped:  # blocks of documents (AssignGroups)
+            batches.append(DocumentBatch.decode(tuple(value)))
+            let_go(value)  # the blocks' last reader: ``batches`` holds their arrays
         value = None
         if isinstance(grouped, list):
-            # Pack is the grouped values' only reader, and Beam's runner holds the element (and
-            # with it this list) until process returns: emptied, the list no longer keeps every
-            # document of the group alive while its chunks are cut (only ``kept`` below does,
-            # each entry until it is copied).
+            # Beam's runner holds the element (and with it this list) until process returns:
+            # emptied, the list no longer keeps the group's bytes alive while its chunks are cut
+            # (only the documents not yet copied into a chunk do, through ``kept``).
             grouped.clear()
         del grouped, element
-        docs.sort(key=lambda document: document.key)
-        kept, lengths, previous = [], [], None
-        for document in docs:
-            if document.key != previous:  # the first of its key: packed
-                kept.append((document.array(), document.features))
-                lengths.append(document.tokens)
-                previous = document.key
-            let_go(document)  # the group's last reader: only ``kept`` holds the tokens packed
-        duplicates = len(docs) - len(kept)
-        del docs
-        stats = {"documents": len(kept), **length_counters("doc_tokens", np.array(lengths))}
+        kept, lengths, duplicates = _sorted_documents(batches)
+        del batches
+        stats = {"documents": len(kept), **length_counters("doc_tokens", lengths)}
         if duplicates:
             stats["duplicates"] = duplicates
-        total = sum(lengths) + (len(lengths) if self._eos is not None else 0)  # separators included
+        total = int(lengths.sum()) + (len(kept) if self._eos is not None else 0)  # separators included
         prefix = f"{split}-{self._group_name}{bucket:05d}"
         if self._mode == "concat":
             planner = _Planner(self._objective, self._seed, prefix, total=total)

@@ -47,7 +47,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.elements import Document, narrow_ids
+from transforms.elements import DocumentBatch, narrow_ids
 from transforms.encoder import (
     EncodedBatch,
     EncoderUnavailable,
@@ -244,7 +244,12 @@ class _TokenizeBatch(beam.DoFn):
         self._queue(texts, sources)
 
     def _queue(self, texts, sources=()):
-        self._pending.append((texts, sources, self._pool.submit(self._encode, texts)))
+        self._pending.append((texts, sources, self._pool.submit(self._encode_and_key, texts)))
+
+    def _encode_and_key(self, texts):
+        """:meth:`_encode`'s result and the texts' keys (hashing long texts releases the GIL, so
+        on this thread it runs beside the main one)."""
+        return self._encode(texts), [document_key(text) for text in texts]
 
     def _encode(self, texts):
         """``(the batch's ids, whether tokenizers encoded it instead of fastokens, {index: the
@@ -298,40 +303,57 @@ class _TokenizeBatch(beam.DoFn):
         return batch, refused
 
     def _emit(self, texts, sources, future):
-        batch, fell_back, refused = future.result()
+        """The batch's documents as one :class:`DocumentBatch` per split (its rejections one by one)."""
+        (batch, fell_back, refused), keys = future.result()
         if fell_back:
             self._fallback_batches.inc()
             self.fallback_batches += 1
-        offsets = batch.offsets.tolist()
-        # the ids the shuffle carries, as narrow as the batch's ids allow (uint16 for vocabularies
-        # of up to 65,536 entries: half the bytes to send and to hold until Pack)
-        carried, width = narrow_ids(batch.ids)
-        tokens = 0
-        for index, text in enumerate(texts):
-            start, end = offsets[index], offsets[index + 1]
+        lengths = np.diff(batch.offsets)
+        kept = lengths > 0
+        for index in refused:
+            kept[index] = False
+        for index in np.flatnonzero(~kept).tolist():
             if index in refused:
                 beam.metrics.Metrics.counter("lmshards", "rejected_encoder_error").inc()
-                entry = rejection("<tokenizer>", 0, "encoder_error", text)
+                entry = rejection("<tokenizer>", 0, "encoder_error", texts[index])
                 entry["detail"] = refused[index]
                 yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, entry)
-                continue
-            if start == end:
+            else:
                 beam.metrics.Metrics.counter("lmshards", "rejected_no_tokens").inc()
-                yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, rejection("<tokenizer>", 0, "no_tokens", text))
-                continue
-            ids = batch.ids[start:end]
-            data = carried[start:end].tobytes()
-            features = {}
-            if self._token_features is not None:
+                entry = rejection("<tokenizer>", 0, "no_tokens", texts[index])
+                yield beam.pvalue.TaggedOutput(Tokenize.REJECTED, entry)
+        # the ids the shuffles carry, as narrow as the batch's ids allow (uint16 for vocabularies
+        # of up to 65,536 entries: half the bytes to send and to hold until Pack)
+        carried, _ = narrow_ids(batch.ids)
+        features: dict[str, list] = {name: [] for name in sorted(self._features)}
+        if self._token_features is not None:
+            offsets = batch.offsets.tolist()
+            for index in np.flatnonzero(kept).tolist():
                 encoding = batch.encodings[index] if batch.encodings is not None else None
-                features = self._token_features.of(text, ids, encoding)
-            key = document_key(text)
-            split = assign_split(key, self._validation_fraction)
-            tokens += end - start
-            if sources:
-                self._source_lengths[split, sources[index]].append(end - start)
-            # Raw bytes cross the shuffle far cheaper than pickled arrays (see Pack).
-            yield (split, bucket_of(key, self._num_buckets)), Document(key, data, features, width)
+                made = self._token_features.of(texts[index], batch.ids[offsets[index]:offsets[index + 1]], encoding)
+                for name in features:
+                    features[name].append(made[name])
+        splits = [assign_split(key, self._validation_fraction) for key in keys]
+        buckets = np.fromiter((bucket_of(key, self._num_buckets) for key in keys), dtype=np.uint64, count=len(keys))
+        all_keys = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, 16)
+        if features and features[next(iter(features))]:
+            # flags of the kept documents end to end; as long as the ids (a rejected document has none)
+            flat = {name: np.concatenate(parts).astype(np.bool_, copy=False) for name, parts in features.items()}
+        else:
+            flat = {name: np.zeros(0, np.bool_) for name in features}
+        kept_indices = np.flatnonzero(kept)
+        whole = DocumentBatch(all_keys[kept_indices], buckets[kept_indices], _kept_offsets(lengths, kept_indices),
+                              _kept_ids(carried, batch.offsets, kept, kept_indices), flat)
+        split_of = np.array([splits[index] == VALIDATION for index in kept_indices.tolist()], dtype=bool)
+        for split, mask in ((TRAIN, ~split_of), (VALIDATION, split_of)):
+            if not mask.any():
+                continue
+            part = whole if mask.all() else whole.take(np.flatnonzero(mask))
+            yield split, part.encode()
+        tokens = int(lengths[kept].sum())
+        if sources:
+            for index in kept_indices.tolist():
+                self._source_lengths[splits[index], sources[index]].append(int(lengths[index]))
         self._documents.inc(len(texts))
         self._tokens.inc(tokens)
         PROGRESS.add(len(texts), tokens)
@@ -374,6 +396,21 @@ class _TokenizeBatch(beam.DoFn):
         PROGRESS.report_now()
 
 
+def _kept_offsets(lengths: np.ndarray, kept_indices: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(kept_indices.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths[kept_indices], out=offsets[1:])
+    return offsets
+
+
+def _kept_ids(carried: np.ndarray, offsets: np.ndarray, kept: np.ndarray, kept_indices: np.ndarray) -> np.ndarray:
+    """The ids of the kept documents end to end (the batch's own when every document is kept)."""
+    if kept.all():
+        return carried
+    starts, ends = offsets[kept_indices], offsets[kept_indices + 1]
+    return np.concatenate([carried[start:end] for start, end in zip(starts.tolist(), ends.tolist())]
+                          or [carried[:0]])
+
+
 def _tail_batches(texts: list) -> list[list]:
     """``texts`` cut into batches that halve in size, the last of at most ``2 * FIRST_BATCH``."""
     batches = []
@@ -396,10 +433,10 @@ def _windowed(outputs):
 
 
 class Tokenize(beam.PTransform):
-    """Encode texts in batches; emit ``((split, bucket), Document)``.
-
-    A :class:`~transforms.elements.Document`'s ids are raw bytes, uint16 when the batch's ids
-    all fit, else int32 (:meth:`~transforms.elements.Document.array` reads them).
+    """Encode texts in batches; emit ``(split, encoded DocumentBatch)``: per encoding batch,
+    one :class:`~transforms.elements.DocumentBatch` of each split's documents, as its
+    :meth:`~transforms.elements.DocumentBatch.encode` tuple (ids uint16 when the batch's ids
+    all fit, else int32).
 
     Args:
         tokenizer_path: tokenizer.json on any Beam filesystem.

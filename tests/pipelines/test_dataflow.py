@@ -237,4 +237,4 @@ def test_no_shuffle_of_data_has_a_key_space_fixed_by_the_defaults(tmp_path, obje
 def test_fixed_hash_buckets_are_seen_for_what_they_are(tmp_path):
     """The check is not blind: with --num-buckets (an expert override) Pack's shuffle has 64 keys."""
     _, fixed = _fixed_key_spaces(_job_args(tmp_path / "out", "--num-buckets", "64"))
-    assert fixed == ["Pack/GroupByPackGroup <- ['Tokenize/Encode/ParDo(_TokenizeBatch)']"]
+    assert fixed == ["Pack/GroupByPackGroup <- ['AssignBuckets/GroupOfBucket']"]

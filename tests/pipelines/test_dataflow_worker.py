@@ -43,6 +43,7 @@ from apache_beam.internal import pickler
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 import pipelines
+from transforms.elements import DocumentBatch
 
 spec = json.load(open(sys.argv[1]))
 functions = {}
@@ -60,8 +61,11 @@ ids = {}
 for output in outputs:
     if isinstance(output, TaggedOutput):
         continue
-    (split, bucket), document = output.value if isinstance(output, WindowedValue) else output
-    ids[document.key.hex()] = document.array().tolist()
+    split, encoded = output.value if isinstance(output, WindowedValue) else output
+    batch = DocumentBatch.decode(encoded)
+    for index in range(batch.count):
+        document = batch.document(index)
+        ids[document.key.hex()] = document.ids.tolist()
 for function in functions.values():
     function.teardown()
 print("WORKER " + json.dumps({

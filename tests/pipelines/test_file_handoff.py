@@ -15,21 +15,23 @@ from lmshards_testing import ROOT
 from pipelines.file_handoff import FileHandoff, FileHandoffError, SpilledValue, spill_value, spilled
 
 
-def test_a_document_reads_its_fields_through_its_place(tmp_path):
-    """Pack reads a document's fields (key, ids, tokens): a spilled document
-    loads, once, as the Document it is; Python's protocol lookups never load it."""
-    from transforms.elements import Document
+def test_a_block_of_documents_reads_as_the_tuple_it_is_through_its_place(tmp_path):
+    """AssignGroups and Pack read a block as a tuple (``tuple(value)``): a spilled block loads,
+    once, as the tuple it is; Python's protocol lookups never load it."""
+    from transforms.elements import DocumentBatch
 
     handoff = FileHandoff(str(tmp_path))
-    ids = np.arange(1000, dtype=np.int32).tobytes()
+    batch = DocumentBatch(np.full((2, 16), 7, np.uint8), np.array([3, 9], np.uint64), np.array([0, 400, 1000]),
+                          np.arange(1000, dtype=np.int32))
     try:
-        key, handed = spill_value((("train", 3), Document(b"k" * 16, ids, {})), handoff.directory)
-        assert key == ("train", 3) and handed.key == b"k" * 16  # before it crosses: the document itself
+        key, handed = spill_value((("train", 3), batch.encode()), handoff.directory)
+        assert key == ("train", 3) and tuple(handed) == batch.encode()  # before it crosses: the tuple itself
         back = pickle.loads(pickle.dumps(handed))
         assert isinstance(back, SpilledValue)
         assert getattr(back, "__getnewargs_ex__", None) is None and back._value is None  # not loaded
-        assert back.key == b"k" * 16 and back.ids == ids and back.tokens == 1000
-        assert isinstance(back.load(), Document) and back.load() is back.load()  # read once
+        again = DocumentBatch.decode(tuple(back))
+        assert again.document(1).ids.tolist() == list(range(400, 1000)) and again.buckets.tolist() == [3, 9]
+        assert back.load() is back.load()  # read once
         with pytest.raises(AttributeError):
             getattr(back, "no_such_field")  # noqa: B009 - the attribute lookup is the test
     finally:

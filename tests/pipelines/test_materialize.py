@@ -235,7 +235,7 @@ def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path,
     objective is applied there, no Flatten holds them); other runners never get a reference."""
     from pipelines import runner_tuning
     from pipelines.runner_tuning import RunnerTuning
-    from transforms.elements import Chunk, Document
+    from transforms.elements import Chunk, DocumentBatch
 
     reference_out, reference = clm_dataset
     stored, left = {}, []  # every value a run's store took (by id), and what it held at the end
@@ -260,14 +260,18 @@ def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path,
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
     assert file_digests(out) == file_digests(reference_out)
     assert manifest.deterministic_view() == reference.deterministic_view()
-    # Every document and example batch went by reference, no chunk did
+    # Every document (in Tokenize's batches, then in AssignGroups' blocks) and example batch went
+    # by reference, no chunk did
     handed = list(stored.values())
-    documents = [value for value in handed if isinstance(value, Document)]
-    batches = [value for value in handed if not isinstance(value, (Document, Chunk))]
     assert not [value for value in handed if isinstance(value, Chunk)]
-    assert len({document.key for document in documents}) == manifest.counts["documents_written"]
-    assert len(documents) == manifest.counts["documents_written"] + manifest.counts["duplicates"]
-    assert {document.width for document in documents} == {2}  # the sample's 16k vocabulary: uint16 ids
+    documents = [DocumentBatch.decode(tuple(value)) for value in handed if len(value) == 6]
+    batches = [value for value in handed if len(value) == 4]
+    assert len(documents) + len(batches) == len(handed)
+    keys = [document.keys[index].tobytes() for document in documents for index in range(document.count)]
+    assert len(set(keys)) == manifest.counts["documents_written"]
+    # each copy of a document twice: in its batch, then in its block
+    assert len(keys) == 2 * (manifest.counts["documents_written"] + manifest.counts["duplicates"])
+    assert {document.ids.dtype.itemsize for document in documents} == {2}  # the sample's 16k vocabulary: uint16
     batch_rows = sum(len(value[0]) // 16 for value in batches)
     examples = sum(info["examples"] for info in manifest.splits.values())
     assert examples == batch_rows
@@ -508,8 +512,9 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
 
 def test_duplicates_are_dropped_where_their_group_is_packed(tmp_path, monkeypatch, sample_texts, tokenizer_path):
     """A document repeated 300 times reaches its pack group 300 times (one shuffle carries
-    documents: Pack's own), is packed once and counted as 299 duplicates; bytes are those of the
+    documents, in blocks: Pack's own), is packed once and counted as 299 duplicates; bytes are those of the
     corpus without the copies."""
+    from transforms.elements import DocumentBatch
     from transforms.pack import _PackBucket
 
     texts = sample_texts[:40]
@@ -521,9 +526,9 @@ def test_duplicates_are_dropped_where_their_group_is_packed(tmp_path, monkeypatc
     process = _PackBucket.process
 
     def recording(self, element):
-        documents = list(element[1])
-        seen.extend(document.key for document in documents)
-        yield from process(self, (element[0], documents))
+        blocks = list(element[1])
+        seen.extend(bytes(key) for block in blocks for key in DocumentBatch.decode(tuple(block)).keys)
+        yield from process(self, (element[0], blocks))
 
     monkeypatch.setattr(_PackBucket, "process", recording)
     args = ["--tokenizer", tokenizer_path, "--objective", "clm", "--seq-len", "64", "--num-buckets", "4"]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, tokenized_documents
 
 from transforms.tokenize import _TokenizeBatch
 
@@ -46,7 +46,7 @@ def _tokenized(tokenizer: str, encoder: str) -> tuple[list, list]:
     for o in out:  # a TaggedOutput, a WindowedValue (finish_bundle) or a value, as Beam gets them
         value = getattr(o, "value", o)
         items.append((getattr(o, "tag", None), getattr(value, "value", value) if hasattr(value, "windows") else value))
-    documents = sorted((value[1].key, bytes(value[1].ids)) for tag, value in items if tag is None)
+    documents = sorted((document.key, document.ids.tobytes()) for _, document in tokenized_documents(out))
     rejected = [value for tag, value in items if tag == "rejected"]
     return documents, rejected
 

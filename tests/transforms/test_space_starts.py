@@ -11,9 +11,9 @@ import glob
 import json
 
 import numpy as np
+from lmshards_testing import ROOT, SAMPLE_GLOB, tokenized_documents
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.lmshards_testing import ROOT, SAMPLE_GLOB
 from transforms.tokenize import TokenFeatures, _TokenizeBatch
 from transforms.word_starts import space_start_flags
 
@@ -100,8 +100,8 @@ def test_other_tokenizers_read_spaces_from_the_text(tmp_path):
     out = [o for o in fn.process("The cat sat. It was") if o] + list(fn.finish_bundle())
     fn.teardown()
     assert not fn._token_features.ids_suffice  # offsets from the full encodings
-    _, document = getattr(out[0], "value", out[0])
-    ids, made = document.array(), document.features
+    [(_, document)] = tokenized_documents(out)
+    ids, made = document.ids, document.features
     tokenizer = _tokenizer(path)
     encoding = tokenizer.encode("The cat sat. It was", add_special_tokens=False)
     assert ids.tolist() == encoding.ids

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lmshards_testing import tokenized_documents
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from transforms.text_rules import sentence_start_chars
@@ -39,7 +40,7 @@ def _documents(tokenizer_path: str, features=("word_starts", "sentence_starts"),
     fn.start_bundle()
     out = [o for text in texts for o in fn.process(text)] + list(fn.finish_bundle())
     fn.teardown()
-    return fn, [getattr(o, "value", o) for o in out]
+    return fn, tokenized_documents(out)
 
 
 @pytest.mark.parametrize("kind", ["byte-level bpe", "unigram"])
@@ -58,7 +59,7 @@ def test_sentence_starts_flag_the_token_holding_each_start(kind, tmp_path):
     assert len(documents) == len(TEXTS)
     for _, document in documents:
         features = document.features
-        text, encoding = by_text[tuple(document.array().tolist())]
+        text, encoding = by_text[tuple(document.ids.tolist())]
         assert np.flatnonzero(features["sentence_starts"]).tolist() == _expected_sentence_flags(encoding, text)
         assert features["word_starts"].tolist() == _expected_word_flags(encoding)
 
@@ -101,7 +102,7 @@ def test_a_byte_level_bpe_encodes_ids_only_and_falls_back_per_document(features,
     for (_, document), text in zip(documents, texts):
         made = document.features
         encoding = tokenizer.encode(text, add_special_tokens=False)
-        assert document.array().tolist() == encoding.ids
+        assert document.ids.tolist() == encoding.ids
         assert (unknown in encoding.ids) == (not text.isascii())  # the fallback ran for those
         assert set(made) == set(features)
         if "sentence_starts" in features:
