@@ -124,12 +124,9 @@ def _sorted_documents(batches: list[DocumentBatch]) -> tuple[list, np.ndarray, i
     starts = np.concatenate([[0], np.cumsum(counts)])
     part = np.searchsorted(starts, chosen, side="right") - 1
     local = chosen - starts[part]
-    kept = []
-    lengths = np.empty(chosen.shape[0], dtype=np.int64)
-    for position, (index, row) in enumerate(zip(part.tolist(), local.tolist())):
-        document = batches[index].document(row)
-        kept.append((document.ids, document.features))
-        lengths[position] = document.tokens
+    kept = [(document.ids, document.features)
+            for document in (batches[index].document(row) for index, row in zip(part.tolist(), local.tolist()))]
+    lengths = np.concatenate([batch.lengths() for batch in batches])[chosen] if batches else np.zeros(0, np.int64)
     return kept, lengths, int(order.shape[0] - chosen.shape[0])
 
 
