@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -83,11 +84,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--objective", default="clm")
     parser.add_argument("--seq-len", default="1024")
+    parser.add_argument("--extra", default="", help="further materialize arguments, one string (e.g. "
+                        "'--pack-group-tokens 16777216')")
     args = parser.parse_args()
     out = tempfile.mkdtemp(prefix="bench-workers-")
     base = [sys.executable, "-m", "pipelines.materialize", "--input", args.input, "--tokenizer", args.tokenizer,
             "--objective", args.objective, "--seq-len", args.seq_len, "--validation-fraction", "0.01",
-            "--output", os.path.join(out, "ds"), "--overwrite"]
+            "--output", os.path.join(out, "ds"), "--overwrite", *shlex.split(args.extra)]
     try:
         runs = [("in-process", base)] + [(f"--workers {args.workers} #{i + 1}", base + ["--workers", str(args.workers)])
                                          for i in range(args.repeats)]

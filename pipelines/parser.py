@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--pack-group-tokens", type=_positive_int("--pack-group-tokens"), default=None, metavar="N",
                       help="most tokens of a pack group, the unit a worker packs in memory; groups, and the "
                       f"parallelism of packing, grow with the corpus (default {DEFAULT_PACK_GROUP_TOKENS:,}: "
-                      "about 1 GB of a worker; part of the config: changes the bytes)")
+                      "0.1-0.2 GB of a worker; part of the config: changes the bytes)")
     pack.add_argument("--num-buckets", type=_positive_int("--num-buckets"), default=None, metavar="N",
                       help="expert override of --pack-group-tokens: N hash buckets per split, whatever their "
                       "sizes (the grouping of dataset format 1; part of the config: changes the bytes)")

@@ -14,11 +14,15 @@ __all__ = ["DEFAULT_PACK_GROUP_TOKENS", "LAST_CHUNK_MODES", "REJECTED_PER_SHARD"
 TEXT_MODES = ("line", "paragraph", "file")
 #: What happens to the last partial chunk of a split (``--last-chunk``).
 LAST_CHUNK_MODES = ("drop", "pad")
-#: Default ``--pack-group-tokens``: 2**27 (134 M) tokens. Pack + Build hold about one copy of a
-#: group (measured per objective by benchmarks/bench_scale.py; README, "How large a corpus on
-#: Dataflow"): under 1 GB of a worker process, which fits the 3.75 GB of an n1-standard vCPU's
-#: SDK process, the worker's own share included, with room for a second bundle.
-DEFAULT_PACK_GROUP_TOKENS = 1 << 27
+#: Default ``--pack-group-tokens``: 2**25 (33.5 M) tokens. Pack + Build hold about one copy of a
+#: group (measured per objective by benchmarks/bench_scale.py; docs/guide.md, "How large a corpus
+#: on Dataflow"): about 0.1 GB (clm) to 0.16 GB (bart) on top of the worker itself. Small enough
+#: that a worker's peak hardly grows once a corpus passes one group (about 110 MB of English text)
+#: and that a few hundred MB already make several groups for the workers to share; large enough
+#: that the one stage keyed by split, which re-packs every group's remainder, stays small up to
+#: tens of TB. The default was 2**27 before (a manifest records the value a dataset was made with:
+#: pass it to reproduce one).
+DEFAULT_PACK_GROUP_TOKENS = 1 << 25
 #: Rejected records per file of ``OUT/rejected/`` at most (``--rejected-per-file``; about 700
 #: bytes each while a file's records are sorted: some 180 MB of one worker).
 REJECTED_PER_SHARD = 1 << 18

@@ -49,8 +49,8 @@ __all__ = ["BLOCK_BYTES", "HELD_BYTES", "SUB_BUCKETS", "AssignGroups", "PlanGrou
            "plan_groups", "plan_summary", "split_tokens"]
 
 #: Hash sub-buckets per split that pack groups are made of: fine enough that a sub-bucket
-#: stays far below a group up to about 10**14 tokens (a sub-bucket of 2**20 holds 1/1,048,576
-#: of a split), few enough that their token counts are a small aggregate.
+#: stays far below a group of the default size up to about 10**13 tokens (a sub-bucket holds
+#: 1/1,048,576 of a split), few enough that their token counts are a small aggregate.
 SUB_BUCKETS = 1 << 20
 
 
