@@ -49,6 +49,9 @@ class RunnerSetup:
 
     @classmethod
     def from_beam_args(cls, beam_args: list[str]) -> RunnerSetup:
+        from pipelines.beam_logging import import_beam_quietly
+
+        import_beam_quietly()  # the first import of Beam in a materialize run: its warnings stay unseen
         from apache_beam.options.pipeline_options import (
             DebugOptions,
             DirectOptions,

@@ -206,6 +206,17 @@ def test_beam_s_import_warnings_stay_unseen(argv):
 
 
 @pytest.mark.e2e
+def test_a_materialize_run_without_the_gcp_extra_prints_no_beam_warning(tmp_path):
+    """The README's first command installs lmshards without Beam's [gcp] extra: the run's
+    output is lmshards' own, not Beam's import-time warning."""
+    done = run_with_blocked_imports(_HELP, "apitools", "materialize", "--input", FAQ, "--tokenizer", TOKENIZER,
+                                    "--seq-len", "64", "--output", str(tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    assert "apitools" not in done.stderr and "WARNING" not in done.stderr
+    assert "objective: clm, seq_len 64" in done.stdout
+
+
+@pytest.mark.e2e
 def test_multi_process_workers_keep_their_warnings_unless_verbose(tmp_path):
     import subprocess
     import sys
