@@ -32,7 +32,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from pipelines.beam_logging import import_beam_quietly, set_beam_verbosity
+from pipelines.beam_logging import set_beam_verbosity
 from pipelines.interrupts import interruptible, quiet_exit_on_interrupt
 from pipelines.options import parse_args
 from pipelines.terminal import hidden_stderr
@@ -160,8 +160,7 @@ def _prepare(argv: list[str] | None):
         ConfigError: any problem found here (a ``ValueError`` of a check becomes one).
     """
     try:
-        options = parse_args(argv)  # lmshards' own flags, before Beam is imported
-        import_beam_quietly()
+        options = parse_args(argv)  # imports Beam quietly (RunnerSetup.from_beam_args)
         import apache_beam as beam
         from apache_beam.io.filesystems import FileSystems
         from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
