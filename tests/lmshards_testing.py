@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -20,6 +23,25 @@ def materialize(output, *args: str):
     from pipelines.materialize import run
 
     return run(["--output", str(output), *args])
+
+
+def materialize_command(*argv: str) -> subprocess.CompletedProcess:
+    """``lmshards materialize argv`` run in this process (``pipelines.materialize.main``): its
+    exit status and what it printed, as ``subprocess.run(..., capture_output=True, text=True)``
+    would give them. The same code a process runs, without a fresh interpreter's imports; the
+    tests of what only a real process shows (file descriptor 2, signals, a terminal, imports)
+    start one.
+    """
+    from pipelines.materialize import main
+
+    out, err = io.StringIO(), io.StringIO()
+    interrupt = signal.getsignal(signal.SIGINT)  # main leaves a SIGINT handler for the interpreter's exit
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(argv))
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+    return subprocess.CompletedProcess(["lmshards", "materialize", *argv], code, out.getvalue(), err.getvalue())
 
 
 def file_digests(root) -> dict[str, str]:

@@ -8,12 +8,10 @@ import gzip
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from lmshards_testing import ROOT, encode_documents, file_digests, materialize
+from lmshards_testing import encode_documents, file_digests, materialize, materialize_command
 
 from loaders import open_dataset
 from schemas.manifest import Manifest
@@ -396,23 +394,22 @@ def test_refuses_non_empty_output_and_overwrites_when_asked(tmp_path, sample_glo
     out = tmp_path / "busy"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    cmd = [sys.executable, "-m", "pipelines.materialize", "--input", sample_glob, "--tokenizer", tokenizer_path,
-           "--seq-len", "256", "--output", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    cmd = ["--input", sample_glob, "--tokenizer", tokenizer_path, "--seq-len", "256", "--output", str(out)]
+    proc = materialize_command(*cmd)
     assert proc.returncode == 2
     assert "not empty" in proc.stderr and "--overwrite" in proc.stderr
     assert (out / "keep.txt").exists() and not (out / "manifest.json").exists()
     # --overwrite replaces only an lmshards dataset: a file lmshards did not write is refused, in one line.
-    proc = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT)
+    proc = materialize_command(*cmd, "--overwrite")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "keep.txt is not part of one" in proc.stderr
     assert os.listdir(out) == ["keep.txt"]
     (out / "keep.txt").unlink()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    proc = materialize_command(*cmd)
     assert proc.returncode == 0, proc.stderr
     first = (out / "manifest.json").read_bytes()
     (out / "train" / "arrow" / "data-00007-of-00009.arrow").write_bytes(b"an old shard of another run")
-    proc = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, cwd=ROOT)
+    proc = materialize_command(*cmd, "--overwrite")
     assert proc.returncode == 0, proc.stderr
     assert not (out / "train" / "arrow" / "data-00007-of-00009.arrow").exists()
     assert json.loads((out / "manifest.json").read_bytes())["splits"] == json.loads(first)["splits"]

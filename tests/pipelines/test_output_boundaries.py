@@ -3,8 +3,8 @@ through, an output holding anything is not empty, inputs inside the output are r
 ``--overwrite`` deletes anything, and every file a flag names is read as ``--input`` is (a
 regular file, within a bound, one line otherwise).
 
-Runs are real ``python -m pipelines.materialize`` processes on real files, links and FIFOs in
-the test's temporary directory.
+Runs are ``lmshards materialize`` commands (in this process: what they refuse is decided before
+Beam runs) on real files, links and FIFOs in the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -16,17 +16,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize_command
 
 BASE = ["--seq-len", "128", "--num-buckets", "4", "--runner=FnApiRunner"]
 #: A guard against a hang (a FIFO read), not a timing threshold: a run here takes seconds.
 HANG_GUARD_SECONDS = 120
 
 
-def _run(out: Path, *extra: str, inputs: str = SAMPLE_GLOB, tokenizer: str = TOKENIZER) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipelines.materialize", "--input", inputs, "--output", str(out),
-                           "--tokenizer", tokenizer, *BASE, *extra], capture_output=True, text=True, cwd=ROOT,
-                          timeout=HANG_GUARD_SECONDS)
+def _run(out: Path, *extra: str, inputs: str = SAMPLE_GLOB, tokenizer: str = TOKENIZER,
+         process: bool = False) -> subprocess.CompletedProcess:
+    """The command in this process, or (``process``: where a regression would read a FIFO or a
+    device without end) in a process of its own with a guard against a hang."""
+    argv = ["--input", inputs, "--output", str(out), "--tokenizer", tokenizer, *BASE, *extra]
+    if not process:
+        return materialize_command(*argv)
+    return subprocess.run([sys.executable, "-m", "pipelines.materialize", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=HANG_GUARD_SECONDS)
 
 
 def _one_line(proc: subprocess.CompletedProcess) -> str:
@@ -69,7 +74,7 @@ def test_a_linked_file_or_a_fifo_in_the_output_is_refused_even_with_overwrite(tm
     assert file_digests(victim) == before
     (out / "manifest.json").unlink()
     os.mkfifo(out / "pipe")
-    proc = _run(out, "--overwrite")
+    proc = _run(out, "--overwrite", process=True)
     assert proc.returncode == 2 and "pipe is a special file" in _one_line(proc)
 
 
@@ -136,7 +141,7 @@ def _fifo(tmp_path: Path) -> str:
 def test_a_flags_file_must_be_a_regular_file(tmp_path, flag, path, says):
     path = {"FIFO": _fifo(tmp_path), "DIR": str(tmp_path)}.get(path, path)
     extra = [flag, path] if flag == "--config" else []
-    proc = _run(tmp_path / "out", *extra, tokenizer=path if flag == "--tokenizer" else TOKENIZER)
+    proc = _run(tmp_path / "out", *extra, tokenizer=path if flag == "--tokenizer" else TOKENIZER, process=True)
     assert proc.returncode == 2, proc.stderr
     assert _one_line(proc) == f"lmshards materialize: error: {flag} {path}: {says}"
     assert not (tmp_path / "out").exists()

@@ -1,7 +1,8 @@
 """Issue 17 for the output: the run's lock, --overwrite only after every check and only over an
 lmshards dataset, inputs that change under a run, failures that leave no debris.
 
-Runs are real ``python -m pipelines.materialize`` processes (two at once for the lock).
+Runs are ``lmshards materialize`` commands, in this process where what they check is decided in
+it, and real processes for the concurrent runs, the lock's holder and the failing writes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize_command
 
 from transforms.output import LOCK_NAME, LockLostError, RunLock, acquire_lock, foreign_files
 from transforms.write import write_atomic
@@ -32,8 +33,12 @@ def _cmd(out: Path, *extra: str, inputs: str = SAMPLE_GLOB) -> list[str]:
     return [sys.executable, "-m", "pipelines.materialize", "--input", inputs, "--output", str(out), *BASE, *extra]
 
 
-def _run(out: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(_cmd(out, *extra, **kwargs), capture_output=True, text=True, cwd=ROOT)
+def _run(out: Path, *extra: str, process: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """The command in this process, or (``process``) in one of its own, whose stderr also shows
+    the log's warnings (the concurrent runs and the failing writes below start processes too)."""
+    if process:
+        return subprocess.run(_cmd(out, *extra, **kwargs), capture_output=True, text=True, cwd=ROOT)
+    return materialize_command(*_cmd(out, *extra, **kwargs)[3:])
 
 
 def _one_line(proc: subprocess.CompletedProcess) -> str:
@@ -119,7 +124,7 @@ def test_a_live_lock_refuses_even_with_overwrite_and_a_stale_one_is_removed(refe
     # not empty; with it, the lock goes with a warning and the run replaces the dataset.
     (out / LOCK_NAME).write_bytes(lock.to_bytes())
     assert "not empty" in _one_line(_run(out))
-    proc = _run(out, "--overwrite", "--num-shards", "4")
+    proc = _run(out, "--overwrite", "--num-shards", "4", process=True)
     assert proc.returncode == 0, proc.stderr
     assert "stale lock" in proc.stderr
     assert file_digests(out) == before and not (out / LOCK_NAME).exists()

@@ -211,10 +211,15 @@ def test_a_token_holding_a_space_and_part_of_a_character():
     np.testing.assert_array_equal(by_bytes, by_offsets)
 
 
+@pytest.fixture(scope="module")
+def project_tokenizer():
+    return Tokenizer.from_file(str(PROJECT_TOKENIZER))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("aZ. !?\n\u00e9\u00c9\u250c\u4f60\U0001f600\"(1")), max_size=40))
-def test_byte_and_offset_mappings_agree_on_any_text(text):
-    tokenizer = Tokenizer.from_file(str(PROJECT_TOKENIZER))
+def test_byte_and_offset_mappings_agree_on_any_text(project_tokenizer, text):
+    tokenizer = project_tokenizer
     if not tokenizer.encode(text, add_special_tokens=False).ids:
         return
     _, by_bytes, by_offsets = _flags_both_ways(tokenizer, text)
