@@ -25,23 +25,31 @@ def materialize(output, *args: str):
     return run(["--output", str(output), *args])
 
 
-def materialize_command(*argv: str) -> subprocess.CompletedProcess:
-    """``lmshards materialize argv`` run in this process (``pipelines.materialize.main``): its
-    exit status and what it printed, as ``subprocess.run(..., capture_output=True, text=True)``
-    would give them. The same code a process runs, without a fresh interpreter's imports; the
-    tests of what only a real process shows (file descriptor 2, signals, a terminal, imports)
+def lmshards_command(*argv: str) -> subprocess.CompletedProcess:
+    """``lmshards argv`` run in this process (``pipelines.cli.main``): its exit status and what
+    it printed, as ``subprocess.run(..., capture_output=True, text=True)`` would give them. The
+    same code a process runs, without a fresh interpreter's imports; the tests of what only a
+    real process shows (file descriptor 2, the log's warnings, signals, a terminal, imports)
     start one.
     """
-    from pipelines.materialize import main
+    from pipelines.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    interrupt = signal.getsignal(signal.SIGINT)  # main leaves a SIGINT handler for the interpreter's exit
+    interrupt = signal.getsignal(signal.SIGINT)  # a command leaves a SIGINT handler for the interpreter's exit
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(argv))
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:  # argparse's usage errors, --help
+                code = exc.code if isinstance(exc.code, int) else 1
     finally:
         signal.signal(signal.SIGINT, interrupt)
-    return subprocess.CompletedProcess(["lmshards", "materialize", *argv], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(["lmshards", *argv], code, out.getvalue(), err.getvalue())
+
+
+def materialize_command(*argv: str) -> subprocess.CompletedProcess:
+    """``lmshards materialize argv`` in this process (:func:`lmshards_command`)."""
+    return lmshards_command("materialize", *argv)
 
 
 def file_digests(root) -> dict[str, str]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, lmshards_command, materialize_command
 
 from schemas.names import shown_name
 
@@ -44,16 +44,16 @@ def test_control_characters_in_file_names_never_reach_the_terminal_raw(tmp_path)
     (corpus / "c\u202elmsj.txt.jsonl").write_bytes(sample[1].read_bytes())
     (corpus / "d\x1b[31m.jsonl").mkdir()  # skipped: named in the summary
     out = tmp_path / "out"
-    done = _cli("--input", str(corpus / "*.jsonl"), "--output", str(out), *BASE)
+    done = materialize_command("--input", str(corpus / "*.jsonl"), "--output", str(out), *BASE)
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout
     assert "d\\x1b[31m.jsonl (directory)" in done.stdout
-    failed = _cli("--input", str(corpus / "x\x1b]0;t\x07*.jsonl"), "--output", str(tmp_path / "o2"), *BASE)
+    failed = materialize_command("--input", str(corpus / "x\x1b]0;t\x07*.jsonl"), "--output", str(tmp_path / "o2"),
+                                 *BASE)
     assert failed.returncode == 2 and "x\\x1b]0;t\\x07*.jsonl: matches no file" in failed.stderr
     assert "\x1b" not in failed.stderr and "\x07" not in failed.stderr
     report = tmp_path / "report.html"
-    made = subprocess.run([sys.executable, "-m", "pipelines.cli", "report", str(out), "-o", str(report)],
-                          capture_output=True, text=True, cwd=ROOT)
+    made = lmshards_command("report", str(out), "-o", str(report))
     assert made.returncode == 0, made.stderr
     page = report.read_text(encoding="utf-8")
     assert "\x1b" not in page and "\u202e" not in page and "\x07" not in page
@@ -62,6 +62,7 @@ def test_control_characters_in_file_names_never_reach_the_terminal_raw(tmp_path)
     assert any(f["path"].endswith(retitle) for f in manifest["run"]["input_files"])
 
 
+@pytest.mark.e2e
 def test_a_job_failure_with_local_workers_is_one_line(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import termios
 
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, materialize_command
 
 from transforms.progress import Progress
 
@@ -22,8 +22,8 @@ def _run(argv, **kwargs):
 
 
 def test_lines_report_the_share_of_input_bytes_tokens_and_the_later_stages(tmp_path):
-    done = _run(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
-                 "--progress-seconds", "0.000001", "--input-split-mb", "0.2"], capture_output=True, text=True)
+    done = materialize_command("--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
+                               "--progress-seconds", "0.000001", "--input-split-mb", "0.2")
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("lmshards: ")]
     reading = [line for line in lines if line.startswith("lmshards: reading: ")]
@@ -35,8 +35,8 @@ def test_lines_report_the_share_of_input_bytes_tokens_and_the_later_stages(tmp_p
                                                                        "682 documents, "))
     assert lines[final + 1:final + 3] == ["lmshards: packing and building examples", "lmshards: writing shards"]
     for seconds in ("0", "60"):  # off; or a run shorter than the interval: nothing shown
-        quiet = _run(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / f"q{seconds}"),
-                      "--progress-seconds", seconds], capture_output=True, text=True)
+        quiet = materialize_command("--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output",
+                                    str(tmp_path / f"q{seconds}"), "--progress-seconds", seconds)
         assert quiet.returncode == 0 and "lmshards: reading" not in quiet.stderr and "packing" not in quiet.stderr
         assert "lmshards: tokenized" not in quiet.stderr
 
