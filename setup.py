@@ -35,6 +35,7 @@ setup(
         "remote": ["fsspec>=2023.1", "gcsfs>=2023.1"],
         "dev": [
             "pytest>=8",
+            "pytest-xdist>=3.5",  # the suite runs in one process per core (pyproject.toml's addopts)
             "hypothesis>=6.100",
             "ruff>=0.5",
             "datasets>=2.18",

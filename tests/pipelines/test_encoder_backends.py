@@ -146,6 +146,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.e2e
 def test_a_job_runs_where_fastokens_cannot_be_imported(tmp_path):
     args = ["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--seq-len", "256"]
     done = run_with_blocked_imports(_RUN_MAIN, "fastokens", *args, "--output", str(tmp_path / "auto"))

@@ -63,6 +63,7 @@ def test_the_document_is_rejected_with_the_same_reason_under_both_encoders(backt
                          "detail": "Onig: Regex search error: retry-limit-in-match over"}]
 
 
+@pytest.mark.e2e
 def test_the_run_goes_on_and_reports_the_rejection_in_one_place(backtracking_tokenizer, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts()), encoding="utf-8")

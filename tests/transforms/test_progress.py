@@ -12,6 +12,7 @@ import subprocess
 import sys
 import termios
 
+import pytest
 from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, materialize_command
 
 from transforms.progress import Progress
@@ -41,6 +42,7 @@ def test_lines_report_the_share_of_input_bytes_tokens_and_the_later_stages(tmp_p
         assert "lmshards: tokenized" not in quiet.stderr
 
 
+@pytest.mark.e2e
 def test_a_terminal_gets_a_bar(tmp_path):
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal 120 wide
