@@ -1,6 +1,6 @@
 """The invariants one example must satisfy, and the replay of its objective.
 
-Invariants (the objectives issue; references in :mod:`transforms.objectives`). Those of the
+Invariants (references in :mod:`transforms.objectives`). Those of the
 layouts (structure, T5 spans and their replay) are checked here; each objective's own come
 from its class (``Objective.example_problems``: prefix_lm, mlm, bart, the UL2 plan):
 

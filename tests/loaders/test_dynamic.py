@@ -16,7 +16,7 @@ from transforms.objectives.common import IGNORE_INDEX
 from transforms.objectives.layout import example_randoms
 from transforms.objectives.registry import OBJECTIVES
 
-# Objectives of the objectives issue, sized to the 128-token chunks of the clm fixture.
+# The objectives, sized to the 128-token chunks of the clm fixture.
 DYNAMIC = {
     "clm": ({"seq_len": 128}, CausalCollator),
     "prefix_lm": ({"seq_len": 128}, PrefixLMCollator),
