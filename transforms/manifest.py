@@ -28,7 +28,7 @@ from transforms.accounting import (
 )
 from transforms.group import plan_summary
 from transforms.inputs import InputFile, check_all_unchanged
-from transforms.objectives.summary import summarizer
+from transforms.objectives.registry import summarizer
 from transforms.output import RunLock, delete_tree
 from transforms.read import UNVERIFIED_PREFIX
 from transforms.write import TMP_DIR, join_path, write_atomic
