@@ -615,7 +615,7 @@ def _child(spec: dict) -> dict:
     return materialize_child(spec)
 
 
-#: The issue-20 targets, in-process: a run's throughput as a share of the fastokens ceiling.
+#: The throughput targets, in-process: a run's throughput as a share of the fastokens ceiling.
 TARGETS = {"clm": 0.4}
 DEFAULT_TARGET = 0.3
 

@@ -1,6 +1,6 @@
 """Is a piece of runner tuning worth keeping? ``materialize`` with and without it, in pairs.
 
-Issue 22's rule: a piece of tuning stays only where it pays at least 5 % of a whole
+The rule: a piece of tuning stays only where it pays at least 5 % of a whole
 ``materialize`` run on the benchmark corpus (60 MB of docstrings, the 32k BPE: see
 ``bench_materialize.py``), as the median of at least 5 interleaved with/without pairs,
 and every pair shows a gain. This script measures such pairs: each run in a fresh Python

@@ -22,19 +22,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from loaders.batch import ExampleBatch, Ragged
-from loaders.collate import (
-    IGNORE_INDEX,
-    CausalCollator,
-    MLMCollator,
-    PrefixLMCollator,
-    Seq2SeqCollator,
-    StackCollator,
-    collator_for,
-)
+from loaders.collate import StackCollator, collator_for
+from loaders.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import ShardIntegrityError, UnsupportedSchemaError
 from loaders.order import EpochOrder
 from loaders.reader import DatasetReader, iter_examples, open_dataset
 from loaders.state import LoaderState, RankSchedule
+from transforms.objectives.common import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from loaders.dataloader import ResumableDataLoader, make_dataloader

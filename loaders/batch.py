@@ -109,10 +109,6 @@ class ExampleBatch(Sequence):
         for index in range(self._size):
             yield self[index]
 
-    def to_list(self) -> list[dict[str, Any]]:
-        """The examples as a list of dicts."""
-        return list(self)
-
     def __repr__(self) -> str:
         return f"ExampleBatch(size={self._size}, columns={list(self.columns)})"
 

@@ -38,7 +38,6 @@ there and is skipped, which keeps the same guarantee.
 This module is over 400 lines on purpose: leases, downloads and eviction are one protocol
 (shared and exclusive ``flock`` plus inode checks), and the argument that no process deletes a
 file in use or reads half a file holds only across all three, so they are kept together.
-(:class:`~loaders.prefetch.Prefetcher` stays importable from here.)
 """
 
 from __future__ import annotations
@@ -51,7 +50,6 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
-from loaders.prefetch import Prefetcher
 from schemas.errors import ConfigError
 
 try:
@@ -59,7 +57,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DEFAULT_CACHE_BYTES", "STALE_PARTIAL_S", "Lease", "Prefetcher", "ShardCache"]
+__all__ = ["DEFAULT_CACHE_BYTES", "STALE_PARTIAL_S", "Lease", "ShardCache"]
 
 #: Default bound of a cache directory (bytes).
 DEFAULT_CACHE_BYTES = 20 << 30

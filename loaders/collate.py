@@ -32,7 +32,7 @@ of an HF model (and HF ``Trainer``) trains what the dataset holds:
 
 Collators (:class:`CausalCollator` and :class:`PrefixLMCollator` live in
 :mod:`loaders.collate_decoder`, :class:`MLMCollator` and :class:`Seq2SeqCollator` in
-:mod:`loaders.collate_encoder`; all are importable from here):
+:mod:`loaders.collate_encoder`; :class:`StackCollator` and :func:`collator_for` here):
 
 - :class:`CausalCollator` (clm): ``documents="position_ids"`` (default): positions
   restarting per document, no mask, ``use_cache=False``: O(B*L). ``"mask"``: the same
@@ -73,14 +73,8 @@ from loaders.collate_arrays import require_columns, to_tensors
 from loaders.collate_decoder import CausalCollator, PrefixLMCollator
 from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import UnsupportedSchemaError
-from transforms.objectives.common import IGNORE_INDEX
 
 __all__ = [
-    "IGNORE_INDEX",
-    "CausalCollator",
-    "MLMCollator",
-    "PrefixLMCollator",
-    "Seq2SeqCollator",
     "StackCollator",
     "collator_for",
     "model_mask_options",

@@ -14,8 +14,8 @@ import numpy as np
 from loaders.batch import ExampleBatch, Ragged
 from loaders.errors import UnsupportedSchemaError
 
-__all__ = ["batch_length", "collated_length", "column_rows", "content_lengths", "fit_rows", "int_column",
-           "real_length", "real_lengths", "require_columns", "row_widths", "to_tensors"]
+__all__ = ["batch_length", "collated_length", "column_rows", "content_lengths", "fit_rows", "real_length",
+           "real_lengths", "require_columns", "row_widths", "to_tensors"]
 
 def require_columns(name: str, examples: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     if not len(examples):
@@ -44,16 +44,6 @@ def row_widths(rows: np.ndarray | list[np.ndarray]) -> list[int]:
     if isinstance(rows, np.ndarray):
         return [rows.shape[1]]  # every row: only the longest matters
     return [len(row) for row in rows]
-
-
-def int_column(examples: Sequence[dict[str, Any]], name: str, default: int) -> np.ndarray:
-    """An integer column as an int64 ``(B,)`` array (``default`` where absent)."""
-    if isinstance(examples, ExampleBatch):
-        column = examples.columns.get(name)
-        if column is None:
-            return np.full(len(examples), default, dtype=np.int64)
-        return np.asarray(column, dtype=np.int64)
-    return np.array([int(e.get(name, default)) for e in examples], dtype=np.int64)
 
 
 def batch_length(lengths: Sequence[int], multiple: int | None, fixed: int | None = None, what: str = "") -> int:

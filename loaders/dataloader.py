@@ -165,10 +165,6 @@ class ResumableDataLoader(DataLoader):
         """Batches this rank reads in its next pass."""
         return self.stream.schedule().num_batches
 
-    @property
-    def batch_size_per_rank(self) -> int:
-        return self.stream.batch_size
-
     def set_epoch(self, epoch: int) -> None:
         """See :meth:`ResumableStream.set_epoch`."""
         self.stream.set_epoch(epoch)

@@ -19,7 +19,7 @@ comes from closed forms, so any position can be located without replaying the st
 Sources are :class:`~loaders.dataset.ShardedDataset` objects over Arrow shards; only
 their data, seed, shuffle and objective settings are used (rank, world size and batch
 size are the mixture's). A mixture of 0.7 clm + 0.3 ul2 (decoder layout) collates with
-:class:`~loaders.collate.PrefixLMCollator`; families that no single collator handles fail
+:class:`~loaders.collate_decoder.PrefixLMCollator`; families that no single collator handles fail
 in :func:`~loaders.collate.collator_for`.
 """
 

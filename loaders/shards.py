@@ -12,8 +12,6 @@ whole batches of Arrow rows through a :class:`~loaders.segment_table.SegmentTabl
 Remote datasets are read from a bounded local cache (:mod:`loaders.cache`): an opened
 Arrow shard holds a lease on its cached file until the reader releases it
 (:meth:`ShardSet.plan`), and a background thread downloads the next shards.
-
-The openers' names stay importable from here (``from loaders.shards import ArrowShard``).
 """
 
 from __future__ import annotations
@@ -31,11 +29,10 @@ from loaders.cache import Lease
 from loaders.files import DatasetLocation
 from loaders.prefetch import Prefetcher
 from loaders.segment_table import SegmentTable
-from loaders.tar_shard import FieldSpec, decode_npy, field_specs, iter_tar_shard, read_tar_rows
+from loaders.tar_shard import read_tar_rows
 from schemas.manifest import Manifest, ShardInfo
 
-__all__ = ["FORMATS", "ArrowShard", "FieldSpec", "SegmentTable", "ShardSet", "decode_npy", "field_specs",
-           "iter_tar_shard", "read_tar_rows"]
+__all__ = ["FORMATS", "ShardSet"]
 
 FORMATS = ("arrow", "webdataset")
 

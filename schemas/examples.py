@@ -1,6 +1,6 @@
 """Arrow schemas of the three example families and their WebDataset field names.
 
-Families (docs/design.md section 5, objectives issue):
+Families (docs/design.md section 5):
 
 - ``decoder`` (clm, prefix_lm, ul2 decoder-only): ``input_ids`` fixed_size_list<int32>[L],
   ``doc_lengths`` list<int32>, optionally ``prefix_lengths`` list<int32> (one per document

@@ -28,7 +28,8 @@ from transforms.accounting import (
 )
 from transforms.group import plan_summary
 from transforms.inputs import InputFile, check_all_unchanged
-from transforms.objectives.summary import summarizer
+from transforms.objectives.counters import add_counters
+from transforms.objectives.registry import summarizer
 from transforms.output import RunLock, delete_tree
 from transforms.read import UNVERIFIED_PREFIX
 from transforms.write import TMP_DIR, join_path, write_atomic
@@ -61,8 +62,6 @@ def source_summary(sources: list, split: str) -> dict[str, Any]:
     ``((split, source), counters)``: the :data:`MAX_SOURCES` largest by documents (then by
     name), the others summed under :data:`OTHER_SOURCES`. Documents are counted as read,
     before exact duplicates are dropped."""
-    from transforms.objectives.counters import add_counters
-
     rows = sorted(((name, counters) for (where, name), counters in sources if where == split),
                   key=lambda row: (-row[1].get("documents", 0), row[0]))
     kept, rest = rows[:MAX_SOURCES - 1] if len(rows) > MAX_SOURCES else rows, rows[MAX_SOURCES - 1:]

@@ -20,7 +20,7 @@ from typing import Any
 
 from transforms.line_reader import BLOCK_BYTES, RecordBuffer, iter_lines
 from transforms.record_policy import BOM, BOM_BYTES, RecordPolicy, has_surrogates, replace_surrogates, split_text
-from transforms.splits import ReadTask, row_group_values
+from transforms.splits import ReadTask, row_group_values, text_bytes
 
 __all__ = [
     "EXCERPT_CHARS",
@@ -32,7 +32,6 @@ __all__ = [
     "finish_record",
     "records_of",
     "rejection",
-    "text_bytes",
 ]
 
 UTF8_REPLACED, NUL_STRIPPED = "invalid_utf8_replaced", "nul_bytes_stripped"
@@ -214,23 +213,6 @@ def _jsonl_records(path: str, stream: Any, text_field: str, policy: RecordPolicy
         if source is not None:
             source.set_from(obj)
         yield number, text, repairs, False
-
-
-def text_bytes(column) -> list[bytes | None] | None:
-    """A Parquet text column's values as raw UTF-8 bytes; ``None`` if it is not a text column.
-
-    Reading text as bytes lets a row with invalid UTF-8 be rejected (or repaired) on its
-    own instead of failing the rest of the file.
-    """
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
-    if pa.types.is_string(column.type):
-        return column.cast(pa.binary()).to_pylist()
-    if pa.types.is_large_string(column.type):
-        return column.cast(pa.large_binary()).to_pylist()
-    return None
 
 
 def _parquet_records(path: str, stream: Any, text_field: str, policy: RecordPolicy) -> Iterator[tuple]:

@@ -34,7 +34,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 __all__ = ["DEFAULT_SPLIT_BYTES", "RANGE_LINES", "FixLinePositions", "RangeStream", "ReadTask", "as_task", "open_task",
-           "plan_tasks", "record_start", "row_group_values"]
+           "plan_tasks", "record_start", "row_group_values", "text_bytes"]
 
 #: Default ``--input-split-mb``: 64 MiB per read task.
 DEFAULT_SPLIT_BYTES = 64 << 20
@@ -238,9 +238,26 @@ def _row_group_tasks(path: str, split_bytes: int) -> list[ReadTask]:
     return tasks
 
 
+def text_bytes(column) -> list[bytes | None] | None:
+    """A Parquet text column's values as raw UTF-8 bytes; ``None`` if it is not a text column.
+
+    Reading text as bytes lets a row with invalid UTF-8 be rejected (or repaired) on its
+    own instead of failing the rest of the file.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if pa.types.is_string(column.type):
+        return column.cast(pa.binary()).to_pylist()
+    if pa.types.is_large_string(column.type):
+        return column.cast(pa.large_binary()).to_pylist()
+    return None
+
+
 def row_group_values(handle, task: ReadTask, text_field: str) -> Iterator[tuple[int, Any]]:
     """``(row number, value)`` of the text column in the task's row groups, a batch at a time,
-    values as UTF-8 bytes where the column is text (see :func:`transforms.record_formats.text_bytes`).
+    values as UTF-8 bytes where the column is text (see :func:`text_bytes`).
 
     Raises:
         KeyError: the file has no column ``text_field`` (at once, before any row).
@@ -254,8 +271,6 @@ def row_group_values(handle, task: ReadTask, text_field: str) -> Iterator[tuple[
 
 
 def _row_group_rows(parquet, task: ReadTask, text_field: str) -> Iterator[tuple[int, Any]]:
-    from transforms.record_formats import text_bytes
-
     row = task.first_row
     for batch in parquet.iter_batches(columns=[text_field], batch_size=4096,
                                       row_groups=list(range(task.start, task.stop))):

@@ -249,10 +249,3 @@ def resolve_special_tokens(
     )
     return ResolvedTokenizer(tokenizer=tokenizer, special=special, roles=roles, added=added)
 
-
-def count_sentinels(tokenizer: Tokenizer) -> int:
-    """Number of consecutive ``<extra_id_k>`` tokens starting at 0."""
-    k = 0
-    while tokenizer.token_to_id(sentinel_token(k)) is not None:
-        k += 1
-    return k

@@ -29,7 +29,7 @@ import numpy as np
 from schemas.examples import example_schema
 from transforms.objectives.common import IGNORE_INDEX, SpecialIds
 
-__all__ = ["IGNORE_INDEX", "Anatomy", "ObjectiveView", "take_apart"]
+__all__ = ["Anatomy", "ObjectiveView", "take_apart"]
 
 
 class ObjectiveView:

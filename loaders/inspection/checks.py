@@ -1,6 +1,6 @@
 """The invariants one example must satisfy, and the replay of its objective.
 
-Invariants (the objectives issue; references in :mod:`transforms.objectives`). Those of the
+Invariants (references in :mod:`transforms.objectives`). Those of the
 layouts (structure, T5 spans and their replay) are checked here; each objective's own come
 from its class (``Objective.example_problems``: prefix_lm, mlm, bart, the UL2 plan):
 
@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from loaders.inspection.anatomy import IGNORE_INDEX, Anatomy, ObjectiveView
+from loaders.inspection.anatomy import Anatomy, ObjectiveView
 from transforms.objectives.base import build_example
+from transforms.objectives.common import IGNORE_INDEX
 from transforms.objectives.layout import chunk_key_of, example_randoms
-from transforms.objectives.span_corruption import noise_counts
+from transforms.objectives.spans import noise_counts
 
 __all__ = ["chunk_key", "example_problems"]
 

@@ -16,6 +16,7 @@ from typing import Any
 from loaders.inspection.anatomy import ObjectiveView, take_apart
 from loaders.inspection.source import InspectedDataset
 from loaders.inspection.stats import SplitStats
+from transforms.objectives.registry import summarize_objective
 
 __all__ = ["format_table", "inspect_dataset", "manifest_objective_summary", "measure_split"]
 
@@ -29,10 +30,6 @@ def manifest_objective_summary(ds: InspectedDataset, split: str) -> dict[str, An
         return stats["objective_summary"]
     if "objective" not in stats:
         return None
-    try:
-        from transforms.objectives.summary import summarize_objective
-    except ImportError:  # an older checkout without the summary module: show the raw counters
-        return {"counters": stats["objective"]}
     objective = ds.manifest.objective
     return summarize_objective(objective["name"], stats["objective"], objective.get("params"))
 

@@ -23,7 +23,8 @@ from test_document_isolation import (
     spans,
 )
 
-from loaders.collate import CausalCollator, PrefixLMCollator, model_mask_options
+from loaders.collate import model_mask_options
+from loaders.collate_decoder import CausalCollator, PrefixLMCollator
 
 FLEX_ATOL = 1e-4  # flex's kernel against sdpa's (the same math, another summation order)
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from loaders.collate import CausalCollator, MLMCollator, PrefixLMCollator, Seq2SeqCollator, collator_for
+from loaders.collate import collator_for
+from loaders.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import UnsupportedSchemaError
 
 X = -100

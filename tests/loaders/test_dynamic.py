@@ -8,13 +8,15 @@ import torch
 from conftest import TOKENIZER, write_dataset
 
 from loaders import ShardedDataset, make_dataloader
-from loaders.collate import IGNORE_INDEX, CausalCollator, MLMCollator, PrefixLMCollator, Seq2SeqCollator
+from loaders.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import UnsupportedSchemaError
 from transforms.objectives.base import Built, Objective
+from transforms.objectives.common import IGNORE_INDEX
 from transforms.objectives.layout import example_randoms
 from transforms.objectives.registry import OBJECTIVES
 
-# Objectives of the objectives issue, sized to the 128-token chunks of the clm fixture.
+# The objectives, sized to the 128-token chunks of the clm fixture.
 DYNAMIC = {
     "clm": ({"seq_len": 128}, CausalCollator),
     "prefix_lm": ({"seq_len": 128}, PrefixLMCollator),

@@ -216,7 +216,7 @@ def test_example_batch_is_a_sequence_of_examples():
     assert last["input_ids"].tolist() == [4, 5] and last["doc_lengths"].tolist() == [1, 1]
     assert batch[1]["doc_lengths"].tolist() == []
     assert [e["key"] for e in batch[1:]] == ["b", "c"] and [e["key"] for e in batch] == ["a", "b", "c"]
-    assert batch.to_list()[0]["input_ids"].tolist() == [0, 1]
+    assert list(batch)[0]["input_ids"].tolist() == [0, 1]
     with pytest.raises(IndexError):
         batch[3]
     assert batch.column("doc_lengths").lengths().tolist() == [1, 0, 2]

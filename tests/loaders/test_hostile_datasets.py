@@ -1,4 +1,4 @@
-"""Issue 17 for the readers: a manifest's paths are data (local and emulator-served datasets),
+"""Hostile datasets for the readers: a manifest's paths are data (local and emulator-served datasets),
 the cache deletes only its own files, every reader checks sha256, schema, rows, dtypes and
 shapes, and a shard truncated under a running loader is a Python error naming it.
 """
@@ -259,7 +259,7 @@ def test_a_shard_truncated_under_dataloader_workers_is_a_python_error(tmp_path):
             pass
 
 
-# -- issue 22: one way in. Every reader (the loader, a mixture, open_dataset, the inspection commands) reads
+# -- one way in. Every reader (the loader, a mixture, open_dataset, the inspection commands) reads
 # the manifest, the shards and the tokenizer through the same doors, so a check one of them made is made by all.
 # Each case below was missed (read as data, or a raw library error) by at least one of them before.
 

@@ -27,7 +27,7 @@ from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_digests, example_randoms
 from transforms.objectives.randoms import compositions
 from transforms.objectives.registry import make_objective
-from transforms.objectives.span_corruption import NOISE_STREAM
+from transforms.objectives.spans import NOISE_STREAM
 
 SPECIAL = SpecialIds(vocab_size=100, pad=0, eos=1, bos=2, mask=4, sentinels=tuple(range(10, 20)),
                      mode_tokens={"[R]": 20, "[S]": 21, "[X]": 22}, all_special=frozenset(range(0, 23)))

@@ -47,31 +47,3 @@ def test_loaders_import_without_the_training_stack():
     )
     result = run_with_blocked_imports(code, "apache_beam,transformers,lightning,torchdata,accelerate")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
-
-
-def test_names_moved_out_of_a_module_stay_importable_from_it():
-    """shards.py, cache.py and collate.py were split by responsibility; code and recipes that import
-    from the old modules get the same objects as from the new homes."""
-    import loaders.arrow_shard
-    import loaders.cache
-    import loaders.collate
-    import loaders.collate_decoder
-    import loaders.collate_encoder
-    import loaders.prefetch
-    import loaders.segment_table
-    import loaders.shards
-    import loaders.tar_shard
-
-    moved = {
-        loaders.shards: [(loaders.arrow_shard, "ArrowShard"), (loaders.segment_table, "SegmentTable")]
-        + [(loaders.tar_shard, n) for n in ("FieldSpec", "decode_npy", "field_specs", "iter_tar_shard",
-                                            "read_tar_rows")],
-        loaders.cache: [(loaders.prefetch, "Prefetcher")],
-        loaders.collate: [(loaders.collate_decoder, "CausalCollator"), (loaders.collate_decoder, "PrefixLMCollator"),
-                          (loaders.collate_encoder, "MLMCollator"), (loaders.collate_encoder, "Seq2SeqCollator")],
-    }
-    for old, names in moved.items():
-        for home, name in names:
-            assert name in old.__all__, (old.__name__, name)
-            assert getattr(old, name) is getattr(home, name), (old.__name__, name)
-            assert getattr(home, name).__module__ == home.__name__, (home.__name__, name)

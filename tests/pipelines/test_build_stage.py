@@ -2,8 +2,8 @@
 how chunks fall into blocks, chunks laid out as columns for a shuffle; and the encoder threads
 of multi-process workers.
 
-The pool of build processes that once ran beside the in-process runner is gone (issue 22:
-measured slower, benchmarks/README.md); the end-to-end byte identity across runners is in
+The pool of build processes that once ran beside the in-process runner is gone (measured
+slower, benchmarks/README.md); the end-to-end byte identity across runners is in
 tests/pipelines/test_runners.py.
 """
 

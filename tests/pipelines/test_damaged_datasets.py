@@ -1,4 +1,4 @@
-"""Issue 17, item 8: every inspection command on every damaged dataset ends in one line naming the
+"""Damaged datasets: every inspection command on every damaged dataset ends in one line naming the
 file and the problem (exit 1), never a traceback; a path where nothing exists is a usage error (2).
 """
 
@@ -174,7 +174,7 @@ DAMAGE = {
     "garbage shard": (lambda root: (root / ARROW).write_bytes(b"\x00" * (root / ARROW).stat().st_size), [ARROW],
                       ARROW_READERS),
     "int64 tar member": (_tar_int64, [TAR], ("show webdataset", "validate")),
-    # issue 22: checks the loader made that the inspection commands did not (one shard opener now)
+    # checks the loader made that the inspection commands did not (one shard opener now)
     "null in an arrow shard": (_arrow_null, [ARROW], ARROW_READERS),
     "tar member twice": (_tar_member_twice, [TAR], ("show webdataset", "validate")),
     "truncated tar": (_truncate(TAR), [TAR], ("show webdataset", "validate")),

@@ -64,7 +64,7 @@ def test_dataflow_job_builds_with_dry_run(gcs, tmp_path):
     assert download_tree(out) == {}
 
 
-# --- the output on an object store (issues 17 and 19): --overwrite, .tmp, debris, the lock ---------
+# --- the output on an object store: --overwrite, .tmp, debris, the lock ---------------------------
 
 
 def _gs_run(out: str, *extra: str):

@@ -1,6 +1,6 @@
 """A new user's mistakes fail loudly in one line, and a finished run says what it made.
 
-One test per row of the new-user table (issue 21): a missing text field, stray arguments
+One test per row of the new-user table: a missing text field, stray arguments
 from an unquoted glob, abbreviated and mistyped flags, ``--workers``, the special tokens a
 tokenizer lacks, tokens added to the vocabulary, Beam's own warnings, a split with no
 examples, the summary, ``validate`` on an empty split.

@@ -1,4 +1,4 @@
-"""Issue 17 for the output: the run's lock, --overwrite only after every check and only over an
+"""Safety of the output: the run's lock, --overwrite only after every check and only over an
 lmshards dataset, inputs that change under a run, failures that leave no debris.
 
 Runs are ``lmshards materialize`` commands, in this process where what they check is decided in

@@ -1,4 +1,4 @@
-"""Reliability of ``lmshards materialize`` (docs/design.md section 7, issue 5, pipeline side).
+"""Reliability of ``lmshards materialize`` (docs/design.md section 7, pipeline side).
 
 - A corpus mixing good documents with every kind of bad record (including a BOM mid-file,
   blank lines, a 10 MB document and a truncated .gz): the run completes, every good

@@ -1,4 +1,4 @@
-"""The flags of the chosen runner, and the runners lmshards refuses (issue 25).
+"""The flags of the chosen runner, and the runners lmshards refuses.
 
 A runner's own options class (Beam's DaskOptions lives in the DaskRunner's module) is known once
 its module is imported: ``materialize`` imports the chosen runner's module before it checks the

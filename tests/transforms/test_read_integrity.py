@@ -1,4 +1,4 @@
-"""Issue 17 for the reader: bounded memory per record, archives verified before their records
+"""Integrity of the reader: bounded memory per record, archives verified before their records
 count, nothing that vanishes without a rejection, and line ends.
 
 Memory is measured as the peak RSS of a child process (its ``VmHWM``), never as time.

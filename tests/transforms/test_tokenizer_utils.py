@@ -12,7 +12,6 @@ from transforms.tokenizer_utils import (
     DEFAULT_NAMES,
     ROLE_CANDIDATES,
     byte_level_lengths,
-    count_sentinels,
     resolve_special_tokens,
     sentinel_token,
     tokenizer_from_bytes,
@@ -71,7 +70,7 @@ def test_project_tokenizer_ids():
         "sep": "</s>",
     }
     assert resolved.added == []
-    assert count_sentinels(tokenizer) == 128
+    assert tokenizer.token_to_id(sentinel_token(127)) is not None and tokenizer.token_to_id(sentinel_token(128)) is None
     assert special.non_special_ids()[:3].tolist() == [139, 140, 141]
     assert len(special.non_special_ids()) == 8000 - 139
 
@@ -127,7 +126,7 @@ def test_sentinels_added_after_existing_ones():
     assert resolved.added == ["<extra_id_128>", "<extra_id_129>", "[Q]"]
     assert resolved.special.sentinels[127:] == (132, 8000, 8001)
     assert resolved.special.mode_tokens == {"[Q]": 8002}
-    assert count_sentinels(tokenizer) == 130
+    assert tokenizer.token_to_id(sentinel_token(129)) is not None and tokenizer.token_to_id(sentinel_token(130)) is None
     # The amended tokenizer is the one serialised next to the dataset.
     reloaded = tokenizer_from_bytes(resolved.to_json_bytes())
     assert reloaded.token_to_id("<extra_id_129>") == 8001

@@ -15,8 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["SPAN_LENGTH_HISTOGRAM_CAP", "add_counters", "log2_bin", "merge_counters", "length_counters",
-           "sum_counters"]
+__all__ = ["SPAN_LENGTH_HISTOGRAM_CAP", "add_counters", "log2_bin", "length_counters", "sum_counters"]
 
 SPAN_LENGTH_HISTOGRAM_CAP = 64
 """Noise span lengths >= this value share the last histogram bin ``span_len_hist_64`` (span
@@ -52,13 +51,6 @@ def add_counters(total: dict[str, int], counters: dict[str, int]) -> None:
             total[name] = min(old, value)
         else:
             total[name] = max(old, value)
-
-
-def merge_counters(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-    """Combine two counter dicts into a new one."""
-    out = dict(a)
-    add_counters(out, b)
-    return out
 
 
 def sum_counters(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:

@@ -13,7 +13,7 @@ installed package, as for any Beam DoFn).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -25,10 +25,12 @@ from transforms.objectives.flags import objective_flags as _merged_flags
 from transforms.objectives.mlm import MLM
 from transforms.objectives.prefix_lm import PrefixLM
 from transforms.objectives.span_corruption import SpanCorruption
+from transforms.objectives.summary import Counters, Params, common_summary
 from transforms.objectives.ul2 import UL2
 
 __all__ = ["OBJECTIVES", "decoder_start_role", "make_objective", "objective_class", "objective_flags",
-           "objective_from_params", "objective_parameters", "register_objective", "unregister_objective"]
+           "objective_from_params", "objective_parameters", "register_objective", "summarize_objective", "summarizer",
+           "unregister_objective"]
 
 _REGISTERED: dict[str, type[Objective]] = {}
 #: name -> objective class, in registration order (read-only; see :func:`register_objective`)
@@ -149,3 +151,24 @@ def objective_from_params(name: str, params: Mapping[str, Any]) -> Objective:
         ValueError: unknown objective, or parameters it refuses.
     """
     return make_objective(name, objective_class(name).config_from_params(dict(params)))
+
+
+def summarizer(name: str) -> Callable[[Counters, Params | None], dict[str, Any]]:
+    """The summary function of objective ``name``: its class's ``summarize``
+    (:class:`transforms.objectives.base.Objective`; for the built-in ones the functions of
+    :mod:`transforms.objectives.summary`).
+
+    An objective not registered here (a dataset written with another objective set) gets the
+    common part: examples, chunk and padding tokens.
+    """
+    objective = OBJECTIVES.get(name)
+    return objective.summarize if objective else _common_only
+
+
+def _common_only(counters: Counters, params: Params | None = None) -> dict[str, Any]:
+    return common_summary(counters)
+
+
+def summarize_objective(name: str, counters: Counters, params: Params | None = None) -> dict[str, Any]:
+    """The summary of objective ``name``'s summed counters (:func:`summarizer`)."""
+    return summarizer(name)(counters, params)

@@ -5,7 +5,7 @@ Reference: google-research/text-to-text-transfer-transformer ``t5/data/preproces
 ``nonnoise_span_to_unique_sentinel``) and its port in huggingface/transformers
 ``run_t5_mlm_flax.py``. Semantics matched exactly:
 
-- :func:`random_spans_helper` is T5's length helper: the largest raw chunk length ``T``
+- :func:`~transforms.objectives.spans.random_spans_helper` is T5's length helper: the largest raw chunk length ``T``
   whose encoded inputs (EOS included) fit ``inputs_length``, Python ``round`` (half to
   even), and the ``noise_density == 0.5`` "minor hack". (3, .15, 512) -> 568 raw, 114 targets.
 - The noise mask: ``n_noise = clip(round(L*r), 1, L-1)``, ``n_spans = max(round(n_noise/mu), 1)``,
@@ -22,7 +22,7 @@ Deliberate differences:
   non-empty. T5 has no guard (the shape breaks when spans outnumber non-noise tokens);
   HF caps with ``round(min(n_noise, n_nonnoise)/mu)``, which also changes well-formed
   configurations with ``r > 0.5``. Ours is identical to T5 whenever T5 is well formed.
-- The raw length actually used (:func:`fit_raw_length`) is the helper's ``T``, shrunk
+- The raw length actually used (:func:`~transforms.objectives.spans.fit_raw_length`) is the helper's ``T``, shrunk
   only in degenerate tiny configurations where the mask's clip/max guards would make the
   inputs overflow the budget (the helper has no such guards). All realistic settings,
   and every golden value, are unchanged.
@@ -38,8 +38,9 @@ Deliberate differences:
   tokens appear inside inputs and targets (about 0.25 per example of ~60-token documents at
   512 inputs). ``--document-separator none`` joins documents the T5 way.
 - Randomness is counter-based (docs/design.md section 3): the noise lengths come from stream
-  :data:`NOISE_STREAM`, the non-noise lengths from :data:`KEEP_STREAM` of the example's row
-  key, so ids differ from T5's bit for bit while the distribution is the same.
+  :data:`~transforms.objectives.spans.NOISE_STREAM`, the non-noise lengths from
+  :data:`~transforms.objectives.spans.KEEP_STREAM` of the example's row key, so ids differ
+  from T5's bit for bit while the distribution is the same.
 - A final chunk shorter than ``T`` is noised at its own length (counts from its length,
   as T5 does for the short tail of ``split_tokens``): inputs and targets come out shorter
   than the budgets, never longer, and are padded with the pad id to the schema lengths.
@@ -59,9 +60,6 @@ from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.spans import (
-    KEEP_STREAM,
-    NOISE_STREAM,
-    SPAN_LENGTH_HISTOGRAM_CAP,
     check_chunks,
     corrupt_rows,
     encoded_lengths,
@@ -72,19 +70,7 @@ from transforms.objectives.spans import (
 )
 from transforms.objectives.summary import summarize_span_corruption
 
-__all__ = [
-    "KEEP_STREAM",
-    "NOISE_STREAM",
-    "SPAN_LENGTH_HISTOGRAM_CAP",
-    "SpanCorruption",
-    "SpanCorruptionConfig",
-    "corrupt_rows",
-    "encoded_lengths",
-    "fit_raw_length",
-    "noise_counts",
-    "random_spans_helper",
-    "span_histogram",
-]
+__all__ = ["SpanCorruption", "SpanCorruptionConfig"]
 
 @dataclass(frozen=True)
 class SpanCorruptionConfig:

@@ -9,7 +9,8 @@ span length, the UL2 denoiser mix by examples and by raw tokens. The manifest st
 result next to the counters (``stats[split]["objective_summary"]``); loaders and
 inspection tools can recompute it from the counters alone. Each objective class declares
 its summary (``Objective.summarize``: the built-in ones are the functions here, built from
-the shared helpers a new objective can use too); :func:`summarizer` finds it by name.
+the shared helpers a new objective can use too);
+:func:`transforms.objectives.registry.summarizer` finds it by name.
 
 Every ratio is ``round(numerator / denominator, 6)`` of two exact integers, so summaries
 are byte-identical whatever the runner; a ratio with a zero denominator is ``None``.
@@ -23,7 +24,7 @@ measured ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
@@ -40,11 +41,9 @@ __all__ = [
     "summarize_bart",
     "summarize_clm",
     "summarize_mlm",
-    "summarize_objective",
     "summarize_prefix_lm",
     "summarize_span_corruption",
     "summarize_ul2",
-    "summarizer",
 ]
 
 ROUND_DIGITS = 6
@@ -285,24 +284,3 @@ def summarize_ul2(counters: Counters, params: Params | None = None) -> dict[str,
         summary["mix"]["weights"] = {name: weight for name, (_, weight) in weights.items()}
     return summary
 
-
-def summarizer(name: str) -> Callable[[Counters, Params | None], dict[str, Any]]:
-    """The summary function of objective ``name``: its class's ``summarize``
-    (:class:`transforms.objectives.base.Objective`; the functions above for the built-in ones).
-
-    An objective not registered here (a dataset written with another objective set) gets the
-    common part: examples, chunk and padding tokens.
-    """
-    from transforms.objectives.registry import OBJECTIVES  # the registry imports every objective
-
-    objective = OBJECTIVES.get(name)
-    return objective.summarize if objective else _common_only
-
-
-def _common_only(counters: Counters, params: Params | None = None) -> dict[str, Any]:
-    return common_summary(counters)
-
-
-def summarize_objective(name: str, counters: Counters, params: Params | None = None) -> dict[str, Any]:
-    """The summary of objective ``name``'s summed counters (:func:`summarizer`)."""
-    return summarizer(name)(counters, params)

@@ -9,7 +9,7 @@ the decoder-only layout concatenates inputs and targets as SeqIO's
 
 Lengths (``I`` = ``inputs_length``, mode token and EOS included in every budget):
 
-- Span denoiser: raw chunk ``T`` = :func:`~transforms.objectives.span_corruption.fit_raw_length`
+- Span denoiser: raw chunk ``T`` = :func:`~transforms.objectives.spans.fit_raw_length`
   at ``I - 1``; inputs ``[mode] c0 <X0> ... </s>`` are exactly ``I`` for a full chunk
   (e.g. R(3, .15) at 512: 567 raw tokens, 114 targets; X(3, .5): 765 raw, 127 spans).
 - S denoiser: raw chunk ``I - 1`` tokens; suffix length ~ U[1, min(T - 1, targets_length - 1)],

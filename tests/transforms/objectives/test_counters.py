@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from functools import reduce
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.objectives.counters import length_counters, log2_bin, merge_counters, sum_counters
+from transforms.objectives.counters import length_counters, log2_bin, sum_counters
 
 
 def test_log2_bin():
@@ -16,10 +14,10 @@ def test_log2_bin():
     assert log2_bin(np.int64(5)) == 3
 
 
-def test_merge_counters_sum_min_max():
+def test_sum_counters_sum_min_max():
     a = {"docs": 3, "len_min": 4, "len_max": 9, "len_hist_03": 2, "only_a": 1}
     b = {"docs": 2, "len_min": 2, "len_max": 7, "len_hist_03": 5, "only_b_max": 8}
-    merged = merge_counters(a, b)
+    merged = sum_counters([a, b])
     assert merged == {
         "docs": 5,
         "len_min": 2,
@@ -30,8 +28,8 @@ def test_merge_counters_sum_min_max():
     }
     # Inputs are not modified.
     assert a == {"docs": 3, "len_min": 4, "len_max": 9, "len_hist_03": 2, "only_a": 1}
-    assert merge_counters({}, {}) == {}
-    assert type(merge_counters({}, {"x": np.int64(3)})["x"]) is int
+    assert sum_counters([{}, {}]) == {}
+    assert type(sum_counters([{}, {"x": np.int64(3)}])["x"]) is int
 
 
 def test_length_counters_exact():
@@ -60,14 +58,14 @@ _LENGTHS = st.lists(st.integers(0, 5000), max_size=30)
 def test_merged_parts_equal_whole_in_any_order(parts, order):
     whole = length_counters("len", np.array([x for part in parts for x in part], dtype=np.int64))
     partials = [length_counters("len", np.array(part, dtype=np.int64)) for part in parts]
-    assert reduce(merge_counters, partials, {}) == whole
+    assert sum_counters(partials) == whole
     shuffled = list(partials)
     order.shuffle(shuffled)
-    assert reduce(merge_counters, shuffled, {}) == whole
+    assert sum_counters(shuffled) == whole
     # Tree-shaped combination (as a combiner would) gives the same result.
     while len(shuffled) > 1:
         shuffled = [
-            merge_counters(*shuffled[i : i + 2]) if i + 1 < len(shuffled) else shuffled[i]
+            sum_counters(shuffled[i : i + 2]) if i + 1 < len(shuffled) else shuffled[i]
             for i in range(0, len(shuffled), 2)
         ]
     assert shuffled[0] == whole

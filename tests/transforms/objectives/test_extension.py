@@ -294,7 +294,8 @@ def test_validate_reports_its_own_invariant_on_a_bad_example(dataset):
 
 @pytest.mark.e2e
 def test_the_loader_collates_it_with_its_decoder_start(dataset):
-    from loaders.collate import Seq2SeqCollator, collator_for
+    from loaders.collate import collator_for
+    from loaders.collate_encoder import Seq2SeqCollator
     from loaders.dataset import ShardedDataset
 
     out, _ = dataset

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import random
 
+from transforms.objectives.registry import summarize_objective
 from transforms.objectives.summary import (
     counter_histogram,
     denoiser_counters,
     histogram_table,
     ratio,
-    summarize_objective,
 )
 
 
