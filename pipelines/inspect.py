@@ -103,7 +103,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
             print(f"lmshards inspect: error: no split {unknown}; the dataset has {dataset.splits}", file=sys.stderr)
             return 2
         summary = inspect_dataset(dataset, limit=args.limit or None, splits=args.split)
-        sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n" if args.json else format_table(summary))
+        sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n" if args.json
+                         else format_table(summary, dataset.objective))
         return 0
 
     return _run("inspect", parser, argv, body)

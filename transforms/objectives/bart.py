@@ -63,11 +63,13 @@ of the passes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from transforms.objectives import lines
 from transforms.objectives.bart_passes import (
     INSERT_IDS_STREAM,
     INSERT_RANDOM_STREAM,
@@ -204,6 +206,22 @@ class Bart(Objective):
                          "targets_tokens": c["targets_tokens"],
                          "length_ratio": ratio(c["inputs_tokens"], c["targets_tokens"]),
                          "masks_per_example": ratio(c["mask_tokens"], c["examples"])}}
+
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """Length ratio and masks measured, beside the manifest's masked word share and Poisson span."""
+        ms = manifest_summary or {}
+        b = measured["bart"]
+        return [f"  inputs/targets length ratio {lines.number(b['length_ratio'])}; <mask> per example "
+                f"{lines.number(b['masks_per_example'])}; masked word share (manifest) "
+                f"{lines.number(ms.get('masked_word_share'))}"
+                f"; mean Poisson span (manifest) {lines.number(ms.get('spans', {}).get('mean_poisson_length'))}"]
+
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Mask tokens, and the tokens of the inputs and of the source (targets)."""
+        a = anatomy
+        return {"mask_tokens": a.mask_tokens, "input_tokens": int(a.inputs.size), "source_tokens": int(a.targets.size)}
 
     def __init__(self, config: BartConfig | None = None) -> None:
         self.config = config or BartConfig()

@@ -317,8 +317,9 @@ class Objective(ABC):
         return []
 
     def shard_counters(self, example: Mapping[str, Any], anatomy: Any) -> dict[str, int]:
-        """Counters of :attr:`exact_counters` the objective computes from one stored example
-        (those of the known layouts the inspection tools count themselves)."""
+        """The counters of :attr:`exact_counters` recounted from one stored example taken apart
+        (``anatomy``), which ``lmshards validate`` adds up against the manifest; ``examples``,
+        ``chunk_tokens`` and ``padding_tokens`` are counted for every objective."""
         return {}
 
     def measured_summary(self, stats: Any) -> dict[str, Any]:
@@ -326,6 +327,15 @@ class Objective(ABC):
         (``loaders.inspection.stats.SplitStats``: ``counts``, ``mlm``, ``noise``,
         ``noise_of(denoiser)``, ``prefix_tenths``), next to the configured values."""
         return {}
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """The objective's lines of ``lmshards inspect``'s table (and of the report's summary),
+        after a split's length rows: its statistics from ``measured`` (a split's
+        :meth:`measured_summary` merged into the common ones, as ``inspect --json`` prints them)
+        beside the manifest's exact ``manifest_summary`` (its :meth:`summarize`; None for a
+        manifest without counters). Each line starts with two spaces; numbers formatted with
+        :mod:`transforms.objectives.lines`. None by default."""
+        return []
 
     def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw lengths and int plans of chunks, given one number in [0, 1) per chunk."""

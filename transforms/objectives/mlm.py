@@ -61,6 +61,7 @@ from transforms.objectives.base import Block, Built, Objective, build_example
 from transforms.objectives.common import IGNORE_INDEX, SpecialIds, ids_out_of_range
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
+from transforms.objectives.lines import number
 from transforms.objectives.randoms import Randoms, first_distinct, random_ids
 from transforms.objectives.summary import ratio, summarize_mlm
 
@@ -250,6 +251,30 @@ class MLM(Objective):
             "configured_split": {"masked": config.mask_ratio, "random": config.random_ratio,
                                  "kept": config.keep_ratio},
         }}
+
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """Selected share and replacement split, measured beside configured and the manifest's exact split."""
+        lines, ms = [], manifest_summary or {}
+        m = measured["mlm"]
+        split, cfg = m["split"], m["configured_split"]
+        lines.append(f"  selected {m['selected']:,} of {m['candidates']:,} maskable = {number(m['density'])} "
+                     f"(configured {number(m['configured_density'])})")
+        # Named, never in dict order: a manifest's dicts come back with sorted keys (keep, mask, random).
+        parts = ("masked", "random", "kept")
+        lines.append("  replacement mask/random/kept " + " / ".join(number(split[k]) for k in parts)
+                     + "  (configured " + " / ".join(number(cfg[k]) for k in parts) + ")")
+        if "replacement" in ms:
+            exact = " / ".join(number(ms["replacement"][k]) for k in ("mask", "random", "keep"))
+            lines.append(f"  manifest (exact) mask/random/kept {exact}")
+        return lines
+
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Selected and masked tokens, and the maskable ones."""
+        a = anatomy
+        return {"selected": int(a.mlm["selected"].sum()), "masked": int(a.mlm["masked"].sum()),
+                "maskable_tokens": a.mlm["candidates"]}
 
     def build(self, block: Block, special: SpecialIds) -> Built:
         """Mask every chunk of ``block``.

@@ -36,6 +36,7 @@ from transforms.objectives.base import Block, Built, Objective, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
+from transforms.objectives.lines import number
 from transforms.objectives.randoms import Randoms
 from transforms.objectives.summary import ratio, summarize_prefix_lm
 
@@ -150,6 +151,18 @@ class PrefixLM(Objective):
                 "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(stats.prefix_tenths.items())},
                 "prefix_expected_tenths": {f"{k / 10:.1f}": round(n, 3)
                                            for k, n in sorted(getattr(stats, "prefix_expected_tenths", {}).items())}}
+
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """The measured prefix share beside the share its splits give."""
+        return [f"  prefix share {number(measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)"]
+
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Tokens and document segments of the row, and its prefix and suffix tokens."""
+        a = anatomy
+        return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size),
+                "prefix_tokens": a.prefix_length, "suffix_tokens": a.raw_tokens - a.prefix_length}
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_lengths`` column (one per document)."""

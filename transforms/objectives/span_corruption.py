@@ -50,6 +50,7 @@ Assumption: chunks hold no sentinel ids (the tokenizer must not turn literal
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ import numpy as np
 from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_block_order, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
+from transforms.objectives.lines import number
 from transforms.objectives.spans import (
     KEEP_STREAM,
     NOISE_STREAM,
@@ -66,6 +68,7 @@ from transforms.objectives.spans import (
     corrupt_rows,
     encoded_lengths,
     fit_raw_length,
+    noise_counters,
     noise_counts,
     random_spans_helper,
     span_histogram,
@@ -158,6 +161,20 @@ class SpanCorruption(Objective):
         """Measured noise density and span lengths against the expected composition law."""
         config = self.config
         return {"noise": stats.noise.summary(config.noise_density, config.mean_noise_span_length, True)}
+
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """Noise density and span lengths, measured beside configured and the manifest's density."""
+        n = measured["noise"]
+        ms = manifest_summary or {}
+        return [f"  noise density {number(n['density'])} (configured {number(n['configured_density'])}, "
+                f"manifest {number(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
+                f"{number(n['mean_span_length'])} (configured {number(n['configured_mean_span_length'])})"]
+
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
+        return noise_counters(anatomy)
 
     def __init__(self, config: SpanCorruptionConfig | None = None) -> None:
         self.config = config if config is not None else SpanCorruptionConfig()

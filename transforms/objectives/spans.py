@@ -9,6 +9,8 @@ are in :mod:`transforms.objectives.span_corruption`'s docstring.
 from __future__ import annotations
 
 import functools
+from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +28,7 @@ __all__ = [
     "corrupt_rows",
     "encoded_lengths",
     "fit_raw_length",
+    "noise_counters",
     "noise_counts",
     "random_spans_helper",
     "span_histogram",
@@ -243,3 +246,23 @@ def check_chunks(block: Block, special: SpecialIds, limit: int, what: str, least
         raise ValueError(f"token ids must be in [0, {special.vocab_size}), got "
                          f"[{block.tokens.min()}, {block.tokens.max()}]")
     return lengths
+
+
+def noise_counters(a: Any) -> Counter:
+    """The noise counters of one stored span or S example taken apart (``a``, an ``Anatomy``)
+    that ``lmshards validate`` recounts: raw, noise, inputs and targets tokens, noise spans and
+    (span examples) the span length histogram; an example of a denoiser counts them under
+    ``denoiser/NAME/`` too, with its examples, and the histogram there only."""
+    c: Counter = Counter()
+    if a.inputs is not None:
+        own = Counter(raw_tokens=a.raw_tokens, noise_tokens=a.noise_tokens,
+                      noise_spans=int(a.span_lengths.size) if a.kind == "span" else int(a.noise_tokens > 0),
+                      inputs_tokens=int(a.inputs.size), targets_tokens=int(a.targets.size))
+        if a.kind == "span":
+            own.update(f"span_len_hist_{min(int(k), SPAN_LENGTH_HISTOGRAM_CAP)}" for k in a.span_lengths)
+        if a.denoiser is None:
+            c.update(own)
+        else:
+            c.update({k: v for k, v in own.items() if not k.startswith("span_len_hist_")})
+            c.update({f"denoiser/{a.denoiser}/{k}": v for k, v in (own + Counter(examples=1)).items()})
+    return c

@@ -47,7 +47,14 @@ from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import chunk_key_of, plan_uniforms
-from transforms.objectives.spans import SPAN_LENGTH_HISTOGRAM_CAP, check_chunks, corrupt_rows, span_histogram
+from transforms.objectives.lines import number, table_rows
+from transforms.objectives.spans import (
+    SPAN_LENGTH_HISTOGRAM_CAP,
+    check_chunks,
+    corrupt_rows,
+    noise_counters,
+    span_histogram,
+)
 from transforms.objectives.summary import ratio, summarize_ul2
 from transforms.objectives.ul2_mixture import PRESETS, Denoiser, DenoiserLengths, denoiser_lengths, parse_mixture
 
@@ -348,6 +355,27 @@ class UL2(Objective):
                          tokens_share=ratio(noise.counts["raw_tokens"], c["raw_tokens"]))
             out["denoisers"][d.name] = entry
         return out
+
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """Overall noise, then one row per denoiser: weight, shares, density and span length
+        measured beside configured."""
+        lines = []
+        n = measured["noise"]
+        ms = manifest_summary or {}
+        lines.append(f"  noise density {number(n['density'])} (configured {number(n['configured_density'])}, "
+                     f"manifest {number(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
+                     f"{number(n['mean_span_length'])} (configured {number(n['configured_mean_span_length'])})")
+        rows = [[name, d["weight"], d["examples_share"], d["tokens_share"], d["density"], d["configured_density"],
+                 d["mean_span_length"], d["configured_mean_span_length"]] for name, d in measured["denoisers"].items()]
+        lines += table_rows(["denoiser", "weight", "examples", "tokens", "density", "(cfg)", "mean span", "(cfg)"],
+                            rows)
+        return lines
+
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
+        return noise_counters(anatomy)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""
