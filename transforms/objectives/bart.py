@@ -208,6 +208,14 @@ class Bart(Objective):
                          "masks_per_example": ratio(c["mask_tokens"], c["examples"])}}
 
 
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Mask tokens, and the tokens of the inputs and targets."""
+        a = anatomy
+        if a.kind == "bart":
+            stats.counts.update(mask_tokens=a.mask_tokens, inputs_tokens=a.lengths["inputs"],
+                                targets_tokens=a.lengths["targets"])
+
     def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
         """Length ratio and masks measured, beside the manifest's masked word share and Poisson span."""
         ms = manifest_summary or {}

@@ -322,6 +322,14 @@ class Objective(ABC):
         ``chunk_tokens`` and ``padding_tokens`` are counted for every objective."""
         return {}
 
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Count one example taken apart (``anatomy``) into a split's statistics
+        (``loaders.inspection.stats.SplitStats``), beyond the common counts it keeps itself:
+        integers into ``stats.counts`` under names of the objective's own, or into its
+        ``mlm``, ``prefix_tenths`` / ``prefix_expected_tenths`` counters and ``add_noise``;
+        :meth:`measured_summary` turns them into statistics. Nothing by default."""
+        return None
+
     def measured_summary(self, stats: Any) -> dict[str, Any]:
         """The objective's part of ``lmshards inspect``'s statistics measured on the shards
         (``loaders.inspection.stats.SplitStats``: ``counts``, ``mlm``, ``noise``,

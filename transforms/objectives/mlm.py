@@ -253,6 +253,15 @@ class MLM(Objective):
         }}
 
 
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Selected tokens and their replacement split, and the maskable ones."""
+        a = anatomy
+        if a.kind == "mlm":
+            m = a.mlm
+            stats.mlm.update({k: int(m[k].sum()) for k in ("selected", "masked", "random", "kept")})
+            stats.mlm["candidates"] += m["candidates"]
+
     def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
         """Selected share and replacement split, measured beside configured and the manifest's exact split."""
         lines, ms = [], manifest_summary or {}

@@ -153,6 +153,23 @@ class PrefixLM(Objective):
                                            for k, n in sorted(getattr(stats, "prefix_expected_tenths", {}).items())}}
 
 
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Prefix tokens, and per document segment the tenth of it in its prefix, measured and
+        as a split ~ U[1, d-1] would give."""
+        a, c = anatomy, stats.counts
+        if a.kind == "prefix_lm" and a.prefix_length is not None and a.raw_tokens:
+            c["prefix_tokens"] += a.prefix_length
+            if a.prefix_lengths is not None and a.prefix_lengths.shape == a.doc_lengths.shape:
+                pairs = zip(a.prefix_lengths.tolist(), a.doc_lengths.tolist(), strict=True)
+            else:  # format 2: one split over the whole row
+                pairs = [(a.prefix_length, a.raw_tokens)]
+            for prefix, length in pairs:
+                if length >= 2:  # a 1-token segment has no split to draw
+                    stats.prefix_tenths[min(9, 10 * prefix // length)] += 1
+                    for tenth, share in _uniform_tenths(length).items():
+                        stats.prefix_expected_tenths[tenth] += share
+
     def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
         """The measured prefix share beside the share its splits give."""
         return [f"  prefix share {number(measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)"]
@@ -172,3 +189,14 @@ class PrefixLM(Objective):
         """Configuration for the manifest."""
         return {"reference": "t5.data.preprocessors.prefix_lm, packed (each document segment split ~ U[1, d-1])",
                 "seq_len": self.config.seq_len}
+
+
+def _uniform_tenths(length: int) -> dict[int, float]:
+    """How a split ~ U[1, length - 1] falls on the tenths ``min(9, 10 * p // length)``."""
+    out: dict[int, float] = {}
+    for tenth in range(10):
+        low = max(1, -(-tenth * length // 10))
+        high = length - 1 if tenth == 9 else min(length - 1, -(-(tenth + 1) * length // 10) - 1)
+        if high >= low:
+            out[tenth] = (high - low + 1) / (length - 1)
+    return out

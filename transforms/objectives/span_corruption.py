@@ -163,6 +163,12 @@ class SpanCorruption(Objective):
         return {"noise": stats.noise.summary(config.noise_density, config.mean_noise_span_length, True)}
 
 
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Noise tokens and span lengths, overall and per denoiser."""
+        if anatomy.kind in ("span", "prefix"):
+            stats.add_noise(anatomy)
+
     def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
         """Noise density and span lengths, measured beside configured and the manifest's density."""
         n = measured["noise"]

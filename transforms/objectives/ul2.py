@@ -357,6 +357,12 @@ class UL2(Objective):
         return out
 
 
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Noise tokens and span lengths, overall and per denoiser."""
+        if anatomy.kind in ("span", "prefix"):
+            stats.add_noise(anatomy)
+
     def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
         """Overall noise, then one row per denoiser: weight, shares, density and span length
         measured beside configured."""
