@@ -276,7 +276,7 @@ def _family_parts(example: dict[str, Any], view: ObjectiveView, a: Anatomy) -> A
         special_ids = special.special_array()
         restored = np.where(selected, labels, ids)[:length]
         a.lengths, a.padding = {"input_ids": length, "labels": length}, ids.size - length
-        a.raw_tokens = length - (2 if getattr(view.objective.config, "frame", False) else 0)
+        a.raw_tokens = length - view.objective.framing_tokens
         a.noise_tokens = int(selected.sum())
         a.mlm = {
             "selected": selected, "masked": masked, "kept": kept, "random": selected & ~masked & ~kept,

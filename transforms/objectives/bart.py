@@ -226,6 +226,27 @@ class Bart(Objective):
                 f"; mean Poisson span (manifest) {lines.number(ms.get('spans', {}).get('mean_poisson_length'))}"]
 
 
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The span lengths text infilling drew (manifest counters) against its truncated Poisson."""
+        drawn = {int(k[len("span_len_hist_"):]): v for k, v in counters.items() if k.startswith("span_len_hist_")}
+        if not drawn:
+            return []
+        config = self.config
+        cdf = poisson_span_cdf(config.poisson_lambda)
+        pmf = [cdf[0]] + [cdf[k] - cdf[k - 1] for k in range(1, len(cdf))]
+        total = sum(drawn.values())
+        lengths = list(range(0, max(max(drawn), min(len(pmf) - 1, 3 * int(config.poisson_lambda) + 6)) + 1))
+        return [lines.Chart("span lengths drawn by text infilling (manifest counters); line: Poisson(lambda) "
+                            "truncated as fairseq does",
+                            f"{split}: BART span lengths (words), manifest vs Poisson({config.poisson_lambda})",
+                            [str(k) for k in lengths], [
+                                lines.ChartSeries("drawn (manifest)", [float(drawn.get(k, 0)) for k in lengths]),
+                                lines.ChartSeries("expected (configured)",
+                                                  [total * (pmf[k] if k < len(pmf) else 0.0) for k in lengths],
+                                                  "expected", "line")],
+                            x_label="span length (words)", y_label="spans")]
+
     def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
         """Mask tokens, and the tokens of the inputs and of the source (targets)."""
         a = anatomy

@@ -281,6 +281,12 @@ class Objective(ABC):
         return ExampleKind(self.name)
 
     @property
+    def framing_tokens(self) -> int:
+        """Tokens an example adds around its chunk that are not chunk tokens (MLM's framing
+        ``[CLS] ... [SEP]``: 2), which the inspection tools take off an encoder row's length."""
+        return 0
+
+    @property
     def seq2seq_in_decoder_rows(self) -> bool:
         """Decoder rows hold ``inputs + targets`` of one seq2seq example (UL2's decoder layout),
         not document segments cut from the packed stream."""
@@ -343,6 +349,13 @@ class Objective(ABC):
         beside the manifest's exact ``manifest_summary`` (its :meth:`summarize`; None for a
         manifest without counters). Each line starts with two spaces; numbers formatted with
         :mod:`transforms.objectives.lines`. None by default."""
+        return []
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The objective's plots in the report's section of ``split``, after the common length
+        plots: :class:`~transforms.objectives.lines.Chart` records, or a sentence (``str``) in
+        place of a chart of one value, from ``measured`` (as :meth:`measured_lines` gets it)
+        and the split's manifest ``counters``. None by default."""
         return []
 
     def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

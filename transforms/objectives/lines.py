@@ -1,12 +1,35 @@
-"""Text formatting of the lines an objective adds to ``lmshards inspect``'s table (and so to the
-report's summary): numbers as the table spells them and aligned rows, shared by the table's
-own lines and every objective's :meth:`~transforms.objectives.base.Objective.measured_lines`."""
+"""What an objective adds to ``lmshards inspect``'s table and the report, as plain data: numbers
+as the table spells them and aligned rows (the table's own lines and every objective's
+:meth:`~transforms.objectives.base.Objective.measured_lines`), and the charts of
+:meth:`~transforms.objectives.base.Objective.measured_charts`, which the report draws."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["number", "table_rows"]
+__all__ = ["Chart", "ChartSeries", "number", "table_rows"]
+
+
+class ChartSeries(NamedTuple):
+    """One series of a :class:`Chart`: ``values`` one per category (None: a gap); ``role``
+    ``measured``, ``expected`` or ``other`` (its colour); ``style`` ``bar``, ``line`` or ``points``."""
+
+    name: str
+    values: list[float | None]
+    role: str = "measured"
+    style: str = "bar"
+
+
+class Chart(NamedTuple):
+    """A bar chart of the report over shared categories ``labels``, under its ``caption``."""
+
+    caption: str
+    title: str
+    labels: list[str]
+    series: list[ChartSeries]
+    x_label: str = ""
+    y_label: str = ""
+    width: int = 640
 
 
 def number(value: Any) -> str:

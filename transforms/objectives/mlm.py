@@ -61,7 +61,7 @@ from transforms.objectives.base import Block, Built, Objective, build_example
 from transforms.objectives.common import IGNORE_INDEX, SpecialIds, ids_out_of_range
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
-from transforms.objectives.lines import number
+from transforms.objectives.lines import Chart, ChartSeries, number
 from transforms.objectives.randoms import Randoms, first_distinct, random_ids
 from transforms.objectives.summary import ratio, summarize_mlm
 
@@ -241,6 +241,11 @@ class MLM(Objective):
                 out.append("input_ids/labels differ from the objective replayed with the example's seed")
         return out
 
+    @property
+    def framing_tokens(self) -> int:
+        """``[CLS]`` and ``[SEP]`` when framed."""
+        return 2 if self.config.frame else 0
+
     def measured_summary(self, stats: Any) -> dict[str, Any]:
         """Measured selection density and replacement split next to the configured ones."""
         config, m = self.config, stats.mlm
@@ -278,6 +283,16 @@ class MLM(Objective):
             lines.append(f"  manifest (exact) mask/random/kept {exact}")
         return lines
 
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The replacement split against the configured ratios."""
+        m = measured
+        parts = ["masked", "random", "kept"]
+        return [Chart("share of selected tokens; dots: configured ratios", f"{split}: MLM replacement split", parts, [
+            ChartSeries("measured", [m["mlm"]["split"][p] for p in parts], "measured"),
+            ChartSeries("configured", [m["mlm"]["configured_split"][p] for p in parts], "expected", "points"),
+        ], x_label="selected tokens", y_label="share", width=460)]
 
     def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
         """Selected and masked tokens, and the maskable ones."""

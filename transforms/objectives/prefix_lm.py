@@ -36,7 +36,7 @@ from transforms.objectives.base import Block, Built, Objective, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
-from transforms.objectives.lines import number
+from transforms.objectives.lines import Chart, ChartSeries, number
 from transforms.objectives.randoms import Randoms
 from transforms.objectives.summary import ratio, summarize_prefix_lm
 
@@ -174,6 +174,19 @@ class PrefixLM(Objective):
         """The measured prefix share beside the share its splits give."""
         return [f"  prefix share {number(measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)"]
 
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """Where the prefix ends in each document segment, against a split ~ U[1, d-1]."""
+        m = measured
+        tenths = [f"{k / 10:.1f}" for k in range(10)]
+        expected = m.get("prefix_expected_tenths") or {}
+        uniform = [float(expected.get(t, 0)) for t in tenths]
+        return [Chart("prefix length over segment length; line: each split ~ U[1, d-1]",
+                      f"{split}: prefix length / document segment length", tenths, [
+                          ChartSeries("measured", [float(m["prefix_tenths"].get(t, 0)) for t in tenths], "measured"),
+                          ChartSeries("expected U[1, d-1]", uniform, "expected", "line")], x_label="prefix share",
+                      y_label="segments")]
 
     def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
         """Tokens and document segments of the row, and its prefix and suffix tokens."""

@@ -72,6 +72,7 @@ from transforms.objectives.spans import (
     noise_counts,
     random_spans_helper,
     span_histogram,
+    span_length_chart,
 )
 from transforms.objectives.summary import summarize_span_corruption
 
@@ -177,6 +178,13 @@ class SpanCorruption(Objective):
                 f"manifest {number(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
                 f"{number(n['mean_span_length'])} (configured {number(n['configured_mean_span_length'])})"]
 
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """Noise span lengths against T5's law."""
+        noise = measured["noise"]
+        return [span_length_chart(f"{split}: noise span lengths", noise["span_lengths"],
+                                  noise["expected_span_lengths"])]
 
     def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
         """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""

@@ -17,6 +17,7 @@ import numpy as np
 from transforms.objectives.base import Block
 from transforms.objectives.common import SpecialIds, ids_out_of_range
 from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
+from transforms.objectives.lines import Chart, ChartSeries
 from transforms.objectives.randoms import Randoms, compositions
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "noise_counts",
     "random_spans_helper",
     "span_histogram",
+    "span_length_chart",
 ]
 
 NOISE_STREAM, KEEP_STREAM = 1, 2
@@ -266,3 +268,27 @@ def noise_counters(a: Any) -> Counter:
             c.update({k: v for k, v in own.items() if not k.startswith("span_len_hist_")})
             c.update({f"denoiser/{a.denoiser}/{k}": v for k, v in (own + Counter(examples=1)).items()})
     return c
+
+
+def span_length_chart(title: str, measured: dict[str, int], expected: dict[str, float]) -> Any:
+    """The report's chart of measured noise span lengths against T5's law (a
+    :class:`~transforms.objectives.lines.Chart`), or a sentence when every span has one length."""
+    single = _single(measured)
+    if single is not None:
+        expect = _single({k: v for k, v in expected.items() if v >= 0.5})
+        return (f"{title}: all {single[1]:,} spans have {single[0]} tokens"
+                + (f" (the configured law gives {expect[0]} only)" if expect else ""))
+    keys = {int(k) for k, v in measured.items() if v} | {int(k) for k, v in expected.items() if v >= 0.5}
+    lengths = list(range(min(keys, default=1), max(keys, default=1) + 1))
+    return Chart("measured span lengths; line: expected under T5's random_spans_noise_mask",
+                 title, [str(k) for k in lengths], [
+                     ChartSeries("measured", [float(measured.get(str(k), 0)) for k in lengths], "measured"),
+                     ChartSeries("expected (configured)", [float(expected.get(str(k), 0.0)) for k in lengths],
+                                 "expected", "line"),
+                 ], x_label="span length (tokens)", y_label="spans")
+
+
+def _single(histogram: dict[str, Any]) -> tuple[str, int] | None:
+    """``(value, count)`` when the histogram holds one value only."""
+    present = [(k, int(v)) for k, v in histogram.items() if v]
+    return present[0] if len(present) == 1 else None

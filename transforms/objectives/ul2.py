@@ -47,13 +47,14 @@ from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import chunk_key_of, plan_uniforms
-from transforms.objectives.lines import number, table_rows
+from transforms.objectives.lines import Chart, ChartSeries, number, table_rows
 from transforms.objectives.spans import (
     SPAN_LENGTH_HISTOGRAM_CAP,
     check_chunks,
     corrupt_rows,
     noise_counters,
     span_histogram,
+    span_length_chart,
 )
 from transforms.objectives.summary import ratio, summarize_ul2
 from transforms.objectives.ul2_mixture import PRESETS, Denoiser, DenoiserLengths, denoiser_lengths, parse_mixture
@@ -378,6 +379,26 @@ class UL2(Objective):
                             rows)
         return lines
 
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The denoiser mix against the weights, and each span denoiser's span lengths against T5's law."""
+        m = measured
+        names = list(m["denoisers"])
+        out: list[Any] = [Chart("share of examples and of raw tokens per denoiser; dots: the configured weights",
+                                f"{split}: UL2 denoiser mix", names, [
+                                    ChartSeries("examples share", [m["denoisers"][n]["examples_share"] for n in names],
+                                                "measured"),
+                                    ChartSeries("tokens share", [m["denoisers"][n]["tokens_share"] for n in names],
+                                                "other"),
+                                    ChartSeries("configured weight", [m["denoisers"][n]["weight"] for n in names],
+                                                "expected", "points"),
+                                ], x_label="denoiser", y_label="share", width=1000)]
+        for name, d in m["denoisers"].items():
+            if d["kind"] == "span" and d["spans"]:
+                out.append(span_length_chart(f"{split}: span lengths of {name}", d["span_lengths"],
+                                             d["expected_span_lengths"]))
+        return out
 
     def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
         """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
