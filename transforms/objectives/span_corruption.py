@@ -71,8 +71,10 @@ from transforms.objectives.spans import (
     noise_counters,
     noise_counts,
     random_spans_helper,
+    replay_problems,
     span_histogram,
     span_length_chart,
+    span_problems,
 )
 from transforms.objectives.summary import summarize_span_corruption
 
@@ -169,6 +171,17 @@ class SpanCorruption(Objective):
         """Noise tokens and span lengths, overall and per denoiser."""
         if anatomy.kind in ("span", "prefix"):
             stats.add_noise(anatomy)
+
+
+    def example_problems(self, example: Any, anatomy: Any, special: SpecialIds, seed: int) -> list[str]:
+        """T5's noise and span counts for the restored chunk length, then the replay."""
+        out = []
+        if anatomy.kind == "span":
+            config = self.config
+            out += span_problems(anatomy, config.noise_density, config.mean_noise_span_length, self.raw_length)
+        if anatomy.kind in ("span", "prefix") and not out:
+            out += replay_problems(self, example, anatomy, special, seed)
+        return out
 
     def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
         """Noise density and span lengths, measured beside configured and the manifest's density."""

@@ -32,7 +32,9 @@ __all__ = [
     "noise_counters",
     "noise_counts",
     "random_spans_helper",
+    "replay_problems",
     "span_histogram",
+    "span_problems",
     "span_length_chart",
 ]
 
@@ -292,3 +294,40 @@ def _single(histogram: dict[str, Any]) -> tuple[str, int] | None:
     """``(value, count)`` when the histogram holds one value only."""
     present = [(k, int(v)) for k, v in histogram.items() if v]
     return present[0] if len(present) == 1 else None
+
+
+def span_problems(a: Any, density: float, mean: float, raw_limit: int) -> list[str]:
+    """T5's noise and span counts of a span example taken apart (``a``, an ``Anatomy``) for its
+    restored chunk length, which must not exceed ``raw_limit``."""
+    out = []
+    if a.raw_tokens > raw_limit:
+        out.append(f"restored chunk has {a.raw_tokens} tokens, more than the raw length {raw_limit}")
+    expected = noise_counts(a.raw_tokens, density, mean)
+    actual = (a.noise_tokens, int(a.span_lengths.size))
+    if actual != expected:
+        out.append(f"{actual[0]} noise tokens in {actual[1]} spans; a {a.raw_tokens}-token chunk has "
+                   f"{expected[0]} in {expected[1]} at r={density}, mu={mean}")
+    return out
+
+
+def replay_problems(objective: Any, example: Any, a: Any, special: SpecialIds, seed: int) -> list[str]:
+    """The objective run again on the chunk restored from a span or S example must give the
+    stored ``inputs`` / ``targets`` back (noise is a pure function of seed, key and chunk)."""
+    from transforms.objectives.base import build_example
+    from transforms.objectives.layout import example_randoms
+
+    chunk = a.restored_chunk(special)
+    if chunk is None:
+        return []
+    plan = objective.plan_of(example)
+    replay, counters = build_example(objective, chunk, special, example_randoms(seed, [a.key]), plan=plan)
+    if "input_ids" in replay:  # UL2's decoder layout: inputs then targets in one row
+        cut = int(replay["prefix_lengths"].sum())  # one segment
+        inputs = replay["input_ids"][:cut]
+        targets = replay["input_ids"][cut : int(replay["doc_lengths"].sum())]
+    else:  # span corruption pads to its fixed lengths
+        inputs = replay["inputs"][: counters["inputs_tokens"]]
+        targets = replay["targets"][: counters["targets_tokens"]]
+    if not (np.array_equal(inputs, a.inputs) and np.array_equal(targets, a.targets)):
+        return ["inputs/targets differ from the objective replayed with the example's seed"]
+    return []

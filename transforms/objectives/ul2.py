@@ -53,8 +53,10 @@ from transforms.objectives.spans import (
     check_chunks,
     corrupt_rows,
     noise_counters,
+    replay_problems,
     span_histogram,
     span_length_chart,
+    span_problems,
 )
 from transforms.objectives.summary import ratio, summarize_ul2
 from transforms.objectives.ul2_mixture import PRESETS, Denoiser, DenoiserLengths, denoiser_lengths, parse_mixture
@@ -335,12 +337,20 @@ class UL2(Objective):
 
     def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
                          seed: int) -> list[str]:
-        """The recorded denoiser must be the one the packer planned from the chunk key."""
+        """The recorded denoiser must be the one the packer planned from the chunk key; then a
+        span denoiser's T5 noise and span counts, and the replay."""
         planned = int(self.plan(plan_uniforms(seed, [chunk_key_of(anatomy.key)]))[1][0])
         name = self.denoisers[planned].name
         if name != anatomy.denoiser:
             return [f"denoiser {anatomy.denoiser} recorded, the packer planned {name} for this chunk"]
-        return []
+        out = []
+        if anatomy.kind == "span":
+            # (an unknown denoiser is an issue of example_kind: such an example is not checked here)
+            denoiser, lengths = self.denoiser_table()[anatomy.denoiser]
+            out += span_problems(anatomy, denoiser.noise_density, denoiser.mean_noise_span_length, lengths.raw_length)
+        if anatomy.kind in ("span", "prefix") and not out:
+            out += replay_problems(self, example, anatomy, special, seed)
+        return out
 
     def measured_summary(self, stats: Any) -> dict[str, Any]:
         """Overall noise, and per denoiser its noise against its configuration, weight and shares."""
