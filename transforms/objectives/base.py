@@ -19,8 +19,8 @@ Counters are integers only (never floats), so their sums are exact in any order
 id to their schema length, the padding counted in ``padding_tokens``.
 
 Everything else the rest of the code needs of an objective (flags, summary, loader facts,
-inspection hooks) is declared on :class:`Objective` too, with defaults; this module is a
-little over 400 lines because it is that whole contract, in one place to read.
+inspection hooks) is declared on :class:`Objective` too, with defaults; this module is some
+450 lines because it is that whole contract, in one place to read.
 """
 
 from __future__ import annotations
