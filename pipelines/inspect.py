@@ -18,7 +18,10 @@
 Exit codes: 0 success; 1 validation failed, a key not found, (``diff --exit-code``) the
 datasets differ, or a damaged or incomplete dataset (a manifest, shard or tokenizer that
 cannot be used: one line naming the file and the problem, never a traceback); 2 bad usage
-(flags, or a path where nothing exists).
+(flags, or a path where nothing exists); 3 (:data:`INTERNAL_ERROR`) an unexpected exception
+once the dataset is open, outside lmshards' errors (:mod:`schemas.errors`) and I/O errors: a
+bug, in lmshards or in an objective's inspection hook, not the dataset's fault, so it prints
+its traceback.
 The logic lives in :mod:`loaders.inspection` (no Beam, no torch).
 """
 
@@ -29,11 +32,18 @@ import json
 import os
 import shutil
 import sys
+import traceback
 from collections.abc import Callable
 
+from schemas.errors import LmshardsError
 from schemas.names import shown_name
 
-__all__ = ["diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color", "validate_main"]
+__all__ = ["INTERNAL_ERROR", "diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color",
+           "validate_main"]
+
+
+#: Exit status of an unexpected exception (a bug), which prints its traceback.
+INTERNAL_ERROR = 3
 
 
 def _dataset_argument(parser: argparse.ArgumentParser) -> None:
@@ -80,10 +90,15 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, bod
         return 0
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - a damaged shard or tokenizer: one line naming it
+    except (LmshardsError, OSError) as exc:  # a damaged shard or tokenizer: one line naming it
         hint = "" if prog == "validate" else f" (run 'lmshards validate {shown_name(args.dataset)}')"
         print(f"lmshards {prog}: error: {_error_line(exc)}{hint}", file=sys.stderr)
         return 1
+    except Exception as exc:  # noqa: BLE001 - a bug (in an objective's hook, say), not the dataset's fault
+        print(f"lmshards {prog}: internal error: {type(exc).__name__}: {exc} (a bug in lmshards or in the "
+              f"objective {dataset.objective.name!r}, not a damaged dataset); traceback:", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+        return INTERNAL_ERROR
 
 
 def inspect_main(argv: list[str] | None = None) -> int:
@@ -103,7 +118,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
             print(f"lmshards inspect: error: no split {unknown}; the dataset has {dataset.splits}", file=sys.stderr)
             return 2
         summary = inspect_dataset(dataset, limit=args.limit or None, splits=args.split)
-        sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n" if args.json else format_table(summary))
+        sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n" if args.json
+                         else format_table(summary, dataset.objective))
         return 0
 
     return _run("inspect", parser, argv, body)

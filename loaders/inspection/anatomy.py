@@ -104,8 +104,9 @@ class Anatomy:
     mask_tokens: int = 0
     issues: list[str] = field(default_factory=list)
 
-    def restored_chunk(self, view: ObjectiveView) -> np.ndarray | None:
-        """The raw chunk rebuilt from a span or S example (None for other kinds or a broken one)."""
+    def restored_chunk(self, special: SpecialIds) -> np.ndarray | None:
+        """The raw chunk rebuilt from a span or S example (None for other kinds or a broken one),
+        with the sentinels of ``special``."""
         if self.issues or self.inputs is None:
             return None
         body, targets = self.inputs[self.offset : -1], self.targets[:-1]
@@ -113,10 +114,11 @@ class Anatomy:
             return np.concatenate([body, targets]).astype(np.int32)
         if self.kind != "span":
             return None
-        pieces = np.split(targets, np.flatnonzero(np.isin(targets, view.sentinel_ids)))[1:]
+        sentinel_ids = special.sentinel_array()
+        pieces = np.split(targets, np.flatnonzero(np.isin(targets, sentinel_ids)))[1:]
         out, start = [], 0
-        for position in np.flatnonzero(np.isin(body, view.sentinel_ids)):
-            out += [body[start:position], pieces[view.sentinel_index[int(body[position])]][1:]]
+        for position in np.flatnonzero(np.isin(body, sentinel_ids)):
+            out += [body[start:position], pieces[special.sentinels.index(int(body[position]))][1:]]
             start = position + 1
         out.append(body[start:])
         return np.concatenate(out).astype(np.int32) if out else np.zeros(0, np.int32)
@@ -276,7 +278,7 @@ def _family_parts(example: dict[str, Any], view: ObjectiveView, a: Anatomy) -> A
         special_ids = special.special_array()
         restored = np.where(selected, labels, ids)[:length]
         a.lengths, a.padding = {"input_ids": length, "labels": length}, ids.size - length
-        a.raw_tokens = length - (2 if getattr(view.objective.config, "frame", False) else 0)
+        a.raw_tokens = length - view.objective.framing_tokens
         a.noise_tokens = int(selected.sum())
         a.mlm = {
             "selected": selected, "masked": masked, "kept": kept, "random": selected & ~masked & ~kept,

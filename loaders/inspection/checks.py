@@ -1,8 +1,10 @@
 """The invariants one example must satisfy, and the replay of its objective.
 
 Invariants (references in :mod:`transforms.objectives`). Those of the
-layouts (structure, T5 spans and their replay) are checked here; each objective's own come
-from its class (``Objective.example_problems``: prefix_lm, mlm, bart, the UL2 plan):
+layouts' structure is checked here (:func:`~loaders.inspection.anatomy.take_apart`); each
+objective's own invariants and replay come from its class (``Objective.example_problems``;
+the T5 span checks and replay shared by span corruption and UL2 in
+:mod:`transforms.objectives.spans`):
 
 - every example: a key without dots that names its split; token ids inside the vocabulary
   (labels: -100 or a token id); the structure :func:`~loaders.inspection.anatomy.take_apart` checks;
@@ -30,10 +32,8 @@ from typing import Any
 import numpy as np
 
 from loaders.inspection.anatomy import Anatomy, ObjectiveView
-from transforms.objectives.base import build_example
 from transforms.objectives.common import IGNORE_INDEX
-from transforms.objectives.layout import chunk_key_of, example_randoms
-from transforms.objectives.spans import noise_counts
+from transforms.objectives.layout import chunk_key_of
 
 __all__ = ["chunk_key", "example_problems"]
 
@@ -54,41 +54,6 @@ def _ids_in_range(example: dict[str, Any], view: ObjectiveView) -> list[str]:
     return out
 
 
-def _span_problems(a: Anatomy, view: ObjectiveView, denoiser: Any, lengths: Any) -> list[str]:
-    out = []
-    if denoiser is None:
-        config = view.objective.config
-        density, mean, raw_limit = config.noise_density, config.mean_noise_span_length, view.objective.raw_length
-    else:
-        density, mean, raw_limit = denoiser.noise_density, denoiser.mean_noise_span_length, lengths.raw_length
-    if a.raw_tokens > raw_limit:
-        out.append(f"restored chunk has {a.raw_tokens} tokens, more than the raw length {raw_limit}")
-    expected = noise_counts(a.raw_tokens, density, mean)
-    actual = (a.noise_tokens, int(a.span_lengths.size))
-    if actual != expected:
-        out.append(f"{actual[0]} noise tokens in {actual[1]} spans; a {a.raw_tokens}-token chunk has "
-                   f"{expected[0]} in {expected[1]} at r={density}, mu={mean}")
-    return out
-
-
-def _replay_seq2seq(example: dict[str, Any], a: Anatomy, view: ObjectiveView, seed: int, key: str) -> list[str]:
-    chunk = a.restored_chunk(view)
-    if chunk is None:
-        return []
-    plan = view.objective.plan_of(example)
-    replay, counters = build_example(view.objective, chunk, view.special, example_randoms(seed, [key]), plan=plan)
-    if "input_ids" in replay:  # UL2's decoder layout: inputs then targets in one row
-        cut = int(replay["prefix_lengths"].sum())  # one segment
-        inputs = replay["input_ids"][:cut]
-        targets = replay["input_ids"][cut : int(replay["doc_lengths"].sum())]
-    else:  # span corruption pads to its fixed lengths
-        inputs = replay["inputs"][: counters["inputs_tokens"]]
-        targets = replay["targets"][: counters["targets_tokens"]]
-    if not (np.array_equal(inputs, a.inputs) and np.array_equal(targets, a.targets)):
-        return ["inputs/targets differ from the objective replayed with the example's seed"]
-    return []
-
-
 def example_problems(split: str, example: dict[str, Any], a: Anatomy, view: ObjectiveView, seed: int) -> list[str]:
     """Everything wrong with one example (empty when it is sound)."""
     key = a.key
@@ -98,13 +63,6 @@ def example_problems(split: str, example: dict[str, Any], a: Anatomy, view: Obje
     out += _ids_in_range(example, view)
     if out:
         return out
-    # The objective's own invariants and replay (Objective.example_problems); then the T5 layouts'.
+    # The objective's own invariants and replay (Objective.example_problems).
     out += view.objective.example_problems(example, a, view.special, seed)
-    if out:
-        return out
-    if a.kind == "span":
-        denoiser, lengths = view.denoisers.get(a.denoiser, (None, None))
-        out += _span_problems(a, view, denoiser, lengths)
-    if a.kind in ("span", "prefix") and not out:
-        out += _replay_seq2seq(example, a, view, seed, key)
     return out

@@ -1,14 +1,13 @@
 """The report's plots: ``(caption, svg)`` pairs, and facts in place of constant plots.
 
 Per split: length histograms per token column; for packed decoder objectives documents per
-example and the lengths of the document segments packed into them; noise span lengths
-measured against the configured law (T5's uniform compositions for span corruption and
-UL2's span denoisers, see :func:`loaders.inspection.stats.expected_span_lengths`; BART's
-truncated Poisson against the manifest's drawn spans); the MLM replacement split and the
-prefix-LM split point against their configuration; UL2's denoiser mix by examples and tokens
-against the weights. The corpus: document lengths per split (shares) and per source (counts
-on one scale, each source's documents in the legend; manifest). The
-shards: raw tokens per shard, a series per split.
+example and the lengths of the document segments packed into them; then the objective's own
+charts (``Objective.measured_charts``, plain :class:`~transforms.objectives.lines.Chart`
+records drawn here: noise span lengths against the configured law, a replacement split or a
+prefix split point against its configuration, a denoiser mix against its weights). The
+corpus: document lengths per split (shares) and per source (counts on one scale, each
+source's documents in the legend; manifest). The shards: raw tokens per shard, a series per
+split.
 
 A histogram with one value only (every example of a packed objective has ``seq_len``
 tokens; one span length for a denoiser whose count and length are fixed) would be one bar:
@@ -76,78 +75,19 @@ def _histogram(out: Figures, title: str, caption: str, histogram: dict[str, int]
                                          y_label=what, width=width)))
 
 
-def _span_chart(out: Figures, title: str, measured: dict[str, int], expected: dict[str, float]) -> None:
-    single = _single(measured)
-    if single is not None:
-        expect = _single({k: v for k, v in expected.items() if v >= 0.5})
-        out.facts.append(f"{title}: all {single[1]:,} spans have {single[0]} tokens"
-                         + (f" (the configured law gives {expect[0]} only)" if expect else ""))
-        return
-    keys = {int(k) for k, v in measured.items() if v} | {int(k) for k, v in expected.items() if v >= 0.5}
-    lengths = list(range(min(keys, default=1), max(keys, default=1) + 1))
-    out.plots.append(("measured span lengths; line: expected under T5's random_spans_noise_mask", bar_chart(
-        title, [str(k) for k in lengths], [
-            Series("measured", [float(measured.get(str(k), 0)) for k in lengths], MEASURED),
-            Series("expected (configured)", [float(expected.get(str(k), 0.0)) for k in lengths], EXPECTED, "line"),
-        ], x_label="span length (tokens)", y_label="spans")))
-
-
-def _bart_chart(out: Figures, ds: InspectedDataset, split: str) -> None:
-    from transforms.objectives.bart import poisson_span_cdf
-
-    counters = ds.manifest.stats.get(split, {}).get("objective", {})
-    drawn = {int(k[len("span_len_hist_"):]): v for k, v in counters.items() if k.startswith("span_len_hist_")}
-    if not drawn:
-        return
-    config = ds.objective.config
-    cdf = poisson_span_cdf(config.poisson_lambda)
-    pmf = [cdf[0]] + [cdf[k] - cdf[k - 1] for k in range(1, len(cdf))]
-    total = sum(drawn.values())
-    lengths = list(range(0, max(max(drawn), min(len(pmf) - 1, 3 * int(config.poisson_lambda) + 6)) + 1))
-    out.plots.append(("span lengths drawn by text infilling (manifest counters); line: Poisson(lambda) truncated "
-                      "as fairseq does", bar_chart(
-                          f"{split}: BART span lengths (words), manifest vs Poisson({config.poisson_lambda})",
-                          [str(k) for k in lengths], [
-                              Series("drawn (manifest)", [float(drawn.get(k, 0)) for k in lengths], MEASURED),
-                              Series("expected (configured)",
-                                     [total * (pmf[k] if k < len(pmf) else 0.0) for k in lengths], EXPECTED, "line")],
-                          x_label="span length (words)", y_label="spans")))
+_COLOURS = {"measured": MEASURED, "expected": EXPECTED, "other": OTHER}
 
 
 def _objective_charts(out: Figures, ds: InspectedDataset, split: str, m: dict[str, Any]) -> None:
-    if "denoisers" in m:
-        names = list(m["denoisers"])
-        out.plots.append(("share of examples and of raw tokens per denoiser; dots: the configured weights",
-                          bar_chart(f"{split}: UL2 denoiser mix", names, [
-                              Series("examples share", [m["denoisers"][n]["examples_share"] for n in names], MEASURED),
-                              Series("tokens share", [m["denoisers"][n]["tokens_share"] for n in names], OTHER),
-                              Series("configured weight", [m["denoisers"][n]["weight"] for n in names], EXPECTED,
-                                     "points"),
-                          ], x_label="denoiser", y_label="share", width=1000)))
-        for name, d in m["denoisers"].items():
-            if d["kind"] == "span" and d["spans"]:
-                _span_chart(out, f"{split}: span lengths of {name}", d["span_lengths"], d["expected_span_lengths"])
-    elif "noise" in m:
-        noise = m["noise"]
-        _span_chart(out, f"{split}: noise span lengths", noise["span_lengths"], noise["expected_span_lengths"])
-    if "mlm" in m:
-        parts = ["masked", "random", "kept"]
-        out.plots.append(("share of selected tokens; dots: configured ratios", bar_chart(
-            f"{split}: MLM replacement split", parts, [
-                Series("measured", [m["mlm"]["split"][p] for p in parts], MEASURED),
-                Series("configured", [m["mlm"]["configured_split"][p] for p in parts], EXPECTED, "points"),
-            ], x_label="selected tokens", y_label="share", width=460)))
-    if "prefix_tenths" in m:
-        tenths = [f"{k / 10:.1f}" for k in range(10)]
-        expected = m.get("prefix_expected_tenths") or {}
-        uniform = [float(expected.get(t, 0)) for t in tenths]
-        out.plots.append(("prefix length over segment length; line: each split ~ U[1, d-1]", bar_chart(
-            f"{split}: prefix length / document segment length", tenths, [
-                Series("measured", [float(m["prefix_tenths"].get(t, 0)) for t in tenths], MEASURED),
-                Series("expected U[1, d-1]", uniform, EXPECTED, "line")], x_label="prefix share",
-            y_label="segments")))
-    if "bart" in m:  # BART's measured part (Bart.measured_summary)
-        _bart_chart(out, ds, split)
+    """The objective's own charts (``Objective.measured_charts``): a chart, or a sentence for a constant one."""
+    counters = ds.manifest.stats.get(split, {}).get("objective", {})
+    for chart in ds.objective.measured_charts(split, m, counters):
+        if isinstance(chart, str):
+            out.facts.append(chart)
+            continue
+        series = [Series(s.name, s.values, _COLOURS[s.role], s.style) for s in chart.series]
+        out.plots.append((chart.caption, bar_chart(chart.title, chart.labels, series, x_label=chart.x_label,
+                                                   y_label=chart.y_label, width=chart.width)))
 
 
 def report_figures(ds: InspectedDataset, summary: dict[str, Any]) -> list[Figures]:

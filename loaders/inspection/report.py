@@ -123,10 +123,11 @@ def build_report(ds: InspectedDataset, *, limit: int | None = None, examples: in
     rendered = [render_example(located, take_apart(located.example, view), view, seed=ds.seed, decoder=decoder)
                 for located in example_selection(ds, split, examples)]
     title = f"lmshards report: {ds.path}"
+    table = format_table(summary, ds.objective)
     scope = f" (one per {ds.objective.group_label} first)" if ds.objective.example_groups else ""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
-            f'<section id="summary"><h2>Summary</h2><pre class="table">{html.escape(format_table(summary))}</pre>'
+            f'<section id="summary"><h2>Summary</h2><pre class="table">{html.escape(table)}</pre>'
             f"</section>\n{run_section(ds)}\n{config_section(ds)}\n{corpus_section(ds)}\n{rejected_section(ds)}\n"
             f'<section id="plots"><h2>Plots</h2>\n{_plots_html(report_figures(ds, summary))}\n</section>\n'
             f"{shards_section(ds, shard_figure(summary))}\n"

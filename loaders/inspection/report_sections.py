@@ -80,10 +80,11 @@ def run_section(ds: InspectedDataset) -> str:
     return "".join(parts)
 
 
-def _mixture(params: dict[str, Any]) -> str:
-    mixture = [d for d in params.get("mixture", []) if isinstance(d, dict)]
-    keys = list(dict.fromkeys(k for d in mixture for k in d))
-    return _table(keys, [[_text(d.get(k, "")) for k in keys] for d in mixture], "mixture")
+def _entries(name: str, value: list[Any]) -> str:
+    """A list parameter of the objective (UL2's mixture): a table of its dict entries, a column per key."""
+    entries = [d for d in value if isinstance(d, dict)]
+    keys = list(dict.fromkeys(k for d in entries for k in d))
+    return _table(keys, [[_text(d.get(k, "")) for k in keys] for d in entries], name)
 
 
 def _special_items(ds: InspectedDataset, tokenizer: dict[str, Any]) -> list[tuple[str, str]]:
@@ -110,8 +111,9 @@ def config_section(ds: InspectedDataset) -> str:
     objective = m.objective if isinstance(m.objective, dict) else {}
     params = objective.get("params") if isinstance(objective.get("params"), dict) else {}
     tokenizer = m.tokenizer if isinstance(m.tokenizer, dict) else {}
-    plain = [(k, _text(v)) for k, v in sorted(params.items()) if k != "mixture"]
-    mixture = f"<h3>Mixture</h3>{_mixture(params)}" if isinstance(params.get("mixture"), list) else ""
+    plain = [(k, _text(v)) for k, v in sorted(params.items()) if not isinstance(v, list)]
+    lists = "".join(f"<h3>{html.escape(k.capitalize())}</h3>{_entries(k, v)}"
+                    for k, v in sorted(params.items()) if isinstance(v, list))
     token_items = [(k, _text(tokenizer[k])) for k in ("file", "vocab_size", "source_vocab_size", "sha256",
                                                       "special_ids", "roles") if k in tokenizer]
     token_items += _special_items(ds, tokenizer)
@@ -124,7 +126,7 @@ def config_section(ds: InspectedDataset) -> str:
             f'<div><h3>Config</h3>{_pairs([(k, _text(v)) for k, v in sorted(config.items())])}</div>'
             f'<div><h3>Objective {_text(objective.get("name", "?"))} ({_text(objective.get("family", "?"))})</h3>'
             f'{_pairs(plain)}</div>'
-            f'<div><h3>Tokenizer</h3>{_pairs(token_items)}</div></div>{mixture}</section>')
+            f'<div><h3>Tokenizer</h3>{_pairs(token_items)}</div></div>{lists}</section>')
 
 
 def _share_cell(share: float | None) -> str:

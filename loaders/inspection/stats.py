@@ -2,9 +2,10 @@
 
 :class:`SplitStats` adds up :class:`~loaders.inspection.anatomy.Anatomy` records: examples,
 raw chunk tokens, padding, the length distribution of every token column, documents per
-example and the lengths of the document segments packed into them, the prefix share, noise
-tokens and the noise span lengths (overall and per UL2 denoiser), the MLM replacement split
-and BART's masks. Every number is an exact integer
+example and the lengths of the document segments packed into them; the objective counts its
+own (``Objective.count_measured``) into ``counts`` and the records kept for it here: the
+prefix tenths, noise tokens and the noise span lengths (overall and per denoiser,
+:meth:`SplitStats.add_noise`) and the MLM replacement split. Every number is an exact integer
 count until :meth:`SplitStats.summary` turns counts into shares.
 
 Span lengths are compared with what the configured objective would give on the same
@@ -137,27 +138,13 @@ class SplitStats:
         if a.doc_lengths is not None and not self.view.decoder_layout:  # UL2's decoder rows hold one sequence
             self.documents[int(a.doc_lengths.size)] += 1
             self.segments.update(int(n) for n in a.doc_lengths)
-        if a.kind == "prefix_lm" and a.prefix_length is not None and a.raw_tokens:
-            c["prefix_tokens"] += a.prefix_length
-            if a.prefix_lengths is not None and a.prefix_lengths.shape == a.doc_lengths.shape:
-                pairs = zip(a.prefix_lengths.tolist(), a.doc_lengths.tolist(), strict=True)
-            else:  # format 2: one split over the whole row
-                pairs = [(a.prefix_length, a.raw_tokens)]
-            for prefix, length in pairs:
-                if length >= 2:  # a 1-token segment has no split to draw
-                    self.prefix_tenths[min(9, 10 * prefix // length)] += 1
-                    for tenth, share in _uniform_tenths(length).items():
-                        self.prefix_expected_tenths[tenth] += share
-        if a.kind in ("span", "prefix"):
-            self.noise.add(a)
-            if a.denoiser is not None:
-                self.denoisers.setdefault(a.denoiser, _Noise()).add(a)
-        if a.kind == "mlm":
-            m = a.mlm
-            self.mlm.update({k: int(m[k].sum()) for k in ("selected", "masked", "random", "kept")})
-            self.mlm["candidates"] += m["candidates"]
-        if a.kind == "bart":
-            c.update(mask_tokens=a.mask_tokens, inputs_tokens=a.lengths["inputs"], targets_tokens=a.lengths["targets"])
+        self.view.objective.count_measured(self, a)  # the objective's own counts
+
+    def add_noise(self, a: Anatomy) -> None:
+        """Count the noise of a span or S example, overall and under its denoiser (if any)."""
+        self.noise.add(a)
+        if a.denoiser is not None:
+            self.denoisers.setdefault(a.denoiser, _Noise()).add(a)
 
     def noise_of(self, denoiser: str) -> _Noise:
         """The noise statistics of one denoiser's examples (empty if none was seen)."""
@@ -182,13 +169,3 @@ class SplitStats:
         out.update(self.view.objective.measured_summary(self))  # the objective's own part
         return out
 
-
-def _uniform_tenths(length: int) -> dict[int, float]:
-    """How a split ~ U[1, length - 1] falls on the tenths ``min(9, 10 * p // length)``."""
-    out: dict[int, float] = {}
-    for tenth in range(10):
-        low = max(1, -(-tenth * length // 10))
-        high = length - 1 if tenth == 9 else min(length - 1, -(-(tenth + 1) * length // 10) - 1)
-        if high >= low:
-            out[tenth] = (high - low + 1) / (length - 1)
-    return out

@@ -16,6 +16,7 @@ from typing import Any
 from loaders.inspection.anatomy import ObjectiveView, take_apart
 from loaders.inspection.source import InspectedDataset
 from loaders.inspection.stats import SplitStats
+from transforms.objectives.lines import number, table_rows
 from transforms.objectives.registry import summarize_objective
 
 __all__ = ["format_table", "inspect_dataset", "manifest_objective_summary", "measure_split"]
@@ -74,79 +75,32 @@ def _value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _rows(header: list[str], rows: list[list[Any]], indent: str = "  ") -> list[str]:
-    cells = [header] + [[_num(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-            for r in cells]
-
-
-def _objective_lines(measured: dict[str, Any], manifest_summary: dict[str, Any] | None) -> list[str]:
-    lines, ms = [], manifest_summary or {}
-    if "noise" in measured:
-        n = measured["noise"]
-        lines.append(f"  noise density {_num(n['density'])} (configured {_num(n['configured_density'])}, "
-                     f"manifest {_num(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
-                     f"{_num(n['mean_span_length'])} (configured {_num(n['configured_mean_span_length'])})")
-    if "denoisers" in measured:
-        rows = [[name, d["weight"], d["examples_share"], d["tokens_share"], d["density"], d["configured_density"],
-                 d["mean_span_length"], d["configured_mean_span_length"]] for name, d in measured["denoisers"].items()]
-        lines += _rows(["denoiser", "weight", "examples", "tokens", "density", "(cfg)", "mean span", "(cfg)"], rows)
-    if "mlm" in measured:
-        m = measured["mlm"]
-        split, cfg = m["split"], m["configured_split"]
-        lines.append(f"  selected {m['selected']:,} of {m['candidates']:,} maskable = {_num(m['density'])} "
-                     f"(configured {_num(m['configured_density'])})")
-        # Named, never in dict order: a manifest's dicts come back with sorted keys (keep, mask, random).
-        parts = ("masked", "random", "kept")
-        lines.append("  replacement mask/random/kept " + " / ".join(_num(split[k]) for k in parts)
-                     + "  (configured " + " / ".join(_num(cfg[k]) for k in parts) + ")")
-        if "replacement" in ms:
-            exact = " / ".join(_num(ms["replacement"][k]) for k in ("mask", "random", "keep"))
-            lines.append(f"  manifest (exact) mask/random/kept {exact}")
-    if "bart" in measured:
-        b = measured["bart"]
-        lines.append(f"  inputs/targets length ratio {_num(b['length_ratio'])}; <mask> per example "
-                     f"{_num(b['masks_per_example'])}; masked word share (manifest) {_num(ms.get('masked_word_share'))}"
-                     f"; mean Poisson span (manifest) {_num(ms.get('spans', {}).get('mean_poisson_length'))}")
-    if "prefix_share" in measured:
-        lines.append(f"  prefix share {_num(measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)")
-    return lines
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    """The human-readable ``inspect`` output."""
-    objective, tok, counts = summary["objective"], summary["tokenizer"], summary["counts"]
-    params = {k: v for k, v in objective.get("params", {}).items()
+def format_table(summary: dict[str, Any], objective: Any) -> str:
+    """The human-readable ``inspect`` output; each split's statistics end with ``objective``'s
+    own lines (:meth:`~transforms.objectives.base.Objective.measured_lines`)."""
+    recorded, tok, counts = summary["objective"], summary["tokenizer"], summary["counts"]
+    params = {k: v for k, v in recorded.get("params", {}).items()
               if not isinstance(v, (list, dict)) and k not in ("objective", "reference")}
     lines = [
         f"dataset    {summary['dataset']}  (format {summary['format_version']}, {', '.join(summary['formats'])})",
-        f"objective  {objective['name']} ({objective['family']})  "
+        f"objective  {recorded['name']} ({recorded['family']})  "
         + "  ".join(f"{k}={_value(v)}" for k, v in params.items()),
         f"tokenizer  {tok.get('file')}  vocab {tok.get('vocab_size'):,}  sha256 {str(tok.get('sha256'))[:12]}  "
         + " ".join(f"{k}={v}" for k, v in tok.get("special_ids", {}).items())
         + f"  sentinels {tok['sentinels']}"
         + ("  modes " + " ".join(f"{k}={v}" for k, v in tok["mode_tokens"].items()) if tok.get("mode_tokens") else ""),
-        f"documents  read {_num(counts.get('documents_read'))}  written {_num(counts.get('documents_written'))}  "
-        f"duplicates {_num(counts.get('duplicates'))}  rejected {_num(counts.get('rejected'))}"
+        f"documents  read {number(counts.get('documents_read'))}  written {number(counts.get('documents_written'))}  "
+        f"duplicates {number(counts.get('duplicates'))}  rejected {number(counts.get('rejected'))}"
         + "".join(f"  [{reason}: {n:,}]" for reason, n in counts.get("rejected_by_reason", {}).items()),
         "",
     ]
-    lines += _rows(["split", "examples", "tokens", "shards", "documents", "padding", "dropped"], [
+    lines += table_rows(["split", "examples", "tokens", "shards", "documents", "padding", "dropped"], [
         [name, s["examples"], s["tokens"], s["num_shards"], s["documents"], s["padding_tokens"], s["dropped_tokens"]]
         for name, s in summary["splits"].items()], indent="")
     for name, s in summary["splits"].items():
         m = s["measured"]
         scope = f"a sample of {m['examples']:,}" if m["sampled"] else f"all {m['examples']:,}"
-        lines += ["", f"{name}: measured on {scope} examples; padding share {_num(m['padding_share'])}"
+        lines += ["", f"{name}: measured on {scope} examples; padding share {number(m['padding_share'])}"
                   + (f"; {m['examples_with_issues']:,} with structural issues (run validate)"
                      if m["examples_with_issues"] else "")]
         rows = [[col, h.get("min"), h.get("mean"), h.get("p50"), h.get("p95"), h.get("max"), h.get("capacity")]
@@ -154,6 +108,6 @@ def format_table(summary: dict[str, Any]) -> str:
         if "documents_per_example" in m:
             d = m["documents_per_example"]
             rows.append(["documents/example", d["min"], d["mean"], d["p50"], d["p95"], d["max"], None])
-        lines += _rows(["length", "min", "mean", "p50", "p95", "max", "capacity"], rows)
-        lines += _objective_lines(m, s["manifest_summary"])
+        lines += table_rows(["length", "min", "mean", "p50", "p95", "max", "capacity"], rows)
+        lines += objective.measured_lines(m, s["manifest_summary"])
     return "\n".join(lines) + "\n"

@@ -40,7 +40,6 @@ from loaders.inspection.anatomy import Anatomy, ObjectiveView, take_apart
 from loaders.inspection.checks import example_problems
 from loaders.inspection.source import InspectedDataset, order_digest, shard_of_key
 from schemas.manifest import MANIFEST_VERSION
-from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
 
 __all__ = ["Problem", "ValidationReport", "validate_dataset"]
 
@@ -155,30 +154,10 @@ def _same_example(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def _exact_counters(example: dict[str, Any], a: Anatomy, view: ObjectiveView) -> Counter:
-    """The manifest counters an example contributes that the shards determine exactly: those of
-    its layout, counted here, and the objective's own (``Objective.shard_counters``)."""
+    """The manifest counters an example contributes that the shards determine exactly: the
+    common ones, counted here, and the objective's own (``Objective.shard_counters``)."""
     c = Counter(examples=1, chunk_tokens=a.raw_tokens, padding_tokens=a.padding)
     c.update(view.objective.shard_counters(example, a))
-    if a.kind in ("clm", "prefix_lm"):
-        c.update(tokens=a.raw_tokens, documents_segments=int(a.doc_lengths.size))
-        if a.kind == "prefix_lm":
-            c.update(prefix_tokens=a.prefix_length, suffix_tokens=a.raw_tokens - a.prefix_length)
-    elif a.kind == "mlm":
-        c.update(selected=int(a.mlm["selected"].sum()), masked=int(a.mlm["masked"].sum()),
-                 maskable_tokens=a.mlm["candidates"])
-    elif a.kind == "bart":
-        c.update(mask_tokens=a.mask_tokens, input_tokens=int(a.inputs.size), source_tokens=int(a.targets.size))
-    elif a.inputs is not None:
-        own = Counter(raw_tokens=a.raw_tokens, noise_tokens=a.noise_tokens,
-                      noise_spans=int(a.span_lengths.size) if a.kind == "span" else int(a.noise_tokens > 0),
-                      inputs_tokens=int(a.inputs.size), targets_tokens=int(a.targets.size))
-        if a.kind == "span":
-            own.update(f"span_len_hist_{min(int(k), SPAN_LENGTH_HISTOGRAM_CAP)}" for k in a.span_lengths)
-        if a.denoiser is None:
-            c.update(own)
-        else:
-            c.update({k: v for k, v in own.items() if not k.startswith("span_len_hist_")})
-            c.update({f"denoiser/{a.denoiser}/{k}": v for k, v in (own + Counter(examples=1)).items()})
     return c
 
 

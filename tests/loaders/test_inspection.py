@@ -123,7 +123,7 @@ def test_span_example_renders_sentinels_spans_and_the_restored_chunk():
                "targets": np.array([10, 31, 32, 11, 34, 1], np.int32)}
     a = take_apart(example, view)
     assert a.issues == [] and a.span_lengths.tolist() == [2, 1] and a.raw_tokens == 5 and a.padding == 5
-    assert a.restored_chunk(view).tolist() == [30, 31, 32, 33, 34]
+    assert a.restored_chunk(view.special).tolist() == [30, 31, 32, 33, 34]
     lines = to_text(render_example(Located("train", 0, 0, example), a, view), _Ids()).splitlines()
     assert lines[1:] == ["  inputs: .30.10.33.11.1", " targets: .10.31.32.11.34.1",
                          "restored: .30[<extra_id_0>:.31.32].33[<extra_id_1>:.34].1"]

@@ -63,11 +63,13 @@ of the passes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from transforms.objectives import lines
 from transforms.objectives.bart_passes import (
     INSERT_IDS_STREAM,
     INSERT_RANDOM_STREAM,
@@ -204,6 +206,51 @@ class Bart(Objective):
                          "targets_tokens": c["targets_tokens"],
                          "length_ratio": ratio(c["inputs_tokens"], c["targets_tokens"]),
                          "masks_per_example": ratio(c["mask_tokens"], c["examples"])}}
+
+
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Mask tokens, and the tokens of the inputs and targets."""
+        a = anatomy
+        if a.kind == "bart":
+            stats.counts.update(mask_tokens=a.mask_tokens, inputs_tokens=a.lengths["inputs"],
+                                targets_tokens=a.lengths["targets"])
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """Length ratio and masks measured, beside the manifest's masked word share and Poisson span."""
+        ms = manifest_summary or {}
+        b = measured["bart"]
+        return [f"  inputs/targets length ratio {lines.number(b['length_ratio'])}; <mask> per example "
+                f"{lines.number(b['masks_per_example'])}; masked word share (manifest) "
+                f"{lines.number(ms.get('masked_word_share'))}"
+                f"; mean Poisson span (manifest) {lines.number(ms.get('spans', {}).get('mean_poisson_length'))}"]
+
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The span lengths text infilling drew (manifest counters) against its truncated Poisson."""
+        drawn = {int(k[len("span_len_hist_"):]): v for k, v in counters.items() if k.startswith("span_len_hist_")}
+        if not drawn:
+            return []
+        config = self.config
+        cdf = poisson_span_cdf(config.poisson_lambda)
+        pmf = [cdf[0]] + [cdf[k] - cdf[k - 1] for k in range(1, len(cdf))]
+        total = sum(drawn.values())
+        lengths = list(range(0, max(max(drawn), min(len(pmf) - 1, 3 * int(config.poisson_lambda) + 6)) + 1))
+        return [lines.Chart("span lengths drawn by text infilling (manifest counters); line: Poisson(lambda) "
+                            "truncated as fairseq does",
+                            f"{split}: BART span lengths (words), manifest vs Poisson({config.poisson_lambda})",
+                            [str(k) for k in lengths], [
+                                lines.ChartSeries("drawn (manifest)", [float(drawn.get(k, 0)) for k in lengths]),
+                                lines.ChartSeries("expected (configured)",
+                                                  [total * (pmf[k] if k < len(pmf) else 0.0) for k in lengths],
+                                                  "expected", "line")],
+                            x_label="span length (words)", y_label="spans")]
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Mask tokens, and the tokens of the inputs and of the source (targets)."""
+        a = anatomy
+        return {"mask_tokens": a.mask_tokens, "input_tokens": int(a.inputs.size), "source_tokens": int(a.targets.size)}
 
     def __init__(self, config: BartConfig | None = None) -> None:
         self.config = config or BartConfig()

@@ -19,8 +19,8 @@ Counters are integers only (never floats), so their sums are exact in any order
 id to their schema length, the padding counted in ``padding_tokens``.
 
 Everything else the rest of the code needs of an objective (flags, summary, loader facts,
-inspection hooks) is declared on :class:`Objective` too, with defaults; this module is a
-little over 400 lines because it is that whole contract, in one place to read.
+inspection hooks) is declared on :class:`Objective` too, with defaults; this module is some
+450 lines because it is that whole contract, in one place to read.
 """
 
 from __future__ import annotations
@@ -281,6 +281,12 @@ class Objective(ABC):
         return ExampleKind(self.name)
 
     @property
+    def framing_tokens(self) -> int:
+        """Tokens an example adds around its chunk that are not chunk tokens (MLM's framing
+        ``[CLS] ... [SEP]``: 2), which the inspection tools take off an encoder row's length."""
+        return 0
+
+    @property
     def seq2seq_in_decoder_rows(self) -> bool:
         """Decoder rows hold ``inputs + targets`` of one seq2seq example (UL2's decoder layout),
         not document segments cut from the packed stream."""
@@ -317,15 +323,40 @@ class Objective(ABC):
         return []
 
     def shard_counters(self, example: Mapping[str, Any], anatomy: Any) -> dict[str, int]:
-        """Counters of :attr:`exact_counters` the objective computes from one stored example
-        (those of the known layouts the inspection tools count themselves)."""
+        """The counters of :attr:`exact_counters` recounted from one stored example taken apart
+        (``anatomy``), which ``lmshards validate`` adds up against the manifest; ``examples``,
+        ``chunk_tokens`` and ``padding_tokens`` are counted for every objective."""
         return {}
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Count one example taken apart (``anatomy``) into a split's statistics
+        (``loaders.inspection.stats.SplitStats``), beyond the common counts it keeps itself:
+        integers into ``stats.counts`` under names of the objective's own, or into its
+        ``mlm``, ``prefix_tenths`` / ``prefix_expected_tenths`` counters and ``add_noise``;
+        :meth:`measured_summary` turns them into statistics. Nothing by default."""
+        return None
 
     def measured_summary(self, stats: Any) -> dict[str, Any]:
         """The objective's part of ``lmshards inspect``'s statistics measured on the shards
         (``loaders.inspection.stats.SplitStats``: ``counts``, ``mlm``, ``noise``,
         ``noise_of(denoiser)``, ``prefix_tenths``), next to the configured values."""
         return {}
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """The objective's lines of ``lmshards inspect``'s table (and of the report's summary),
+        after a split's length rows: its statistics from ``measured`` (a split's
+        :meth:`measured_summary` merged into the common ones, as ``inspect --json`` prints them)
+        beside the manifest's exact ``manifest_summary`` (its :meth:`summarize`; None for a
+        manifest without counters). Each line starts with two spaces; numbers formatted with
+        :mod:`transforms.objectives.lines`. None by default."""
+        return []
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The objective's plots in the report's section of ``split``, after the common length
+        plots: :class:`~transforms.objectives.lines.Chart` records, or a sentence (``str``) in
+        place of a chart of one value, from ``measured`` (as :meth:`measured_lines` gets it)
+        and the split's manifest ``counters``. None by default."""
+        return []
 
     def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw lengths and int plans of chunks, given one number in [0, 1) per chunk."""

@@ -69,5 +69,11 @@ class CLM(Objective):
     def schema_kwargs(self) -> dict[str, Any]:
         return {"seq_len": self.config.seq_len}
 
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Tokens and document segments of the row."""
+        a = anatomy
+        return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size)}
+
     def params(self) -> dict[str, Any]:
         return {"seq_len": self.config.seq_len}

@@ -61,6 +61,7 @@ from transforms.objectives.base import Block, Built, Objective, build_example
 from transforms.objectives.common import IGNORE_INDEX, SpecialIds, ids_out_of_range
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
+from transforms.objectives.lines import Chart, ChartSeries, number
 from transforms.objectives.randoms import Randoms, first_distinct, random_ids
 from transforms.objectives.summary import ratio, summarize_mlm
 
@@ -240,6 +241,11 @@ class MLM(Objective):
                 out.append("input_ids/labels differ from the objective replayed with the example's seed")
         return out
 
+    @property
+    def framing_tokens(self) -> int:
+        """``[CLS]`` and ``[SEP]`` when framed."""
+        return 2 if self.config.frame else 0
+
     def measured_summary(self, stats: Any) -> dict[str, Any]:
         """Measured selection density and replacement split next to the configured ones."""
         config, m = self.config, stats.mlm
@@ -250,6 +256,49 @@ class MLM(Objective):
             "configured_split": {"masked": config.mask_ratio, "random": config.random_ratio,
                                  "kept": config.keep_ratio},
         }}
+
+
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Selected tokens and their replacement split, and the maskable ones."""
+        a = anatomy
+        if a.kind == "mlm":
+            m = a.mlm
+            stats.mlm.update({k: int(m[k].sum()) for k in ("selected", "masked", "random", "kept")})
+            stats.mlm["candidates"] += m["candidates"]
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """Selected share and replacement split, measured beside configured and the manifest's exact split."""
+        lines, ms = [], manifest_summary or {}
+        m = measured["mlm"]
+        split, cfg = m["split"], m["configured_split"]
+        lines.append(f"  selected {m['selected']:,} of {m['candidates']:,} maskable = {number(m['density'])} "
+                     f"(configured {number(m['configured_density'])})")
+        # Named, never in dict order: a manifest's dicts come back with sorted keys (keep, mask, random).
+        parts = ("masked", "random", "kept")
+        lines.append("  replacement mask/random/kept " + " / ".join(number(split[k]) for k in parts)
+                     + "  (configured " + " / ".join(number(cfg[k]) for k in parts) + ")")
+        if "replacement" in ms:
+            exact = " / ".join(number(ms["replacement"][k]) for k in ("mask", "random", "keep"))
+            lines.append(f"  manifest (exact) mask/random/kept {exact}")
+        return lines
+
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The replacement split against the configured ratios."""
+        m = measured
+        parts = ["masked", "random", "kept"]
+        return [Chart("share of selected tokens; dots: configured ratios", f"{split}: MLM replacement split", parts, [
+            ChartSeries("measured", [m["mlm"]["split"][p] for p in parts], "measured"),
+            ChartSeries("configured", [m["mlm"]["configured_split"][p] for p in parts], "expected", "points"),
+        ], x_label="selected tokens", y_label="share", width=460)]
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Selected and masked tokens, and the maskable ones."""
+        a = anatomy
+        return {"selected": int(a.mlm["selected"].sum()), "masked": int(a.mlm["masked"].sum()),
+                "maskable_tokens": a.mlm["candidates"]}
 
     def build(self, block: Block, special: SpecialIds) -> Built:
         """Mask every chunk of ``block``.

@@ -36,6 +36,7 @@ from transforms.objectives.base import Block, Built, Objective, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
+from transforms.objectives.lines import Chart, ChartSeries, number
 from transforms.objectives.randoms import Randoms
 from transforms.objectives.summary import ratio, summarize_prefix_lm
 
@@ -151,6 +152,48 @@ class PrefixLM(Objective):
                 "prefix_expected_tenths": {f"{k / 10:.1f}": round(n, 3)
                                            for k, n in sorted(getattr(stats, "prefix_expected_tenths", {}).items())}}
 
+
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Prefix tokens, and per document segment the tenth of it in its prefix, measured and
+        as a split ~ U[1, d-1] would give."""
+        a, c = anatomy, stats.counts
+        if a.kind == "prefix_lm" and a.prefix_length is not None and a.raw_tokens:
+            c["prefix_tokens"] += a.prefix_length
+            if a.prefix_lengths is not None and a.prefix_lengths.shape == a.doc_lengths.shape:
+                pairs = zip(a.prefix_lengths.tolist(), a.doc_lengths.tolist(), strict=True)
+            else:  # format 2: one split over the whole row
+                pairs = [(a.prefix_length, a.raw_tokens)]
+            for prefix, length in pairs:
+                if length >= 2:  # a 1-token segment has no split to draw
+                    stats.prefix_tenths[min(9, 10 * prefix // length)] += 1
+                    for tenth, share in _uniform_tenths(length).items():
+                        stats.prefix_expected_tenths[tenth] += share
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """The measured prefix share beside the share its splits give."""
+        return [f"  prefix share {number(measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)"]
+
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """Where the prefix ends in each document segment, against a split ~ U[1, d-1]."""
+        m = measured
+        tenths = [f"{k / 10:.1f}" for k in range(10)]
+        expected = m.get("prefix_expected_tenths") or {}
+        uniform = [float(expected.get(t, 0)) for t in tenths]
+        return [Chart("prefix length over segment length; line: each split ~ U[1, d-1]",
+                      f"{split}: prefix length / document segment length", tenths, [
+                          ChartSeries("measured", [float(m["prefix_tenths"].get(t, 0)) for t in tenths], "measured"),
+                          ChartSeries("expected U[1, d-1]", uniform, "expected", "line")], x_label="prefix share",
+                      y_label="segments")]
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Tokens and document segments of the row, and its prefix and suffix tokens."""
+        a = anatomy
+        return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size),
+                "prefix_tokens": a.prefix_length, "suffix_tokens": a.raw_tokens - a.prefix_length}
+
     def schema_kwargs(self) -> dict[str, Any]:
         """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_lengths`` column (one per document)."""
         return {"seq_len": self.config.seq_len, "prefix_lengths": True}
@@ -159,3 +202,14 @@ class PrefixLM(Objective):
         """Configuration for the manifest."""
         return {"reference": "t5.data.preprocessors.prefix_lm, packed (each document segment split ~ U[1, d-1])",
                 "seq_len": self.config.seq_len}
+
+
+def _uniform_tenths(length: int) -> dict[int, float]:
+    """How a split ~ U[1, length - 1] falls on the tenths ``min(9, 10 * p // length)``."""
+    out: dict[int, float] = {}
+    for tenth in range(10):
+        low = max(1, -(-tenth * length // 10))
+        high = length - 1 if tenth == 9 else min(length - 1, -(-(tenth + 1) * length // 10) - 1)
+        if high >= low:
+            out[tenth] = (high - low + 1) / (length - 1)
+    return out

@@ -47,7 +47,17 @@ from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import chunk_key_of, plan_uniforms
-from transforms.objectives.spans import SPAN_LENGTH_HISTOGRAM_CAP, check_chunks, corrupt_rows, span_histogram
+from transforms.objectives.lines import Chart, ChartSeries, number, table_rows
+from transforms.objectives.spans import (
+    SPAN_LENGTH_HISTOGRAM_CAP,
+    check_chunks,
+    corrupt_rows,
+    noise_counters,
+    replay_problems,
+    span_histogram,
+    span_length_chart,
+    span_problems,
+)
 from transforms.objectives.summary import ratio, summarize_ul2
 from transforms.objectives.ul2_mixture import PRESETS, Denoiser, DenoiserLengths, denoiser_lengths, parse_mixture
 
@@ -327,12 +337,20 @@ class UL2(Objective):
 
     def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
                          seed: int) -> list[str]:
-        """The recorded denoiser must be the one the packer planned from the chunk key."""
+        """The recorded denoiser must be the one the packer planned from the chunk key; then a
+        span denoiser's T5 noise and span counts, and the replay."""
         planned = int(self.plan(plan_uniforms(seed, [chunk_key_of(anatomy.key)]))[1][0])
         name = self.denoisers[planned].name
         if name != anatomy.denoiser:
             return [f"denoiser {anatomy.denoiser} recorded, the packer planned {name} for this chunk"]
-        return []
+        out = []
+        if anatomy.kind == "span":
+            # (an unknown denoiser is an issue of example_kind: such an example is not checked here)
+            denoiser, lengths = self.denoiser_table()[anatomy.denoiser]
+            out += span_problems(anatomy, denoiser.noise_density, denoiser.mean_noise_span_length, lengths.raw_length)
+        if anatomy.kind in ("span", "prefix") and not out:
+            out += replay_problems(self, example, anatomy, special, seed)
+        return out
 
     def measured_summary(self, stats: Any) -> dict[str, Any]:
         """Overall noise, and per denoiser its noise against its configuration, weight and shares."""
@@ -348,6 +366,53 @@ class UL2(Objective):
                          tokens_share=ratio(noise.counts["raw_tokens"], c["raw_tokens"]))
             out["denoisers"][d.name] = entry
         return out
+
+
+
+    def count_measured(self, stats: Any, anatomy: Any) -> None:
+        """Noise tokens and span lengths, overall and per denoiser."""
+        if anatomy.kind in ("span", "prefix"):
+            stats.add_noise(anatomy)
+
+    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+        """Overall noise, then one row per denoiser: weight, shares, density and span length
+        measured beside configured."""
+        lines = []
+        n = measured["noise"]
+        ms = manifest_summary or {}
+        lines.append(f"  noise density {number(n['density'])} (configured {number(n['configured_density'])}, "
+                     f"manifest {number(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
+                     f"{number(n['mean_span_length'])} (configured {number(n['configured_mean_span_length'])})")
+        rows = [[name, d["weight"], d["examples_share"], d["tokens_share"], d["density"], d["configured_density"],
+                 d["mean_span_length"], d["configured_mean_span_length"]] for name, d in measured["denoisers"].items()]
+        lines += table_rows(["denoiser", "weight", "examples", "tokens", "density", "(cfg)", "mean span", "(cfg)"],
+                            rows)
+        return lines
+
+
+
+    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+        """The denoiser mix against the weights, and each span denoiser's span lengths against T5's law."""
+        m = measured
+        names = list(m["denoisers"])
+        out: list[Any] = [Chart("share of examples and of raw tokens per denoiser; dots: the configured weights",
+                                f"{split}: UL2 denoiser mix", names, [
+                                    ChartSeries("examples share", [m["denoisers"][n]["examples_share"] for n in names],
+                                                "measured"),
+                                    ChartSeries("tokens share", [m["denoisers"][n]["tokens_share"] for n in names],
+                                                "other"),
+                                    ChartSeries("configured weight", [m["denoisers"][n]["weight"] for n in names],
+                                                "expected", "points"),
+                                ], x_label="denoiser", y_label="share", width=1000)]
+        for name, d in m["denoisers"].items():
+            if d["kind"] == "span" and d["spans"]:
+                out.append(span_length_chart(f"{split}: span lengths of {name}", d["span_lengths"],
+                                             d["expected_span_lengths"]))
+        return out
+
+    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+        """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
+        return noise_counters(anatomy)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""

@@ -5,7 +5,8 @@ reversed in windows of ``window`` tokens and EOS. Its module (this file) declare
 is: its config with two flags (``--seq-len``, shared with the built-in objectives, and its own
 ``--reverse-window``), its schema, its counters and manifest summary, its decoder start token,
 and its inspection hooks (taking an example apart, its invariant, the counters ``validate``
-recomputes, its part of ``inspect``'s statistics). The tests run the real command line, the
+recomputes, its own measured statistic: the tokens the reversal moves, counted in ``inspect``'s
+statistics and shown in its table, the report and ``--json``). The tests run the real command line, the
 real ``materialize`` pipeline on the bundled sample corpus with FnApiRunner, ``inspect``,
 ``validate`` and ``show``, and the loader with its collator, and check exact values against
 a plain-Python reference of the objective and the corpus's own token count.
@@ -27,6 +28,7 @@ from pipelines.cli import main as cli
 from transforms.objectives.base import Block, Built, Objective, flat_rows, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
+from transforms.objectives.lines import number
 from transforms.objectives.registry import OBJECTIVES, objective_flags, register_objective, unregister_objective
 from transforms.objectives.summary import common_summary, ratio
 
@@ -110,9 +112,20 @@ class Reverse(Objective):
     def shard_counters(self, example, anatomy) -> dict[str, int]:
         return {"windows": math.ceil(anatomy.raw_tokens / self.config.window)}
 
+    def count_measured(self, stats, anatomy) -> None:
+        raw = anatomy.raw_tokens
+        stats.counts["out_of_place_tokens"] += int((anatomy.targets[:raw] != anatomy.inputs[:raw]).sum())
+
     def measured_summary(self, stats) -> dict[str, Any]:
         c = stats.counts
-        return {"reverse": {"window": self.config.window, "mean_raw_tokens": ratio(c["raw_tokens"], c["examples"])}}
+        return {"reverse": {"window": self.config.window, "mean_raw_tokens": ratio(c["raw_tokens"], c["examples"]),
+                            "out_of_place_tokens": c["out_of_place_tokens"],
+                            "out_of_place_share": ratio(c["out_of_place_tokens"], c["raw_tokens"])}}
+
+    def measured_lines(self, measured, manifest_summary) -> list[str]:
+        r = measured["reverse"]
+        return [f"  reversed in windows of {r['window']}: {number(r['out_of_place_tokens'])} of "
+                f"{number(measured['raw_tokens'])} tokens out of place = {number(r['out_of_place_share'])}"]
 
 
 # --- the tests -------------------------------------------------------------------------------
@@ -244,9 +257,25 @@ def test_materialize_writes_its_examples_counters_and_summary(dataset):
     assert raw_total == sum(len(ids) + 1 for ids in encode_documents(texts, TOKENIZER))
 
 
+def _out_of_place(rows: list[dict]) -> tuple[int, int]:
+    """Plain Python: (target tokens not where the same input token is, raw tokens) of stored examples."""
+    moved = raw = 0
+    for row in rows:
+        inputs, targets = [int(t) for t in row["inputs"]], [int(t) for t in row["targets"]]
+        length = len(inputs) - inputs[::-1].index(EOS) - 1
+        moved += sum(inputs[i] != targets[i] for i in range(length))
+        raw += length
+    return moved, raw
+
+
 @pytest.mark.e2e
 def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys):
     out, manifest = dataset
+    examples = _examples(out)
+    own = {split: _out_of_place(rows) for split, rows in examples.items()}
+    lines = {split: f"  reversed in windows of {WINDOW}: {moved:,} of {raw:,} tokens out of place = "
+                    f"{moved / raw:.4f}" for split, (moved, raw) in own.items()}
+    assert all(0 < moved < raw for moved, raw in own.values())
     assert cli(["validate", str(out)]) == 0
     assert "validate: OK" in capsys.readouterr().out
     assert cli(["inspect", str(out), "--json", "--limit", "0"]) == 0
@@ -256,18 +285,60 @@ def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys)
         counters = manifest.stats[split]["objective"]
         assert (measured["examples"], measured["raw_tokens"], measured["examples_with_issues"]) == (
             counters["examples"], counters["tokens"], 0)
+        moved, raw = own[split]
+        assert raw == counters["tokens"]
         assert measured["reverse"] == {"window": WINDOW,
-                                       "mean_raw_tokens": round(counters["tokens"] / counters["examples"], 6)}
+                                       "mean_raw_tokens": round(counters["tokens"] / counters["examples"], 6),
+                                       "out_of_place_tokens": moved, "out_of_place_share": round(moved / raw, 6)}
     assert cli(["show", str(out), "-n", "1", "--color", "never", "--split", "train"]) == 0
-    first = _examples(out)["train"][0]
+    first = examples["train"][0]
     shown = capsys.readouterr().out
     assert first["key"] in shown and "ISSUES" not in shown
     assert cli(["inspect", str(out)]) == 0
     table = capsys.readouterr().out
     assert "reverse" in table and f"{manifest.splits['train']['examples']:,}" in table
+    assert [line for line in table.splitlines() if "out of place" in line] == [lines["train"], lines["validation"]]
     assert cli(["report", str(out), "-o", str(out / "report.html"), "--examples", "2"]) == 0
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count('class="example"') == 2 and first["key"] in page
+    assert all(line in page for line in lines.values())
+
+
+@pytest.mark.e2e
+def test_a_bug_in_its_hook_prints_a_traceback_not_a_damaged_dataset(dataset, capsys, tmp_path):
+    """A plain exception from an objective's inspection hook is a bug: its traceback, exit 3;
+    a damaged dataset stays one line (tests/pipelines/test_damaged_datasets.py)."""
+    out, _ = dataset
+
+    class BuggyReverse(Reverse):
+        def count_measured(self, stats, anatomy) -> None:
+            stats.counts["issues_per_token"] += anatomy.raw_tokens // len(anatomy.issues)  # no issues: 1 // 0
+
+    unregister_objective("reverse")
+    register_objective(BuggyReverse)
+    try:
+        for argv in (["inspect", str(out)], ["report", str(out), "-o", str(tmp_path / "r.html")]):
+            assert cli(argv) == 3
+            err = capsys.readouterr().err
+            assert err.startswith(f"lmshards {argv[0]}: internal error: ZeroDivisionError: integer division or "
+                                  "modulo by zero (a bug in lmshards or in the objective 'reverse', not a damaged "
+                                  "dataset); traceback:\nTraceback (most recent call last):\n"), err
+            assert ", in count_measured\n" in err and err.rstrip().endswith("ZeroDivisionError: integer division or "
+                                                                              "modulo by zero")
+            assert "run 'lmshards validate" not in err
+    finally:
+        unregister_objective("reverse")
+        register_objective(Reverse)
+    shard = next((out / "train" / "arrow").glob("*.arrow"))
+    data = shard.read_bytes()
+    try:
+        shard.write_bytes(data[: len(data) // 2])
+        assert cli(["inspect", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("lmshards inspect: error: ")
+        assert "Traceback" not in err
+    finally:
+        shard.write_bytes(data)
 
 
 @pytest.mark.e2e
