@@ -25,6 +25,13 @@ def materialize(output, *args: str):
     return run(["--output", str(output), *args])
 
 
+def default_sigint() -> None:
+    """A child process's ``preexec_fn``: SIGINT back to its default disposition. pytest-xdist's
+    workers ignore SIGINT, a child inherits that, and Python then never raises
+    KeyboardInterrupt; a test that interrupts a run as Ctrl-C does needs what a terminal gives."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def lmshards_command(*argv: str) -> subprocess.CompletedProcess:
     """``lmshards argv`` run in this process (``pipelines.cli.main``): its exit status and what
     it printed, as ``subprocess.run(..., capture_output=True, text=True)`` would give them. The

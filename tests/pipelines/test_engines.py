@@ -22,7 +22,7 @@ import sys
 import time
 
 import pytest
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, default_sigint, file_digests, materialize
 
 from schemas.manifest import Manifest
 
@@ -146,7 +146,8 @@ def _launch(runner: str, out, *extra: str) -> subprocess.Popen:
                "--runner", runner, "--workers", str(WORKERS[runner]), *extra]
     os.makedirs(out.parent / "tmp", exist_ok=True)
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "TMPDIR": str(out.parent / "tmp")})
+                            start_new_session=True, env={**os.environ, "TMPDIR": str(out.parent / "tmp")},
+                            preexec_fn=default_sigint)
 
 
 def _engine_logs(tmp_path) -> list[str]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, lmshards_command, materialize_command
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, default_sigint, lmshards_command, materialize_command
 
 from schemas.names import shown_name
 
@@ -97,7 +97,7 @@ def test_ctrl_c_mid_run_is_one_line_and_publishes_nothing(tmp_path, copied_corpu
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.materialize", "--input", copied_corpus, "--output",
                              str(out), *BASE, "--workers", workers, "--progress-seconds", "0.000001",
                              "--input-split-mb", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=default_sigint)
     try:
         seen = []
         for line in proc.stderr:  # the first progress line: the pipeline runs
