@@ -65,6 +65,8 @@ def main(path: str, work: str) -> None:
     result["C"] = train(path, os.path.join(work, "b"), workers=0, resume=checkpoint)
     with open(os.path.join(work, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle)
+    if torch.distributed.is_initialized():  # as a torchrun script should: gloo's threads stopped before exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
