@@ -158,7 +158,7 @@ def _exact_counters(example: dict[str, Any], a: Anatomy, view: ObjectiveView) ->
     """The manifest counters an example contributes that the shards determine exactly: those of
     its layout, counted here, and the objective's own (``Objective.shard_counters``)."""
     c = Counter(examples=1, chunk_tokens=a.raw_tokens, padding_tokens=a.padding)
-    c.update(view.objective.shard_counters(example, a))
+    c.update(view.objective.shard_counters(example, a, view.special))
     if a.kind in ("clm", "prefix_lm"):
         c.update(tokens=a.raw_tokens, documents_segments=int(a.doc_lengths.size))
         if a.kind == "prefix_lm":
