@@ -129,7 +129,8 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
     missing = sorted(needed - set(roles))
     if missing:
         raise ValueError(f"objective {objective.name} needs special tokens {missing}; the tokenizer has {roles}")
-    num_sentinels = int(objective.max_sentinels())
+    needs = objective.token_needs()
+    num_sentinels = int(needs.sentinels)
     sentinels = [tokenizer.token_to_id(f"<extra_id_{k}>") for k in range(num_sentinels)]
     if None in sentinels:
         have = sentinels.index(None)
@@ -137,10 +138,11 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
             f"objective {objective.name} needs {num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}>, "
             f"the dataset's tokenizer has {have}; materialize with --add-special-tokens or pass special="
         )
-    modes = {token: tokenizer.token_to_id(token) for token in objective.mode_tokens}
+    modes = {token: tokenizer.token_to_id(token) for token in needs.tokens}
     missing_modes = sorted(t for t, i in modes.items() if i is None)
     if missing_modes:
-        raise ValueError(f"objective {objective.name} needs mode tokens {missing_modes}; the tokenizer lacks them")
+        raise ValueError(f"objective {objective.name} needs the tokens {missing_modes} as single ids; "
+                         "the tokenizer lacks them")
     all_special = {tokenizer.token_to_id(t.content) for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     all_special.discard(None)
     return SpecialIds(

@@ -229,8 +229,8 @@ def plan_run(options: MaterializeOptions) -> Plan:
             tokenizer,
             required=required,
             overrides=options.special_tokens,
-            num_sentinels=objective.max_sentinels(),
-            mode_tokens=objective.mode_tokens,
+            num_sentinels=objective.token_needs().sentinels,
+            mode_tokens=objective.token_needs().tokens,
             add_missing=options.add_special_tokens,
         )
     except ValueError as exc:

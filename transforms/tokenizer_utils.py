@@ -161,7 +161,8 @@ def resolve_special_tokens(
         required: roles the objective cannot work without.
         overrides: role -> token string given by the user (``--special-token eos=</s>``).
         num_sentinels: how many ``<extra_id_k>`` the objective may use.
-        mode_tokens: UL2 mode tokens (``[R]``, ...) that must be single ids.
+        mode_tokens: the objective's own tokens that must be single ids
+            (``Objective.token_needs().tokens``: UL2's ``[R]``, ...).
         add_missing: add missing roles, sentinels and mode tokens instead of failing.
 
     Raises:
@@ -214,7 +215,7 @@ def resolve_special_tokens(
         if missing_sentinels:
             problems.append(f"{num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}> are needed, it has {have}")
         if missing_modes:
-            problems.append(f"mode tokens {missing_modes} are missing")
+            problems.append(f"tokens {missing_modes} the objective needs as single ids are missing")
     if len(problems) == 1 and missing_roles:
         role = missing_roles[0]
         raise ValueError(f"the tokenizer has {problems[0]}; pass --special-token {role}=TOKEN or "

@@ -157,7 +157,7 @@ def _exact_counters(example: dict[str, Any], a: Anatomy, view: ObjectiveView) ->
     """The manifest counters an example contributes that the shards determine exactly: the
     common ones, counted here, and the objective's own (``Objective.shard_counters``)."""
     c = Counter(examples=1, chunk_tokens=a.raw_tokens, padding_tokens=a.padding)
-    c.update(view.objective.shard_counters(example, a))
+    c.update(view.objective.shard_counters(example, a, view.special))
     return c
 
 

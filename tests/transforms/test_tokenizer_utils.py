@@ -116,7 +116,7 @@ def test_sentinel_shortage_message():
 
 
 def test_missing_mode_tokens_message():
-    with pytest.raises(ValueError, match=r"mode tokens \['\[Q\]'\] are missing"):
+    with pytest.raises(ValueError, match=r"tokens \['\[Q\]'\] the objective needs as single ids are missing"):
         resolve_special_tokens(project_tokenizer(), mode_tokens=("[R]", "[Q]"))
 
 
@@ -277,7 +277,8 @@ def test_everything_missing_is_reported_in_one_message():
     assert str(info.value) == (
         "the tokenizer is short of special tokens: no pad token (tried <pad>, [PAD], <|pad|>, <|padding|>); "
         "--special-token bos=<nope>: token not in the tokenizer vocabulary; no mask token (tried <mask>, [MASK], "
-        "<|mask|>); 3 sentinels <extra_id_0..2> are needed, it has 0; mode tokens ['[R]'] are missing "
+        "<|mask|>); 3 sentinels <extra_id_0..2> are needed, it has 0; "
+        "tokens ['[R]'] the objective needs as single ids are missing "
         "(pass --special-token ROLE=TOKEN for pad, mask, or --add-special-tokens to add what is missing)")
     resolved = resolve_special_tokens(gpt2_like_tokenizer(), required={"eos", "pad", "mask"}, num_sentinels=3,
                                       mode_tokens=("[R]",), overrides={"bos": "<nope>"}, add_missing=True)

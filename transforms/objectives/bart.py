@@ -247,7 +247,7 @@ class Bart(Objective):
                                                   "expected", "line")],
                             x_label="span length (words)", y_label="spans")]
 
-    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
         """Mask tokens, and the tokens of the inputs and of the source (targets)."""
         a = anatomy
         return {"mask_tokens": a.mask_tokens, "input_tokens": int(a.inputs.size), "source_tokens": int(a.targets.size)}

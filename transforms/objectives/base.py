@@ -35,8 +35,8 @@ from transforms.objectives.common import SpecialIds
 from transforms.objectives.randoms import Randoms
 from transforms.objectives.summary import common_summary
 
-__all__ = ["Block", "Built", "ExampleKind", "Objective", "build_example", "flat_rows", "in_block_order",
-           "padded_rows"]
+__all__ = ["Block", "Built", "ExampleKind", "Objective", "TokenNeeds", "build_example", "flat_rows",
+           "in_block_order", "padded_rows"]
 
 
 class Built(NamedTuple):
@@ -187,6 +187,20 @@ def padded_rows(values: np.ndarray, offsets: np.ndarray, width: int, pad: int) -
     return out.reshape(-1), np.arange(count + 1, dtype=np.int64) * width, padding
 
 
+class TokenNeeds(NamedTuple):
+    """The tokens an objective needs beyond the special roles (:meth:`Objective.token_needs`).
+
+    Attributes:
+        sentinels: how many sentinels ``<extra_id_0>``, ``<extra_id_1>``, ... it may use.
+        tokens: other token strings it needs as single ids (UL2's mode tokens, a plugin's
+            own markers), in order; they reach :meth:`Objective.build` as
+            ``SpecialIds.mode_tokens`` (token -> id) and are never masked or replaced.
+    """
+
+    sentinels: int = 0
+    tokens: tuple[str, ...] = ()
+
+
 class ExampleKind(NamedTuple):
     """How the inspection tools take one stored example apart (:meth:`Objective.example_kind`).
 
@@ -322,10 +336,11 @@ class Objective(ABC):
         ``doc_lengths``, ``inputs``, ``targets``, ...). Empty when sound."""
         return []
 
-    def shard_counters(self, example: Mapping[str, Any], anatomy: Any) -> dict[str, int]:
+    def shard_counters(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds) -> dict[str, int]:
         """The counters of :attr:`exact_counters` recounted from one stored example taken apart
         (``anatomy``), which ``lmshards validate`` adds up against the manifest; ``examples``,
-        ``chunk_tokens`` and ``padding_tokens`` are counted for every objective."""
+        ``chunk_tokens`` and ``padding_tokens`` are counted for every objective. ``special`` are
+        the dataset's special ids, as :meth:`take_apart` and :meth:`example_problems` get them."""
         return {}
 
     def count_measured(self, stats: Any, anatomy: Any) -> None:
@@ -389,10 +404,13 @@ class Objective(ABC):
         """Largest number of distinct sentinels one example may use (0 if none)."""
         return 0
 
-    @property
-    def mode_tokens(self) -> tuple[str, ...]:
-        """Tokens the objective prepends (UL2's mode tokens), to add to the tokenizer."""
-        return ()
+    def token_needs(self) -> TokenNeeds:
+        """The tokens this objective needs beyond its :attr:`required_specials` roles: the
+        sentinels it may use and its own token strings, each a single id. The one question the
+        plan's tokenizer check, ``--add-special-tokens``, the loader's on-the-fly objectives and
+        ``lmshards train-tokenizer`` ask; by default :meth:`max_sentinels` sentinels and no
+        tokens of its own."""
+        return TokenNeeds(self.max_sentinels(), ())
 
 
 def build_example(

@@ -70,7 +70,7 @@ class CLM(Objective):
         return {"seq_len": self.config.seq_len}
 
 
-    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
         """Tokens and document segments of the row."""
         a = anatomy
         return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size)}

@@ -294,7 +294,7 @@ class MLM(Objective):
             ChartSeries("configured", [m["mlm"]["configured_split"][p] for p in parts], "expected", "points"),
         ], x_label="selected tokens", y_label="share", width=460)]
 
-    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
         """Selected and masked tokens, and the maskable ones."""
         a = anatomy
         return {"selected": int(a.mlm["selected"].sum()), "masked": int(a.mlm["masked"].sum()),

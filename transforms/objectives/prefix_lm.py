@@ -188,7 +188,7 @@ class PrefixLM(Objective):
                           ChartSeries("expected U[1, d-1]", uniform, "expected", "line")], x_label="prefix share",
                       y_label="segments")]
 
-    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
         """Tokens and document segments of the row, and its prefix and suffix tokens."""
         a = anatomy
         return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size),

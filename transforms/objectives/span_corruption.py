@@ -185,7 +185,7 @@ class SpanCorruption(Objective):
         return [span_length_chart(f"{split}: noise span lengths", noise["span_lengths"],
                                   noise["expected_span_lengths"])]
 
-    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
         """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
         return noise_counters(anatomy)
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_block_order
+from transforms.objectives.base import Block, Built, ExampleKind, Objective, TokenNeeds, in_block_order
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import chunk_key_of, plan_uniforms
@@ -196,6 +196,10 @@ class UL2(Objective):
     def mode_tokens(self) -> tuple[str, ...]:
         """Distinct mode tokens of the mixture, to add to the tokenizer as special tokens."""
         return tuple(dict.fromkeys(d.mode_token for d in self.denoisers))
+
+    def token_needs(self) -> TokenNeeds:
+        """The mixture's sentinels and its distinct mode tokens."""
+        return TokenNeeds(self.max_sentinels(), self.mode_tokens)
 
     def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each chunk's denoiser (the first whose cumulative weight exceeds its number) and raw length."""
@@ -410,7 +414,7 @@ class UL2(Objective):
                                              d["expected_span_lengths"]))
         return out
 
-    def shard_counters(self, example: Any, anatomy: Any) -> dict[str, int]:
+    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
         """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
         return noise_counters(anatomy)
 
