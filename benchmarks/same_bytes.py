@@ -74,7 +74,8 @@ def _written(output: str) -> dict[str, str]:
     return out
 
 
-def compare(before: str, after: str, label: str, args: list[str]) -> bool:
+def compare(before: str, after: str, label: str, args: list[str]) -> str:
+    """``same``, ``refused`` (both checkouts refused the run) or ``DIFFERENT``, as printed."""
     outputs = {}
     scratch = tempfile.mkdtemp(prefix="lmshards-same-bytes-")
     try:
@@ -95,7 +96,7 @@ def compare(before: str, after: str, label: str, args: list[str]) -> bool:
                         print(f"    {path}: {got_b.get(path, '-')[:12]} -> {got_a.get(path, '-')[:12]}")
             else:
                 print(f"    before: {got_b}\n    after: {got_a}")
-        return same
+        return verdict
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -109,6 +110,8 @@ def main() -> None:
     parser.add_argument("--beam-args", default="", help="comma-separated Beam flags for every run")
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     args = parser.parse_args()
+    if args.corpus and not os.path.isfile(args.corpus_tokenizer):  # else every corpus run is refused alike
+        parser.error(f"--corpus-tokenizer {args.corpus_tokenizer}: no such file (name one, e.g. data/tokenizer.json)")
     before, after = os.path.abspath(args.before), os.path.abspath(args.after)
     beam_args = [a for a in args.beam_args.split(",") if a]
     sample = os.path.join(ROOT, "data", "sample", "*")
@@ -128,8 +131,9 @@ def main() -> None:
                         *_objective_args(objective, 512 if objective == "ul2" else 1024),
                         "--formats", "arrow,webdataset", "--validation-fraction", "0.01", *beam_args]
             results.append(compare(before, after, f"corpus, {objective}", run_args))
-    print(f"{sum(results)} of {len(results)} runs wrote the same bytes")
-    sys.exit(0 if all(results) else 1)
+    print(f"{results.count('same')} of {len(results)} runs wrote the same bytes, {results.count('refused')} were "
+          f"refused by both checkouts, {results.count('DIFFERENT')} differ")
+    sys.exit(0 if "DIFFERENT" not in results else 1)
 
 
 if __name__ == "__main__":
