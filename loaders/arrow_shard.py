@@ -64,6 +64,7 @@ class ArrowShard:
             for batch in batches:
                 batch.validate(full=True)
         except (pa.ArrowInvalid, OSError) as exc:
+            self.check_intact()  # shrunk since its size was taken (mapped shorter): say that, not "unreadable"
             raise ShardIntegrityError(f"shard {name}: not a readable Arrow IPC stream ({exc})") from None
         counts = np.array([b.num_rows for b in batches], dtype=np.int64)
         if rows is not None and int(counts.sum()) != rows:
