@@ -406,10 +406,10 @@ class Objective(ABC):
 
     def token_needs(self) -> TokenNeeds:
         """The tokens this objective needs beyond its :attr:`required_specials` roles: the
-        sentinels it may use and its own token strings, each a single id. The one question the
-        plan's tokenizer check, ``--add-special-tokens``, the loader's on-the-fly objectives and
-        ``lmshards train-tokenizer`` ask; by default :meth:`max_sentinels` sentinels and no
-        tokens of its own."""
+        sentinels it may use and its own token strings, each a single id. What the plan's
+        tokenizer check, ``--add-special-tokens`` and the loader's on-the-fly objectives ask
+        (``lmshards train-tokenizer`` does not yet: it adds UL2's mode tokens by name); by
+        default :meth:`max_sentinels` sentinels and no tokens of its own."""
         return TokenNeeds(self.max_sentinels(), ())
 
 
