@@ -25,7 +25,7 @@ from pipelines.beam_logging import import_beam_quietly
 from pipelines.parser import OneLineParser
 from transforms.flag_values import TEXT_MODES
 from transforms.progress import Progress
-from transforms.tokenizer_utils import sentinel_token
+from transforms.tokenizing.tokenizer_utils import sentinel_token
 
 __all__ = ["SPECIAL_TOKENS", "build_parser", "main", "train_tokenizer"]
 
@@ -54,7 +54,7 @@ def _texts(files: list[str], text_mode: str, text_field: str, max_documents: int
     """Texts of ``files`` read as ``materialize`` reads them, up to the bounds; ``seen`` counts
     documents and rejected records (by reason) as they go by, ``progress`` the bytes read
     (``sizes``: each file's)."""
-    from transforms.read import iter_file_records
+    from transforms.reading.read import iter_file_records
 
     documents = chars = 0
     seen = {} if seen is None else seen
@@ -171,7 +171,7 @@ def build_parser() -> OneLineParser:
 
 def _first_records(path: str, text_mode: str, text_field: str, limit: int = 1000) -> tuple[list[str], list[dict]]:
     """Texts and rejected records among the first ``limit`` records of ``path`` (not verified)."""
-    from transforms.read import iter_file_records
+    from transforms.reading.read import iter_file_records
 
     texts: list[str] = []
     rejected: list[dict] = []
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     from apache_beam.io.filesystems import FileSystems
 
     from pipelines.input_checks import check_text_field, check_text_flags
-    from transforms.read import expand_inputs
+    from transforms.reading.read import expand_inputs
 
     extra = (*(MODE_TOKENS if args.mode_tokens else ()), *args.extra_token)
     text_mode, text_field = args.text_mode or "line", args.text_field or "text"

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from loaders.collate import collator_for
-from loaders.collate_decoder import CausalCollator, PrefixLMCollator
-from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
+from loaders.collation.collate import collator_for
+from loaders.collation.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collation.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import UnsupportedSchemaError
 
 X = -100
