@@ -39,7 +39,10 @@ from pipelines.terminal import hidden_stderr
 from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.manifest import MANIFEST_NAME, Manifest
 from schemas.names import shown_name
+from transforms.objectives.counters import sum_counters
 from transforms.objectives.registry import objective_flags
+from transforms.progress import PROGRESS, ProgressRelay
+from transforms.writing.accounting import RejectedFractionError
 from transforms.writing.process_info import process_age
 
 if TYPE_CHECKING:
@@ -52,7 +55,8 @@ if TYPE_CHECKING:
 
 # Apache Beam, and every module that imports it, is imported inside the functions below, once
 # lmshards' own flags are parsed (pipelines.options.parse_args): a mistyped flag or --help is
-# answered without the seconds Beam's import takes.
+# answered without the seconds Beam's import takes. So is pipelines.dataflow, which needs no
+# Beam but loads importlib.metadata (and the email package with it).
 
 _LOG = logging.getLogger("lmshards")
 _IMPORTED = time.monotonic()
@@ -74,7 +78,6 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     from pipelines.plan import shard_sizing, static_manifest
     from pipelines.runner_tuning import RunnerTuning
     from transforms.building.build import BuildExamples
-    from transforms.objectives.counters import sum_counters
     from transforms.packing.group import SUB_BUCKETS, AssignGroups, PlanGroups, split_tokens
     from transforms.packing.pack import Pack
     from transforms.reading.read import ReadCorpus
@@ -166,7 +169,7 @@ def _prepare(argv: list[str] | None):
         from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
 
         from pipelines.dataflow import stage_installed_package
-        from pipelines.engines import local_engine
+        from pipelines.engine_run import local_engine
         from pipelines.output_dir import check_output
         from pipelines.plan import check_beam_args, plan_run, serial_encoder_warning
 
@@ -215,8 +218,6 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     from pipelines.failures import job_error, quiet_beam
     from pipelines.output_dir import clean_failed_run, prepare_output
     from pipelines.runner_tuning import RunnerTuning
-    from transforms.progress import PROGRESS, ProgressRelay
-    from transforms.writing.accounting import RejectedFractionError
     from transforms.writing.output import RunLock
     from transforms.writing.write import join_path, write_atomic
 

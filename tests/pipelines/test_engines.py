@@ -58,7 +58,7 @@ def runner(request):
 @pytest.fixture(scope="module")
 def engine_flags(runner):
     """An engine started once for the module: the Beam flags that point a run at it."""
-    from pipelines.engines import local_engine
+    from pipelines.engine_run import local_engine
     from pipelines.parallelism import worker_flags
 
     beam_args = [f"--runner={runner}"]
