@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -32,8 +33,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders.streaming.progress import SharedProgress, WorkerPass
 from loaders.streaming.state import UNEVEN_MODES, LoaderState, RankSchedule
+from schemas.errors import ConfigError
 
-__all__ = ["ResumableStream", "resolve_topology"]
+__all__ = ["ResumableStream", "refuse_plain_trainer", "resolve_topology"]
 
 
 def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -51,6 +53,41 @@ def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} out of range for world_size {world_size}")
     return rank, world_size
+
+
+def refuse_plain_trainer(dataset: ResumableStream) -> None:
+    """Refuse a plain ``transformers.Trainer`` (one not mixing in
+    :class:`~loaders.integrations.hf.LMShardsTrainerMixin`) that is asking ``dataset`` for its
+    length or its examples.
+
+    That Trainer trains wrongly without a sign: accelerate re-shards the iterable dataset so that
+    under DDP every rank trains on rank 0's stream (or on half of its own), and
+    ``remove_unused_columns`` strips ``doc_lengths``, so positions never restart and document
+    starts are not masked. The calling Trainer is found on the call stack (a frame whose
+    ``self`` is one); transformers is not imported.
+
+    Raises:
+        ConfigError: a plain Trainer is the caller (a ValueError: ``Trainer`` takes a TypeError from
+            ``len()`` for "no length" and would go on).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not dataset and _is_plain_trainer(owner):
+            raise ConfigError(
+                f"{type(owner).__name__} cannot train from an lmshards dataset correctly (DDP ranks would share "
+                "rank 0's stream, remove_unused_columns strips doc_lengths): use "
+                "loaders.integrations.hf.LMShardsTrainer (or mix LMShardsTrainerMixin into your Trainer)")
+        frame = frame.f_back
+
+
+def _is_plain_trainer(owner: Any) -> bool:
+    """A ``transformers.Trainer`` without :class:`~loaders.integrations.hf.LMShardsTrainerMixin`, told
+    by its classes' names: neither transformers nor the integration is imported."""
+    classes = [(cls.__module__, cls.__name__) for cls in type(owner).__mro__]
+    if ("loaders.integrations.hf", "LMShardsTrainerMixin") in classes:
+        return False
+    return any(name == "Trainer" and module.startswith("transformers") for module, name in classes)
 
 
 class ResumableStream(IterableDataset):
@@ -135,10 +172,8 @@ class ResumableStream(IterableDataset):
 
         Raises:
             ConfigError: called by a plain ``transformers.Trainer`` (see
-                :func:`loaders.integrations.hf.refuse_plain_trainer`).
+                :func:`refuse_plain_trainer`).
         """
-        from loaders.integrations.hf import refuse_plain_trainer
-
         refuse_plain_trainer(self)
         return self.schedule().num_samples
 
@@ -288,8 +323,6 @@ class ResumableStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._counted_by_loader:  # make_dataloader's loader counts what it hands out
             return self._iter_uncounted()
-        from loaders.integrations.hf import refuse_plain_trainer
-
         refuse_plain_trainer(self)
         if get_worker_info() is not None:
             self._worker_pass = None  # a new pass begins with this iterator (joined on first use)
