@@ -29,6 +29,7 @@ from loaders.errors import UnsupportedSchemaError
 from transforms.objectives.base import build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms, plan_uniforms
+from transforms.objectives.registry import make_objective, objective_class
 
 __all__ = ["DynamicObjective", "fit_length", "max_raw_length", "resolve_objective",
            "special_ids_from_tokenizer"]
@@ -41,8 +42,6 @@ def length_parameter(name: str) -> str | None:
     Raises:
         ValueError: unknown objective.
     """
-    from transforms.objectives.registry import objective_class  # imports every objective: only when named
-
     return objective_class(name).length_parameter
 
 
@@ -61,8 +60,6 @@ def fit_length(name: str, params: dict[str, Any], chunk_length: int) -> int:
     Raises:
         ValueError: no valid value fits (chunks too short for the objective).
     """
-    from transforms.objectives.registry import make_objective
-
     parameter = length_parameter(name)
     if parameter is None:
         raise ValueError(f"dynamic objective {name}: it declares no length parameter to fit to the stored chunks")
@@ -98,8 +95,6 @@ def resolve_objective(objective: Any, params: dict[str, Any] | None = None, chun
     are padding.
     """
     if isinstance(objective, str):
-        from transforms.objectives.registry import make_objective  # imports every objective: only when named
-
         params = dict(params or {})
         parameter = length_parameter(objective)
         if chunk_length and parameter and parameter not in params:

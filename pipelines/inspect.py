@@ -41,6 +41,9 @@ from schemas.names import shown_name
 __all__ = ["INTERNAL_ERROR", "diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color",
            "validate_main"]
 
+# Each command imports the modules of loaders.inspection it uses once its flags are parsed: --help
+# answers without them, and inspect does not load the report's.
+
 
 #: Exit status of an unexpected exception (a bug), which prints its traceback.
 INTERNAL_ERROR = 3

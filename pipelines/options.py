@@ -21,6 +21,8 @@ from pipelines.parser import build_parser, refuse_mistyped_flags
 from schemas.names import shown_name
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, REJECTED_PER_SHARD
+from transforms.objectives.registry import objective_flags, objective_parameters
+from transforms.reading.flag_files import MAX_CONFIG_BYTES, read_flag_file
 from transforms.reading.record_policy import MAX_RECORD_BYTES, RecordPolicy
 from transforms.writing.accounting import DEFAULT_MAX_REJECTED_FRACTION
 
@@ -108,8 +110,6 @@ class MaterializeOptions:
 
 
 def _load_config(path: str) -> dict[str, Any]:
-    from transforms.reading.flag_files import MAX_CONFIG_BYTES, read_flag_file
-
     data = read_flag_file("--config", path, MAX_CONFIG_BYTES)
     try:
         text = data.decode("utf-8")
@@ -153,8 +153,6 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
     if args.num_buckets is not None and args.pack_group_tokens is not None:
         raise ValueError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
                          "choose one (fixed hash buckets, or groups sized by tokens)")
-    from transforms.objectives.registry import objective_flags, objective_parameters
-
     objective_parameters(args.objective)  # unknown objective: fail first, naming it
     for flag, dest, _, objectives, _ in objective_flags():
         value = getattr(args, dest)

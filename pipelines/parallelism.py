@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pipelines.beam_logging import import_beam_quietly
+
 __all__ = ["BUILD_STAGES", "IN_PROCESS_RUNNERS", "SEPARATE_BELOW_GROUPS", "RunnerSetup", "estimated_groups",
            "resolve_build_stage", "resolve_encoder_threads", "worker_flags"]
 
@@ -26,6 +28,7 @@ def _usable_cores() -> int:
 def _copies_chunks(objective: str | None) -> bool:
     """The objective's examples are copies of its chunks (``Objective.copies_chunks``: sending a
     chunk to a build worker and its example back costs as much as building it)."""
+    # Imported here: the registry imports every objective, which train-tokenizer (through the parser) does not need.
     from transforms.objectives.registry import OBJECTIVES
 
     return objective in OBJECTIVES and OBJECTIVES[objective].copies_chunks
@@ -49,8 +52,6 @@ class RunnerSetup:
 
     @classmethod
     def from_beam_args(cls, beam_args: list[str]) -> RunnerSetup:
-        from pipelines.beam_logging import import_beam_quietly
-
         import_beam_quietly()  # the first import of Beam in a materialize run: its warnings stay unseen
         from apache_beam.options.pipeline_options import (
             DebugOptions,

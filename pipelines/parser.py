@@ -224,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     bad.add_argument("--rejected-per-file", type=_positive_int("--rejected-per-file"), default=REJECTED_PER_SHARD,
                      metavar="N", help="about N rejected records per file of OUT/rejected/ (default "
                      f"{REJECTED_PER_SHARD:,}): they are spread over ceil(rejected / N) files by a digest of each")
+    # Imported here: the registry imports every objective, which train-tokenizer (OneLineParser) does not need.
     from transforms.objectives.registry import OBJECTIVES, objective_flags
 
     obj = parser.add_argument_group("objective")

@@ -29,6 +29,9 @@ from transforms.tokenizing.tokenizer_utils import sentinel_token
 
 __all__ = ["SPECIAL_TOKENS", "build_parser", "main", "train_tokenizer"]
 
+# transforms.reading.read and pipelines.input_checks import Apache Beam: they are imported inside
+# the functions, after the flags are parsed, so that a mistyped flag or --help answers at once.
+
 SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>", "<mask>"]
 MODELS = ("bpe", "unigram", "wordpiece")
 #: Sentinels made by default: enough for every built-in objective at its default lengths (T5 has 100).

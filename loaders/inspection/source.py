@@ -29,9 +29,11 @@ from typing import Any
 from loaders.access.files import DatasetLocation
 from loaders.access.reader import read_arrow_shard, read_tar_shard
 from loaders.errors import ShardIntegrityError
+from loaders.inspection.anatomy import ObjectiveView
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import row_order_key, shard_of
+from transforms.objectives.registry import objective_from_params
 
 __all__ = [
     "InspectedDataset",
@@ -76,8 +78,6 @@ def objective_from_manifest(objective: dict[str, Any]) -> Any:
     The manifest records ``params()`` (configuration plus derived lengths); the objective's class
     reads its configuration back from them (:meth:`Objective.config_from_params`).
     """
-    from transforms.objectives.registry import objective_from_params
-
     return objective_from_params(objective["name"], objective.get("params", {}))
 
 
@@ -194,8 +194,6 @@ class InspectedDataset:
     @property
     def view(self) -> Any:
         """The :class:`~loaders.inspection.anatomy.ObjectiveView` examples are taken apart with."""
-        from loaders.inspection.anatomy import ObjectiveView
-
         config = self.manifest.config
         # documents joined without a separator (--document-separator none) end with no EOS to check
         packing = config.get("packing", "concat") if config.get("document_separator", "eos") == "eos" else "joined"

@@ -23,7 +23,7 @@ from transforms.objectives.base import Block
 from transforms.objectives.counters import add_counters
 from transforms.objectives.layout import example_digests
 from transforms.objectives.packing import Piece
-from transforms.writing.shard_format import ExampleColumns
+from transforms.writing.columns import ExampleColumns
 
 __all__ = [
     "BLOCK_ROWS",

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block
+from transforms.objectives.base import Block, build_example
 from transforms.objectives.common import SpecialIds, ids_out_of_range
 from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
+from transforms.objectives.layout import example_randoms
 from transforms.objectives.lines import Chart, ChartSeries
 from transforms.objectives.randoms import Randoms, compositions
 
@@ -313,9 +314,6 @@ def span_problems(a: Any, density: float, mean: float, raw_limit: int) -> list[s
 def replay_problems(objective: Any, example: Any, a: Any, special: SpecialIds, seed: int) -> list[str]:
     """The objective run again on the chunk restored from a span or S example must give the
     stored ``inputs`` / ``targets`` back (noise is a pure function of seed, key and chunk)."""
-    from transforms.objectives.base import build_example
-    from transforms.objectives.layout import example_randoms
-
     chunk = a.restored_chunk(special)
     if chunk is None:
         return []
