@@ -339,3 +339,15 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
     graph["pkg.b"].clear()
     assert find_cycles(graph) == []
     assert find_cycles({"x": {"y"}, "y": {"x", "z"}, "z": {"w"}, "w": {"z"}}) == [["w", "z", "w"], ["x", "y", "x"]]
+
+
+def test_the_rules_refuse_a_later_stage_pipelines_and_the_torch_side():
+    assert not _allowed("transforms.reading", "transforms.tokenizing.tokenize")  # a later stage
+    assert not _allowed("transforms.building", "transforms.writing.write")  # only the column store
+    assert _allowed("transforms.building", "transforms.writing.columns")
+    assert not _allowed("transforms", "loaders.dataset") and not _allowed("loaders", "pipelines.cli")
+    assert not _allowed("loaders.streaming", "loaders.integrations.hf")
+    assert not _allowed("transforms.objectives", "schemas.errors") and not _allowed("schemas", "transforms.elements")
+    assert _allowed("loaders.inspection", "transforms.tokenizing.text_rules")
+    assert not _allowed("loaders.inspection", "transforms.tokenizing.tokenize")
+    assert layer_of("transforms.elements") == "transforms" and layer_of("loaders.errors") == "loaders"
