@@ -32,6 +32,7 @@ from loaders.reader import read_arrow_shard, read_tar_shard
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import row_order_key, shard_of
+from transforms.objectives.registry import objective_from_params, tokens_needed
 
 __all__ = [
     "InspectedDataset",
@@ -44,10 +45,6 @@ __all__ = [
     "special_ids_from_tokenizer",
     "tokenizer_specials",
 ]
-
-#: Mode tokens of UL2's built-in mixtures, looked up in a dataset's tokenizer.
-MODE_TOKENS = ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
-
 
 
 def shard_of_key(seed: int, key: str, num_shards: int) -> int:
@@ -76,8 +73,6 @@ def objective_from_manifest(objective: dict[str, Any]) -> Any:
     The manifest records ``params()`` (configuration plus derived lengths); the objective's class
     reads its configuration back from them (:meth:`Objective.config_from_params`).
     """
-    from transforms.objectives.registry import objective_from_params
-
     return objective_from_params(objective["name"], objective.get("params", {}))
 
 
@@ -270,11 +265,14 @@ def open_inspected(path: str) -> InspectedDataset:
 
 
 def tokenizer_specials(ds: InspectedDataset) -> tuple[int | None, list[str]]:
-    """``(sentinels, mode tokens)`` the dataset's tokenizer itself holds, whatever its objective
-    uses (the manifest's ``num_sentinels`` and ``mode_tokens`` say that: 0 and none for clm on a
-    T5-style tokenizer); ``(None, [])`` when the tokenizer cannot be opened, which is reported
-    where it is opened, so that a summary of the manifest still shows."""
+    """``(sentinels, objective tokens)`` the dataset's tokenizer itself holds, whatever its
+    objective uses (the manifest's ``num_sentinels`` and ``mode_tokens`` say that: 0 and none
+    for clm on a T5-style tokenizer); the objective tokens are those of every registered
+    objective (:func:`~transforms.objectives.registry.tokens_needed`: UL2's mode tokens, a
+    plugin's own) that the tokenizer has. ``(None, [])`` when the tokenizer cannot be opened,
+    which is reported where it is opened, so that a summary of the manifest still shows."""
+    own = tokens_needed().tokens  # outside the try: a plugin that cannot be loaded is an error of its own
     try:
-        return len(ds.special.sentinels), [t for t in MODE_TOKENS if ds.tokenizer.token_to_id(t) is not None]
+        return len(ds.special.sentinels), [t for t in own if ds.tokenizer.token_to_id(t) is not None]
     except Exception:  # noqa: BLE001 - a missing, damaged or foreign tokenizer file
         return None, []
