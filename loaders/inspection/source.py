@@ -29,6 +29,7 @@ from typing import Any
 from loaders.errors import ShardIntegrityError
 from loaders.files import DatasetLocation
 from loaders.reader import read_arrow_shard, read_tar_shard
+from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import row_order_key, shard_of
@@ -156,6 +157,8 @@ class InspectedDataset:
         if self._objective is None:
             try:
                 self._objective = objective_from_manifest(self.manifest.objective)
+            except ConfigError:  # an installed objective plugin that cannot be loaded: not the dataset's fault
+                raise
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: its objective block cannot be rebuilt "
                                           f"({type(exc).__name__}: {exc})") from None

@@ -28,7 +28,7 @@ from typing import Any
 from transforms.objectives.bart import Bart
 from transforms.objectives.base import Objective, TokenNeeds
 from transforms.objectives.clm import CLM
-from transforms.objectives.flags import ObjectiveFlag, config_flags
+from transforms.objectives.flags import ObjectiveFlag, annotation_name, config_flags
 from transforms.objectives.flags import objective_flags as _merged_flags
 from transforms.objectives.mlm import MLM
 from transforms.objectives.prefix_lm import PrefixLM
@@ -216,9 +216,10 @@ def _typed(config_class: type, params: dict[str, Any]) -> dict[str, Any]:
     """
     out = dict(params)
     for field in dataclasses.fields(config_class):
-        if field.name not in params or params[field.name] is None and "None" in str(field.type):
+        written = annotation_name(field.type)
+        if field.name not in params or params[field.name] is None and "None" in written:
             continue
-        expected = _SCALAR_TYPES.get(str(field.type).replace(" | None", ""))
+        expected = _SCALAR_TYPES.get(written.replace(" | None", ""))
         value = params[field.name]
         if expected is None:
             continue
