@@ -126,7 +126,7 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
         raise FileNotFoundError(f"{tokenizer_path}: the dataset's tokenizer is missing; pass special= explicitly")
     tokenizer = Tokenizer.from_file(tokenizer_path)
     roles = dict(manifest_tokenizer.get("special_ids", {}))
-    needed = set(objective.required_specials) - {"sentinels", "mode_tokens"}
+    needed = set(objective.required_specials)
     missing = sorted(needed - set(roles))
     if missing:
         raise ValueError(f"objective {objective.name} needs special tokens {missing}; the tokenizer has {roles}")

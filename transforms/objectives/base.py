@@ -241,7 +241,8 @@ class Objective(ABC):
             flags of ``lmshards materialize``, the others ``--config`` parameters only.
         features: per-token features :meth:`build` needs (from Tokenize: ``word_starts``,
             ``space_starts``, ``sentence_starts``).
-        required_specials: special-token roles the objective needs (``"eos"``, ``"mask"``, ...).
+        required_specials: special-token roles the objective needs (``"eos"``, ``"mask"``, ...);
+            sentinels and tokens of its own are :meth:`token_needs`.
         fixed_raw_length: the raw length of every chunk, or None when :meth:`plan` varies it.
         length_parameter: the config field that sizes an example; the loader's on-the-fly
             objectives fit it to the stored chunks when it is not given (None: never).

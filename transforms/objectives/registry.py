@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -48,6 +49,7 @@ _REGISTERED: dict[str, type[Objective]] = {}
 _PLUGIN_ORIGINS: dict[str, str] = {}
 #: "unloaded", "loading" (a plugin's module may look objectives up as it is imported) or "loaded"
 _entry_points_state = "unloaded"
+_entry_points_lock = threading.RLock()
 
 
 class _Registered(Mapping):
@@ -155,17 +157,22 @@ def load_entry_points(entry_points: Iterable[importlib.metadata.EntryPoint]) -> 
 def _load_installed_entry_points() -> None:
     """Load the installed packages' objectives (:data:`ENTRY_POINT_GROUP`) once per process. A
     plugin that fails leaves the state unloaded, so every later lookup fails the same way
-    instead of going on without it; those it registered before stay (loading skips them)."""
+    instead of going on without it; those it registered before stay (loading skips them).
+    Another thread's lookup waits for the loading; a lookup made by a plugin's own module as it
+    is imported (this thread, loading) sees what is registered so far."""
     global _entry_points_state
-    if _entry_points_state != "unloaded":
+    if _entry_points_state == "loaded":
         return
-    _entry_points_state = "loading"
-    try:
-        load_entry_points(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-    except BaseException:
-        _entry_points_state = "unloaded"
-        raise
-    _entry_points_state = "loaded"
+    with _entry_points_lock:
+        if _entry_points_state != "unloaded":
+            return
+        _entry_points_state = "loading"
+        try:
+            load_entry_points(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+        except BaseException:
+            _entry_points_state = "unloaded"
+            raise
+        _entry_points_state = "loaded"
 
 
 register_objective(CLM)

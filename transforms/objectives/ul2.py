@@ -161,7 +161,7 @@ class UL2(Objective):
 
     name = "ul2"
     config_class = UL2Config
-    required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels", "mode_tokens"})
+    required_specials: frozenset[str] = frozenset({"eos", "pad"})  # its sentinels and mode tokens: token_needs
     length_parameter = "inputs_length"
     exact_counters = frozenset({"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens",
                                 "span_len_hist_*"})
