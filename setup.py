@@ -15,7 +15,7 @@ setup(
         "apache-beam>=2.60,<3",
         "pyarrow>=14",
         "tokenizers>=0.20",
-        # The fast exact encoder (transforms/encoder.py); lmshards runs without it (HF tokenizers).
+        # The fast exact encoder (transforms/tokenizing/encoder.py); lmshards runs without it (HF tokenizers).
         "fastokens>=0.3.5,<0.4",
         "numpy>=1.24",
         "zstandard>=0.21",

@@ -11,18 +11,18 @@ import argparse
 import difflib
 
 from pipelines.parallelism import BUILD_STAGES, SEPARATE_BELOW_GROUPS
-from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
-from transforms.encoder import ENCODER_CHOICES
+from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, LAST_CHUNK_MODES, REJECTED_PER_SHARD, TEXT_MODES
 from transforms.objectives.packing import PACKING_MODES
-from transforms.parallel import BLOCK_ROWS
-from transforms.record_policy import (
+from transforms.reading.record_policy import (
     INVALID_UTF8_POLICIES,
     LONG_DOC_POLICIES,
     MAX_RECORD_BYTES,
     NUL_POLICIES,
     UNVERIFIED_ZSTD_POLICIES,
 )
+from transforms.tokenizing.encoder import ENCODER_CHOICES
+from transforms.writing.accounting import DEFAULT_MAX_REJECTED_FRACTION
 
 __all__ = ["DOCUMENT_SEPARATORS", "FORMATS", "OneLineParser", "build_parser", "did_you_mean", "own_flags",
            "refuse_mistyped_flags"]

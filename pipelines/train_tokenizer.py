@@ -30,7 +30,7 @@ from schemas.errors import ConfigError
 from transforms.flag_values import TEXT_MODES
 from transforms.objectives.registry import tokens_needed
 from transforms.progress import Progress
-from transforms.tokenizer_utils import sentinel_token
+from transforms.tokenizing.tokenizer_utils import sentinel_token
 
 __all__ = ["SPECIAL_TOKENS", "build_parser", "main", "train_tokenizer"]
 
@@ -58,7 +58,7 @@ def _texts(files: list[str], text_mode: str, text_field: str, max_documents: int
     """Texts of ``files`` read as ``materialize`` reads them, up to the bounds; ``seen`` counts
     documents and rejected records (by reason) as they go by, ``progress`` the bytes read
     (``sizes``: each file's)."""
-    from transforms.read import iter_file_records
+    from transforms.reading.read import iter_file_records
 
     documents = chars = 0
     seen = {} if seen is None else seen
@@ -189,7 +189,7 @@ def build_parser() -> OneLineParser:
 
 def _first_records(path: str, text_mode: str, text_field: str, limit: int = 1000) -> tuple[list[str], list[dict]]:
     """Texts and rejected records among the first ``limit`` records of ``path`` (not verified)."""
-    from transforms.read import iter_file_records
+    from transforms.reading.read import iter_file_records
 
     texts: list[str] = []
     rejected: list[dict] = []
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from apache_beam.io.filesystems import FileSystems
 
     from pipelines.input_checks import check_text_field, check_text_flags
-    from transforms.read import expand_inputs
+    from transforms.reading.read import expand_inputs
 
     own = tokens_needed().tokens if args.objective_tokens else ()
     extra = (*own, *args.extra_token)

@@ -19,6 +19,10 @@ and ``report`` compute (numpy, pyarrow and tokenizers only; no Beam, no torch).
   :mod:`~loaders.inspection.figures`, :mod:`~loaders.inspection.corpus` and
   :mod:`~loaders.inspection.svg`): the self-contained HTML report with inline SVG plots.
 - :mod:`loaders.inspection.diff`: two datasets' manifest summaries side by side.
+
+May import: numpy, pyarrow, tokenizers, :mod:`schemas`, :mod:`transforms.objectives` (whose
+hooks every view asks), the sentence rule of :mod:`transforms.tokenizing.text_rules`,
+:mod:`loaders.access` and :mod:`loaders.errors`; never torch, never Beam.
 """
 
 from loaders.inspection.source import InspectedDataset, dataset_files, open_inspected

@@ -2,20 +2,20 @@
 from the manifest, and examples read shard by shard only as far as asked.
 
 Storage is reached through :func:`dataset_files` alone: the loader's own file layer
-(:class:`loaders.files.DatasetLocation`: a local directory read in place, a URL such as
+(:class:`loaders.access.files.DatasetLocation`: a local directory read in place, a URL such as
 ``gs://`` or ``s3://`` downloaded into its local cache on first use). The manifest, the shards
 and the tokenizer are read through the same doors as the loader's
-(:meth:`~loaders.files.DatasetLocation.read_manifest`,
-:meth:`~loaders.files.DatasetLocation.open_shard`,
-:meth:`~loaders.files.DatasetLocation.tokenizer_file`, and the shard openers
-:class:`~loaders.arrow_shard.ArrowShard` and :func:`~loaders.tar_shard.iter_tar_shard`), so every
+(:meth:`~loaders.access.files.DatasetLocation.read_manifest`,
+:meth:`~loaders.access.files.DatasetLocation.open_shard`,
+:meth:`~loaders.access.files.DatasetLocation.tokenizer_file`, and the shard openers
+:class:`~loaders.access.arrow_shard.ArrowShard` and :func:`~loaders.access.tar_shard.iter_tar_shard`), so every
 check the loader makes applies here too.
 
 Rows inside a shard are stored sorted by a seeded digest of their key (the writer's global
 shuffle), so the first rows of each shard are a uniform random sample of the split:
 :meth:`InspectedDataset.sample` reads ``ceil(n / shards)`` leading rows of every shard
 instead of scanning everything. :meth:`InspectedDataset.find` recomputes the shard of a
-key with the writer's hash (``transforms/write.py``) and reads that shard only.
+key with the writer's hash (``transforms/writing/write.py``) and reads that shard only.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from loaders.access.files import DatasetLocation
+from loaders.access.reader import read_arrow_shard, read_tar_shard
 from loaders.errors import ShardIntegrityError
-from loaders.files import DatasetLocation
-from loaders.reader import read_arrow_shard, read_tar_shard
 from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
@@ -59,7 +59,7 @@ def order_digest(seed: int, key: str) -> bytes:
 
 
 def dataset_files(root: str) -> DatasetLocation:
-    """The storage of the dataset at ``root``: the loader's :class:`~loaders.files.DatasetLocation`
+    """The storage of the dataset at ``root``: the loader's :class:`~loaders.access.files.DatasetLocation`
     (a local directory read in place, a URL through the loader's cache), so that inspection reads
     the manifest, the shards and the tokenizer exactly as the loader does.
 

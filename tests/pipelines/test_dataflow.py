@@ -135,7 +135,7 @@ def test_a_dry_run_outside_the_repository_stages_the_installed_lmshards(tmp_path
     assert wheels[0] == os.path.basename(build_wheel(str(tmp_path)))  # the same modules as here
     assert "extra_packages.txt" in result["staged"]
     files = set(result["wheel_files"])
-    for module in ("pipelines/materialize.py", "transforms/pack.py", "transforms/objectives/bart.py",
+    for module in ("pipelines/materialize.py", "transforms/packing/pack.py", "transforms/objectives/bart.py",
                    "schemas/manifest.py", "loaders/dataset.py"):
         assert module in files
     requires = [line.split(": ", 1)[1] for line in result["metadata"].splitlines() if line.startswith("Requires-Dist")]

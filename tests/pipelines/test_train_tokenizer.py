@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from pipelines.train_tokenizer import SPECIAL_TOKENS, _texts, main, train_tokenizer
-from transforms.tokenizer_utils import ROLE_CANDIDATES, resolve_special_tokens
+from transforms.tokenizing.tokenizer_utils import ROLE_CANDIDATES, resolve_special_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "data" / "sample" / "*.jsonl")

@@ -270,7 +270,7 @@ def test_multi_process_workers_write_the_same_bytes(dataset, tmp_path, monkeypat
 
 
 def _examples(out) -> dict[str, list[dict]]:
-    from loaders.reader import open_dataset
+    from loaders.access.reader import open_dataset
 
     reader = open_dataset(str(out))
     return {split: list(reader.iter_examples(split)) for split in reader.manifest.splits}
@@ -422,8 +422,8 @@ def test_validate_reports_its_own_invariant_on_a_bad_example(dataset):
 
 @pytest.mark.e2e
 def test_the_loader_collates_it_with_its_decoder_start(dataset):
-    from loaders.collate import collator_for
-    from loaders.collate_encoder import Seq2SeqCollator
+    from loaders.collation.collate import collator_for
+    from loaders.collation.collate_encoder import Seq2SeqCollator
     from loaders.dataset import ShardedDataset
 
     out, _ = dataset
