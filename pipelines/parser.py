@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--special-token", action="append", type=_role, default=[], metavar="ROLE=TOKEN",
                      help="use TOKEN for ROLE (pad, eos, bos, unk, mask, cls, sep); repeatable")
     tok.add_argument("--add-special-tokens", action="store_true",
-                     help="add missing special tokens, sentinels and mode tokens to the tokenizer")
+                     help="add missing special tokens, sentinels and the objective's own tokens to the tokenizer")
     tok.add_argument("--encoder", choices=ENCODER_CHOICES, default="auto",
                      help="token encoder backend; both give the same ids. auto (default): fastokens where it loads "
                      "the tokenizer and a parity probe against tokenizers passes, else HF tokenizers")

@@ -43,12 +43,6 @@ MODEL_ARGUMENTS = {"use_cache": False}
 
 
 def _check_documents(documents: str, flash_attention_kwargs: bool) -> None:
-    if documents == "cu_seqlens":
-        raise ValueError(
-            "documents='cu_seqlens' was replaced: transformers reads FlashAttention's varlen arguments as "
-            "cu_seq_lens_q/cu_seq_lens_k and max_length_q/max_length_k; pass documents='position_ids', "
-            "flash_attention_kwargs=True"
-        )
     if documents not in DOCUMENT_MODES:
         raise ValueError(f"documents={documents!r}: expected one of {DOCUMENT_MODES}")
     if flash_attention_kwargs and documents != "position_ids":

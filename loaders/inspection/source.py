@@ -30,10 +30,11 @@ from loaders.access.files import DatasetLocation
 from loaders.access.reader import read_arrow_shard, read_tar_shard
 from loaders.errors import ShardIntegrityError
 from loaders.inspection.anatomy import ObjectiveView
+from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import row_order_key, shard_of
-from transforms.objectives.registry import objective_from_params
+from transforms.objectives.registry import objective_from_params, tokens_needed
 
 __all__ = [
     "InspectedDataset",
@@ -46,10 +47,6 @@ __all__ = [
     "special_ids_from_tokenizer",
     "tokenizer_specials",
 ]
-
-#: Mode tokens of UL2's built-in mixtures, looked up in a dataset's tokenizer.
-MODE_TOKENS = ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
-
 
 
 def shard_of_key(seed: int, key: str, num_shards: int) -> int:
@@ -161,6 +158,8 @@ class InspectedDataset:
         if self._objective is None:
             try:
                 self._objective = objective_from_manifest(self.manifest.objective)
+            except ConfigError:  # an installed objective plugin that cannot be loaded: not the dataset's fault
+                raise
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: its objective block cannot be rebuilt "
                                           f"({type(exc).__name__}: {exc})") from None
@@ -268,11 +267,14 @@ def open_inspected(path: str) -> InspectedDataset:
 
 
 def tokenizer_specials(ds: InspectedDataset) -> tuple[int | None, list[str]]:
-    """``(sentinels, mode tokens)`` the dataset's tokenizer itself holds, whatever its objective
-    uses (the manifest's ``num_sentinels`` and ``mode_tokens`` say that: 0 and none for clm on a
-    T5-style tokenizer); ``(None, [])`` when the tokenizer cannot be opened, which is reported
-    where it is opened, so that a summary of the manifest still shows."""
+    """``(sentinels, objective tokens)`` the dataset's tokenizer itself holds, whatever its
+    objective uses (the manifest's ``num_sentinels`` and ``mode_tokens`` say that: 0 and none
+    for clm on a T5-style tokenizer); the objective tokens are those of every registered
+    objective (:func:`~transforms.objectives.registry.tokens_needed`: UL2's mode tokens, a
+    plugin's own) that the tokenizer has. ``(None, [])`` when the tokenizer cannot be opened,
+    which is reported where it is opened, so that a summary of the manifest still shows."""
+    own = tokens_needed().tokens  # outside the try: a plugin that cannot be loaded is an error of its own
     try:
-        return len(ds.special.sentinels), [t for t in MODE_TOKENS if ds.tokenizer.token_to_id(t) is not None]
+        return len(ds.special.sentinels), [t for t in own if ds.tokenizer.token_to_id(t) is not None]
     except Exception:  # noqa: BLE001 - a missing, damaged or foreign tokenizer file
         return None, []

@@ -154,7 +154,7 @@ def resolve_special_tokens(
     mode_tokens: tuple[str, ...] = (),
     add_missing: bool = False,
 ) -> ResolvedTokenizer:
-    """Resolve special-token roles and make sure sentinels and mode tokens exist.
+    """Resolve special-token roles and make sure the sentinels and the objective's own tokens exist.
 
     Args:
         tokenizer: the loaded tokenizer (amended in place when tokens are added).
@@ -162,12 +162,13 @@ def resolve_special_tokens(
         overrides: role -> token string given by the user (``--special-token eos=</s>``).
         num_sentinels: how many ``<extra_id_k>`` the objective may use.
         mode_tokens: the objective's own tokens that must be single ids
-            (``Objective.token_needs().tokens``: UL2's ``[R]``, ...).
-        add_missing: add missing roles, sentinels and mode tokens instead of failing.
+            (``Objective.token_needs().tokens``: UL2's ``[R]``, a plugin's; the name is the
+            manifest's key, UL2's word for them).
+        add_missing: add missing roles, sentinels and own tokens instead of failing.
 
     Raises:
         ValueError: an override names a token the vocabulary lacks, or a required role,
-            sentinel or mode token is missing and ``add_missing`` is false.
+            sentinel or own token is missing and ``add_missing`` is false.
     """
     overrides = dict(overrides or {})
     unknown_roles = set(overrides) - set(ROLE_CANDIDATES)
