@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from pipelines.beam_logging import import_beam_quietly
+from transforms.objectives.registry import OBJECTIVES
 
 __all__ = ["BUILD_STAGES", "IN_PROCESS_RUNNERS", "SEPARATE_BELOW_GROUPS", "RunnerSetup", "estimated_groups",
            "resolve_build_stage", "resolve_encoder_threads", "worker_flags"]
@@ -28,9 +29,6 @@ def _usable_cores() -> int:
 def _copies_chunks(objective: str | None) -> bool:
     """The objective's examples are copies of its chunks (``Objective.copies_chunks``: sending a
     chunk to a build worker and its example back costs as much as building it)."""
-    # Imported here: the registry imports every objective, which train-tokenizer (through the parser) does not need.
-    from transforms.objectives.registry import OBJECTIVES
-
     return objective in OBJECTIVES and OBJECTIVES[objective].copies_chunks
 
 

@@ -14,6 +14,7 @@ from pipelines.parallelism import BUILD_STAGES, SEPARATE_BELOW_GROUPS
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, LAST_CHUNK_MODES, REJECTED_PER_SHARD, TEXT_MODES
 from transforms.objectives.packing import PACKING_MODES
+from transforms.objectives.registry import OBJECTIVES, objective_flags
 from transforms.reading.record_policy import (
     INVALID_UTF8_POLICIES,
     LONG_DOC_POLICIES,
@@ -224,9 +225,6 @@ def build_parser() -> argparse.ArgumentParser:
     bad.add_argument("--rejected-per-file", type=_positive_int("--rejected-per-file"), default=REJECTED_PER_SHARD,
                      metavar="N", help="about N rejected records per file of OUT/rejected/ (default "
                      f"{REJECTED_PER_SHARD:,}): they are spread over ceil(rejected / N) files by a digest of each")
-    # Imported here: the registry imports every objective, which train-tokenizer (OneLineParser) does not need.
-    from transforms.objectives.registry import OBJECTIVES, objective_flags
-
     obj = parser.add_argument_group("objective")
     others = [name for name in OBJECTIVES if name != "clm"]
     obj.add_argument("--objective", default="clm",
