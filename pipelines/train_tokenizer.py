@@ -17,7 +17,6 @@ Metaspace) and ``wordpiece`` (BERT style). Training runs in-process on one machi
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Iterator
@@ -169,10 +168,9 @@ def build_parser() -> OneLineParser:
                         help=f"<extra_id_k> tokens (default {sentinels}: enough for every registered objective at its "
                         "default lengths; T5 has 100)")
     own = " ".join(needs.tokens) or "none"
-    parser.add_argument("--no-objective-tokens", dest="objective_tokens", action="store_false",
+    # --no-mode-tokens: the flag's name from before objectives of any package could have tokens of their own.
+    parser.add_argument("--no-objective-tokens", "--no-mode-tokens", dest="objective_tokens", action="store_false",
                         help=f"leave out the registered objectives' own tokens ({own}; made by default)")
-    # The flag's name before objectives of any package could have tokens of their own (UL2's mode tokens).
-    parser.add_argument("--no-mode-tokens", dest="objective_tokens", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--extra-token", action="append", default=[], metavar="TOKEN",
                         help="additional special token; repeatable (default: none)")
     parser.add_argument("--min-frequency", type=int, default=2, metavar="N",
