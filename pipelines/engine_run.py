@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import pipelines
 from pipelines.engines import ENGINES, Engine, fetch, last_error_line
 from pipelines.failures import job_error
-from pipelines.parallelism import RunnerSetup, _usable_cores
+from pipelines.parallelism import RunnerSetup, usable_cores
 from schemas.errors import ConfigError, JobFailedError
 
 __all__ = ["EngineStartError", "LocalEngine", "local_engine"]
@@ -119,14 +119,14 @@ class LocalEngine:
                 self._master = "[local]"
             parallelism = options.view_as(FlinkRunnerOptions).parallelism
             if parallelism is None or parallelism < 1:
-                parallelism = _usable_cores()
+                parallelism = usable_cores()
                 added.append(f"--parallelism={parallelism}")
             if not given("--sdk_worker_parallelism"):  # an SDK worker per task slot, not one shared by all
                 added.append(f"--sdk_worker_parallelism={parallelism}")
         if engine.name == "spark":
             self._master = options.view_as(SparkRunnerOptions).spark_master_url
             if not given("--spark_master_url"):
-                self._master = f"local[{_usable_cores()}]"
+                self._master = f"local[{usable_cores()}]"
             if not given("--sdk_worker_parallelism"):
                 match = re.fullmatch(r"local\[(\d+)\]", self._master)
                 added.append(f"--sdk_worker_parallelism={match.group(1) if match else 1}")

@@ -7,7 +7,7 @@ Our flags (:mod:`pipelines.parser`) are parsed with
 ``PipelineOptions`` unchanged (``--runner``, ``--direct_num_workers``, Dataflow flags), as in
 Beam's wordcount example. Objective parameters can also come from ``--config FILE`` (JSON or
 YAML); flags given on the command line win over the file. What ``auto`` values become on the
-runner is :mod:`pipelines.parallelism`'s.
+runner is :mod:`pipelines.runner_tuning`'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.parallelism import RunnerSetup, resolve_encoder_threads, worker_flags
+from pipelines.parallelism import RunnerSetup, worker_flags
 from pipelines.parser import build_parser, refuse_mistyped_flags
 from schemas.names import shown_name
 from transforms.building.parallel import BLOCK_ROWS
@@ -74,11 +74,12 @@ class MaterializeOptions:
     input_split_mb: float = 64.0
     #: most tokens of a pack group (None with ``--num-buckets``)
     pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
-    #: ``fused`` (the objective runs where chunks are packed), ``separate`` (a stage of its own) or
-    #: ``auto`` (until :func:`pipelines.parallelism.resolve_build_stage` decides)
+    #: ``--build-stage`` as given: ``fused`` (the objective runs where chunks are packed),
+    #: ``separate`` (a stage of its own) or ``auto`` (the runner tuning decides)
     build_stage: str = "auto"
-    #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
-    encoder_threads: int | None = None
+    #: ``--encoder-threads`` as given: threads of each worker's Rust encoder, or ``auto`` (the
+    #: runner tuning decides: :attr:`pipelines.runner_tuning.RunnerTuning.encoder_threads`)
+    encoder_threads: int | str = "auto"
     #: the encoder backend asked for: auto, fastokens or tokenizers (:mod:`transforms.tokenizing.encoder`)
     encoder: str = "auto"
     #: show the warnings Beam's workers relay (``--verbose``)
@@ -206,8 +207,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         block_rows=args.block_rows,
         max_record_bytes=args.max_record_bytes,
         unverified_zstd=args.unverified_zstd,
-        build_stage=args.build_stage,  # resolved once the inputs are listed (materialize.plan_run)
-        encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
+        build_stage=args.build_stage,
+        encoder_threads=args.encoder_threads,
         encoder=args.encoder,
         verbose=args.verbose,
         source_field=args.source_field,

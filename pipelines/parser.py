@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 
-from pipelines.parallelism import BUILD_STAGES, SEPARATE_BELOW_GROUPS
+from pipelines.runner_tuning import BUILD_STAGES, SEPARATE_BELOW_GROUPS
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, LAST_CHUNK_MODES, REJECTED_PER_SHARD, TEXT_MODES
 from transforms.objectives.packing import PACKING_MODES

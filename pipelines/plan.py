@@ -31,8 +31,8 @@ from apache_beam.options.pipeline_options import (
 from pipelines import __version__
 from pipelines.input_checks import check_text_field, check_text_flags
 from pipelines.options import MaterializeOptions
-from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_stage
 from pipelines.parser import build_parser, did_you_mean, own_flags
+from pipelines.runner_tuning import RunnerTuning
 from schemas.examples import example_schema
 from schemas.manifest import LENGTH_PARAMETERS, MAX_EXAMPLE_TOKENS
 from transforms.objectives.registry import make_objective
@@ -237,10 +237,6 @@ def plan_run(options: MaterializeOptions) -> Plan:
         message = str(exc)
         raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
     listing = list_inputs(options.inputs, file_format)
-    groups = estimated_groups([(f.path, f.size) for f in listing.files], options.pack_group_tokens,
-                              options.num_buckets)
-    options.build_stage = resolve_build_stage(options.build_stage, RunnerSetup.from_beam_args(options.beam_args),
-                                              options.objective, groups)
     schema = example_schema(objective.family, **objective.schema_kwargs())
     files = [(f.path, f.size) for f in listing.files]
     text_mode, text_field = options.text_flags_given
@@ -310,15 +306,16 @@ def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, featu
 _SERIAL_TOKENIZERS = frozenset({"", "off", "false", "f", "no", "n", "0"})
 
 
-def serial_encoder_warning(options: MaterializeOptions, environ=None) -> str | None:
+def serial_encoder_warning(options: MaterializeOptions, tuning: RunnerTuning, environ=None) -> str | None:
     """The warning to give when ``TOKENIZERS_PARALLELISM`` keeps the encoder on one thread
     where it would use several (set by training scripts to quiet the tokenizer's fork warning,
-    and by the tokenizer itself in a process that forked after encoding in parallel); else None."""
+    and by the tokenizer itself in a process that forked after encoding in parallel); else None.
+    ``tuning``: the run's, which says how many threads each worker's encoder gets."""
     environ = os.environ if environ is None else environ
     value = environ.get("TOKENIZERS_PARALLELISM")
     if value is None or value.strip().lower() not in _SERIAL_TOKENIZERS:
         return None
-    if not options.in_one_process and (options.encoder_threads or 1) <= 1:
+    if not options.in_one_process and (tuning.encoder_threads or 1) <= 1:
         return None  # workers of one encoder thread each: nothing is lost
     return (f"TOKENIZERS_PARALLELISM={value} in the environment: the Rust encoder runs on one thread "
             "(unset it to encode on every core)")
