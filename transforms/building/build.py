@@ -35,7 +35,6 @@ from transforms.building.parallel import (
     example_key,
 )
 from transforms.free_memory import return_freed_memory
-from transforms.handoff import let_go
 from transforms.objectives.layout import shard_count
 
 __all__ = ["BuildExamples", "example_key"]
@@ -87,8 +86,6 @@ class _BlockChunks(beam.DoFn):
 
     def _block(self):
         block = encode_chunks(self._chunks)
-        for chunk in self._chunks:  # copied into the block
-            let_go(chunk)
         self._chunks, self._tokens = [], 0
         return block
 
