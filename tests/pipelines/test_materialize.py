@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from lmshards_testing import encode_documents, file_digests, materialize, materialize_command
+from lmshards_testing import encode_documents, file_digests, group_of, materialize, materialize_command
 
 from loaders import open_dataset
 from schemas.manifest import Manifest
@@ -53,7 +53,7 @@ def clm_groups_dataset(tmp_path_factory, sample_glob, tokenizer_path):
 
 def _groups_of_planned(sample_texts, docs):
     """key -> (letter, group) by the plan of pack groups, recomputed from every document."""
-    from transforms.packing.group import SUB_BUCKETS, group_of, plan_groups
+    from transforms.packing.group import SUB_BUCKETS, plan_groups
 
     tokens = collections.Counter()
     for text, ids in zip(sample_texts, docs):
