@@ -90,9 +90,11 @@ class MaterializeOptions:
     pipeline_type_check: bool = False
     #: what ends each document in the packed stream: "eos" or "none" (T5's join)
     document_separator: str = "eos"
-    #: the runner runs every stage in this process (large values cross its shuffles by reference)
+    #: the runner runs every stage in this process (where the run's progress is counted; what
+    #: the graph does for that runner is :mod:`pipelines.runner_tuning`'s)
     in_one_process: bool = False
-    #: FnApiRunner with ``--direct_running_mode=multi_processing`` (local SDK worker processes)
+    #: FnApiRunner with ``--direct_running_mode=multi_processing``: local SDK worker processes,
+    #: which report progress to this one and are ended on Ctrl-C
     local_workers: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
     param_sources: dict[str, str] = field(default_factory=dict)
@@ -213,7 +215,7 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         verbose=args.verbose,
         source_field=args.source_field,
         in_one_process=runner_setup.in_one_process,
-        local_workers=runner_setup.runner == "FnApiRunner" and runner_setup.multi_processing,
+        local_workers=runner_setup.local_workers,
         pipeline_type_check=args.pipeline_type_check,
         param_sources=sources,
     )

@@ -40,6 +40,12 @@ class RunnerSetup:
         """The runner runs every stage in this process: FnApiRunner, not multi_processing."""
         return self.runner == "FnApiRunner" and not self.multi_processing
 
+    @property
+    def local_workers(self) -> bool:
+        """The runner runs the stages in SDK worker processes of this machine that it starts itself:
+        FnApiRunner with multi_processing."""
+        return self.runner == "FnApiRunner" and self.multi_processing
+
     @classmethod
     def from_beam_args(cls, beam_args: list[str]) -> RunnerSetup:
         import_beam_quietly()  # the first import of Beam in a materialize run: its warnings stay unseen

@@ -123,7 +123,7 @@ def choose_tuning(setup: RunnerSetup, *, encoder_threads: int | str = "auto", bu
     ``groups`` (the pack groups the inputs make, :func:`estimated_groups`) decide ``auto``'s build
     stage; ``dry_run``: the pipeline is built and never run."""
     in_process = setup.in_one_process and not dry_run
-    local_workers = setup.runner == "FnApiRunner" and setup.multi_processing
+    local_workers = setup.local_workers
     return RunnerTuning(
         encoder_threads=_encoder_threads(encoder_threads, setup),
         build_stage=_build_stage(build_stage, setup, objective, groups),
