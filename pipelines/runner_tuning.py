@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipelines.parallelism import RunnerSetup, usable_cores
+from transforms.objectives.registry import OBJECTIVES
 
 if TYPE_CHECKING:
     from pipelines.options import MaterializeOptions
@@ -162,9 +163,6 @@ def _encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
 def _copies_chunks(objective: str | None) -> bool:
     """The objective's examples are copies of its chunks (``Objective.copies_chunks``: sending a
     chunk to a build worker and its example back costs as much as building it)."""
-    # imported when asked: the parser imports this module, and the registry every objective's
-    from transforms.objectives.registry import OBJECTIVES
-
     return objective in OBJECTIVES and OBJECTIVES[objective].copies_chunks
 
 
