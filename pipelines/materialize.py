@@ -19,7 +19,8 @@ and applied by :func:`build_pipeline` (:mod:`pipelines.tuned_run`). Run as
 Exit status: 0 done; 1 the job failed (for example ``--max-rejected-fraction`` exceeded:
 one line naming the flag, the measured fraction and the counts, and no manifest; or an
 input that changed while it was read); 2 a configuration error, before any work (a live
-run holding the output's lock included).
+run holding the output's lock included); 3 a bug (an exception outside lmshards' errors and
+I/O errors), printed with its traceback.
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ import logging
 import os
 import sys
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from pipelines.beam_logging import set_beam_verbosity
 from pipelines.interrupts import interruptible, quiet_exit_on_interrupt
 from pipelines.options import parse_args
 from pipelines.runner_tuning import tuning_for
-from pipelines.terminal import hidden_stderr
-from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
+from pipelines.terminal import hidden_stderr, report_failure
+from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest
 from schemas.names import shown_name
 from transforms.objectives.counters import sum_counters
@@ -159,47 +159,45 @@ def _prepare(argv: list[str] | None):
     the local engine of PrismRunner, FlinkRunner and SparkRunner or None, the runner tuning)``.
 
     Raises:
-        ConfigError: any problem found here (a ``ValueError`` of a check becomes one).
+        ConfigError: any problem found here.
     """
+    options = parse_args(argv)  # imports Beam quietly (RunnerSetup.from_beam_args)
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
+
+    from pipelines.dataflow import stage_installed_package
+    from pipelines.engine_run import local_engine
+    from pipelines.output_dir import check_output
+    from pipelines.plan import check_beam_args, plan_run, serial_encoder_warning
+
+    set_beam_verbosity(options.verbose)
+    # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
+    # (and its pinned dependencies) goes to the workers.
+    options.beam_args = stage_installed_package(options.beam_args)
+    # Beam's flags are checked (one line each) before an engine is fetched or started for them.
+    check_beam_args(options.beam_args)
+    # Prism, Flink and Spark: the engine is fetched into the cache (once) and Beam pointed at it.
+    engine = local_engine(options.beam_args)
+    if engine is not None:
+        options.beam_args = engine.beam_args
+    pipeline_options = PipelineOptions(options.beam_args)
+    if not options.pipeline_type_check:
+        # Beam type-checks every transform's hints while the graph is built, for a graph that is
+        # fixed and run by the tests.
+        pipeline_options.view_as(TypeOptions).pipeline_type_check = False
+    FileSystems.set_options(pipeline_options)
+    plan = plan_run(options)
+    dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
+    tuning = tuning_for(options, plan.files, dry_run=dry_run)  # everything that differs by runner
+    warning = serial_encoder_warning(options, tuning) if plan.encoder.backend == "tokenizers" else None
+    if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
+        _LOG.warning(warning)
+    check_output(options, inputs=[path for path, _ in plan.files])  # before anything else: it changes nothing
     try:
-        options = parse_args(argv)  # imports Beam quietly (RunnerSetup.from_beam_args)
-        import apache_beam as beam
-        from apache_beam.io.filesystems import FileSystems
-        from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
-
-        from pipelines.dataflow import stage_installed_package
-        from pipelines.engine_run import local_engine
-        from pipelines.output_dir import check_output
-        from pipelines.plan import check_beam_args, plan_run, serial_encoder_warning
-
-        set_beam_verbosity(options.verbose)
-        # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
-        # (and its pinned dependencies) goes to the workers.
-        options.beam_args = stage_installed_package(options.beam_args)
-        # Beam's flags are checked (one line each) before an engine is fetched or started for them.
-        check_beam_args(options.beam_args)
-        # Prism, Flink and Spark: the engine is fetched into the cache (once) and Beam pointed at it.
-        engine = local_engine(options.beam_args)
-        if engine is not None:
-            options.beam_args = engine.beam_args
-        pipeline_options = PipelineOptions(options.beam_args)
-        if not options.pipeline_type_check:
-            # Beam type-checks every transform's hints while the graph is built, for a graph that is
-            # fixed and run by the tests.
-            pipeline_options.view_as(TypeOptions).pipeline_type_check = False
-        FileSystems.set_options(pipeline_options)
-        plan = plan_run(options)
-        dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
-        tuning = tuning_for(options, plan.files, dry_run=dry_run)  # everything that differs by runner
-        warning = serial_encoder_warning(options, tuning) if plan.encoder.backend == "tokenizers" else None
-        if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
-            _LOG.warning(warning)
-        check_output(options, inputs=[path for path, _ in plan.files])  # before anything else: it changes nothing
         pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
-    except LmshardsError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    except ValueError as exc:  # Beam's refusal of a --runner it does not know
+        raise ConfigError(str(exc)) from None
     return options, plan, dry_run, pipeline, engine, tuning
 
 
@@ -228,10 +226,8 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         # Everything that can be checked has passed: only now is the output locked and the old dataset removed.
         try:
             prepare_output(options, plan.splits, lock, [path for path, _ in plan.files])
-        except BaseException as exc:
+        except BaseException:
             tuned.release()
-            if isinstance(exc, ValueError) and not isinstance(exc, LmshardsError):
-                raise ConfigError(str(exc)) from exc
             raise
     failure: tuple[BaseException, bool] | None = None
     # Every stage runs here, or in local worker processes that report to this one: the whole
@@ -394,9 +390,9 @@ def encoder_summary(encoder: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: run and print the summary; an error is one line, its exit status that of its
-    class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed; 130
-    interrupted, Ctrl-C)."""
+    """CLI entry: run and print the summary. An error of lmshards' (a configuration error, 2; a job
+    that failed, 1) or an I/O error (1) is one line; any other exception is a bug, printed with its
+    traceback (3); 130 interrupted, Ctrl-C (:func:`pipelines.terminal.report_failure`)."""
     try:
         with hidden_stderr(verbose="--verbose" in (sys.argv[1:] if argv is None else argv)):
             manifest = run(argv)
@@ -406,11 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         print("lmshards materialize: interrupted; no manifest written, what the run wrote is removed",
               file=sys.stderr)
         return 130
-    except (LmshardsError, OSError) as exc:  # OSError: a file that cannot be read or written, outside the pipeline
-        if isinstance(exc, JobFailedError) and exc.__cause__ is not None:  # not one of the job's checks
-            traceback.print_exception(exc.__cause__, file=sys.stderr)
-        print(f"lmshards materialize: error: {shown_name(exc)}", file=sys.stderr)
-        return exit_code(exc)
+    except Exception as exc:  # noqa: BLE001 - one line for lmshards' errors and I/O errors, else a traceback
+        return report_failure("materialize", exc)
     finally:
         quiet_exit_on_interrupt()
     if manifest is None:

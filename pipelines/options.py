@@ -18,6 +18,7 @@ from typing import Any
 
 from pipelines.parallelism import RunnerSetup, worker_flags
 from pipelines.parser import build_parser, refuse_mistyped_flags
+from schemas.errors import ConfigError
 from schemas.names import shown_name
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, REJECTED_PER_SHARD
@@ -117,7 +118,7 @@ def _load_config(path: str) -> dict[str, Any]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"--config {shown_name(path)}: not UTF-8 text") from None
+        raise ConfigError(f"--config {shown_name(path)}: not UTF-8 text") from None
     try:
         if path.endswith((".yaml", ".yml")):
             import yaml
@@ -127,9 +128,9 @@ def _load_config(path: str) -> dict[str, Any]:
             data = json.loads(text)
     except Exception as exc:
         kind = "YAML" if path.endswith((".yaml", ".yml")) else "JSON"
-        raise ValueError(f"--config {shown_name(path)}: not valid {kind} ({exc})") from exc
+        raise ConfigError(f"--config {shown_name(path)}: not valid {kind} ({exc})") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"--config {shown_name(path)}: expected a mapping of parameter names to values")
+        raise ConfigError(f"--config {shown_name(path)}: expected a mapping of parameter names to values")
     return data
 
 
@@ -138,7 +139,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
 
     Raises:
         SystemExit: argparse errors (one line, naming the flag).
-        ValueError: a bad ``--config`` file.
+        ConfigError: a bad ``--config`` file, an unknown objective or a flag it does not take, flags
+            that contradict each other.
     """
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
@@ -152,18 +154,21 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
             args.objective = objective
         sources = {name: f"--config {args.config_file}" for name in params}
     if args.max_record_bytes < 1024:
-        raise ValueError(f"--max-record-bytes {args.max_record_bytes}: must be at least 1024")
+        raise ConfigError(f"--max-record-bytes {args.max_record_bytes}: must be at least 1024")
     if args.num_buckets is not None and args.pack_group_tokens is not None:
-        raise ValueError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
-                         "choose one (fixed hash buckets, or groups sized by tokens)")
-    objective_parameters(args.objective)  # unknown objective: fail first, naming it
+        raise ConfigError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
+                          "choose one (fixed hash buckets, or groups sized by tokens)")
+    try:
+        objective_parameters(args.objective)  # unknown objective: fail first, naming it
+    except ValueError as exc:  # the registry's (objectives import no schemas): the user's --objective
+        raise ConfigError(str(exc)) from None
     for flag, dest, _, objectives, _ in objective_flags():
         value = getattr(args, dest)
         if value is None:
             continue
         if args.objective not in objectives:
-            raise ValueError(f"{flag} is not a parameter of objective {args.objective} "
-                             f"(it is for {', '.join(objectives)})")
+            raise ConfigError(f"{flag} is not a parameter of objective {args.objective} "
+                              f"(it is for {', '.join(objectives)})")
         params[dest] = value
         sources[dest] = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
     if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):

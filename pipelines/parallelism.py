@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from pipelines.beam_logging import import_beam_quietly
+from schemas.errors import ConfigError
 
 __all__ = ["RunnerSetup", "usable_cores", "worker_flags"]
 
@@ -92,11 +93,11 @@ def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
     only ``--workers 1``.
 
     Raises:
-        ValueError: the user also gave one of those flags, or the runner has no such setting.
+        ConfigError: the user also gave one of those flags, or the runner has no such setting.
     """
     given = [a.split("=", 1)[0] for a in beam_args if a.split("=", 1)[0] in _WORKER_FLAGS]
     if given:
-        raise ValueError(f"--workers {workers}: also given {given[0]}; use one or the other")
+        raise ConfigError(f"--workers {workers}: also given {given[0]}; use one or the other")
     runner = RunnerSetup.from_beam_args(beam_args).runner
     if runner in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner"):
         if workers == 1:
@@ -111,7 +112,7 @@ def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
     if runner == "PrismRunner":
         if workers == 1:
             return []
-        raise ValueError(f"--workers {workers}: PrismRunner runs one SDK worker process (it runs bundles on "
-                         "threads inside it); leave --workers out")
-    raise ValueError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
-                     "its parallelism")
+        raise ConfigError(f"--workers {workers}: PrismRunner runs one SDK worker process (it runs bundles on "
+                          "threads inside it); leave --workers out")
+    raise ConfigError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
+                      "its parallelism")

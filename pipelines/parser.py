@@ -11,6 +11,7 @@ import argparse
 import difflib
 
 from pipelines.runner_tuning import BUILD_STAGES, SEPARATE_BELOW_GROUPS
+from schemas.errors import ConfigError
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, LAST_CHUNK_MODES, REJECTED_PER_SHARD, TEXT_MODES
 from transforms.objectives.packing import PACKING_MODES
@@ -150,7 +151,7 @@ def refuse_mistyped_flags(unknown: list[str], parser: argparse.ArgumentParser) -
     is left to :func:`pipelines.plan.check_beam_args`, which knows Beam's and the runner's.
 
     Raises:
-        ValueError: the flag and the suggestion, in one line.
+        ConfigError: the flag and the suggestion, in one line.
     """
     ours = own_flags(parser)
     for argument in unknown:
@@ -159,7 +160,7 @@ def refuse_mistyped_flags(unknown: list[str], parser: argparse.ArgumentParser) -
             continue
         suggestion = did_you_mean(flag, ours)
         if suggestion:
-            raise ValueError(f"unknown option {flag} (not an lmshards or Apache Beam flag){suggestion}")
+            raise ConfigError(f"unknown option {flag} (not an lmshards or Apache Beam flag){suggestion}")
 
 
 class OneLineParser(argparse.ArgumentParser):

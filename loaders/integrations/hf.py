@@ -47,6 +47,7 @@ from typing import Any
 
 from loaders.streaming.dataloader import make_dataloader
 from loaders.streaming.stream import ResumableStream
+from schemas.errors import ConfigError, ShardIntegrityError
 from transforms.objectives.registry import decoder_start_role
 
 __all__ = [  # noqa: F822 (LMShardsTrainer: lazy)
@@ -201,7 +202,7 @@ class LMShardsTrainerMixin:
         per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
         epoch = state.global_step // per_epoch
         if saved["epoch"] != epoch:
-            raise ValueError(
+            raise ConfigError(
                 f"{path} is at epoch {saved['epoch']} but the Trainer resumes epoch {epoch} (global step "
                 f"{state.global_step}, {per_epoch} steps per epoch): the checkpoint was saved with other data or "
                 "batch sizes"
@@ -224,13 +225,13 @@ def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:
     ``BartConfig(d_model=256, ..., **model_config_kwargs(dataset))``.
 
     Raises:
-        ValueError: the manifest records no vocabulary size.
+        ShardIntegrityError: the manifest records no vocabulary size.
     """
     sources = getattr(dataset, "sources", None) or [dataset]  # a mixture: its sources share a tokenizer
     tokenizer = sources[0].manifest.tokenizer
     vocab_size = tokenizer.get("vocab_size")
     if not vocab_size:
-        raise ValueError("the dataset's manifest records no tokenizer vocab_size")
+        raise ShardIntegrityError("the dataset's manifest records no tokenizer vocab_size")
     special = dataset.special_ids
     out = {"vocab_size": int(vocab_size)}
     for role in ("pad", "bos", "eos"):

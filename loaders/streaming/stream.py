@@ -220,17 +220,17 @@ class ResumableStream(IterableDataset):
         The next pass starts at the saved point (later ones at their epoch's beginning).
 
         Raises:
-            ValueError: other data, seed or order settings; or consumed samples that are not
+            ConfigError: other data, seed or order settings; or consumed samples that are not
                 a multiple of the world size (the global batch size changed); a worker's state
                 loaded into a worker of another place or worker count.
         """
         parsed = LoaderState.from_dict(state)
         if parsed.kind != self.kind:
-            raise ValueError(f"loader state was saved by a {parsed.kind}, this is a {self.kind}")
+            raise ConfigError(f"loader state was saved by a {parsed.kind}, this is a {self.kind}")
         if parsed.fingerprint != self.fingerprint():
-            raise ValueError("loader state was saved for other data or order settings (fingerprint differs)")
+            raise ConfigError("loader state was saved for other data or order settings (fingerprint differs)")
         if parsed.seed != self.seed:
-            raise ValueError(f"loader state was saved with seed {parsed.seed}, this dataset has seed {self.seed}")
+            raise ConfigError(f"loader state was saved with seed {parsed.seed}, this dataset has seed {self.seed}")
         RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, parsed.samples, self.uneven,
                      self.drop_last)  # validates samples % world_size
         worker = state.get("worker")
@@ -238,7 +238,7 @@ class ResumableStream(IterableDataset):
         if worker is not None:
             if info is None or (worker.get("id"), worker.get("num_workers")) != (info.id, info.num_workers):
                 where = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
-                raise ValueError(
+                raise ConfigError(
                     f"this state is DataLoader worker {worker.get('id')}'s of {worker.get('num_workers')}, "
                     f"loaded into {where}; resume a StatefulDataLoader with the same num_workers, or use "
                     "loaders.make_dataloader, whose state resumes with any number of workers"
