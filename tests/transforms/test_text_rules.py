@@ -157,10 +157,11 @@ def test_byte_positions():
     assert byte_positions(text, text.encode("utf-8"), np.arange(len(text))).tolist() == [0, 1, 3, 6, 7, 11]
 
 
-def _flags_both_ways(tokenizer, text):
-    """(tokens, flags from byte lengths, flags from character offsets)."""
+def _flags_both_ways(tokenizer, text, lengths=None):
+    """(tokens, flags from byte lengths, flags from character offsets); ``lengths``: the
+    tokenizer's :func:`byte_level_lengths`, when the caller has them already."""
     encoding = tokenizer.encode(text, add_special_tokens=False)
-    lengths = byte_level_lengths(tokenizer)
+    lengths = byte_level_lengths(tokenizer) if lengths is None else lengths
     ends = np.cumsum(lengths[encoding.ids])
     encoded = text.encode("utf-8")
     assert ends[-1] == len(encoded)
@@ -213,14 +214,16 @@ def test_a_token_holding_a_space_and_part_of_a_character():
 
 @pytest.fixture(scope="module")
 def project_tokenizer():
-    return Tokenizer.from_file(str(PROJECT_TOKENIZER))
+    """The project tokenizer and its byte lengths (worked out once: they parse its whole JSON)."""
+    tokenizer = Tokenizer.from_file(str(PROJECT_TOKENIZER))
+    return tokenizer, byte_level_lengths(tokenizer)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("aZ. !?\n\u00e9\u00c9\u250c\u4f60\U0001f600\"(1")), max_size=40))
 def test_byte_and_offset_mappings_agree_on_any_text(project_tokenizer, text):
-    tokenizer = project_tokenizer
+    tokenizer, lengths = project_tokenizer
     if not tokenizer.encode(text, add_special_tokens=False).ids:
         return
-    _, by_bytes, by_offsets = _flags_both_ways(tokenizer, text)
+    _, by_bytes, by_offsets = _flags_both_ways(tokenizer, text, lengths)
     np.testing.assert_array_equal(by_bytes, by_offsets)
