@@ -8,11 +8,15 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, expected_keys
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
 
 
+# Two real processes joined by gloo, like torchrun's: the split itself is checked without them
+# in test_state.py and test_dataset.py (ranks given explicitly).
+@pytest.mark.e2e
 def test_two_gloo_ranks_split_the_epoch(small_dataset, tmp_path):
     path, rows = small_dataset
     out = tmp_path / "result.json"
@@ -32,3 +36,17 @@ def test_two_gloo_ranks_split_the_epoch(small_dataset, tmp_path):
     assert merged == (order + order)[:152]
     assert len(set(rank0) & set(rank1)) == 1  # only the one wrapped sample repeats
     assert result["states"][0] == result["states"][1] and result["states"][0]["samples"] == 3 * 4 * 2
+
+
+def test_the_topology_comes_from_rank_and_world_size_in_the_environment(small_dataset, monkeypatch):
+    """Without a process group, a dataset built under RANK/WORLD_SIZE (as torchrun sets them) reads
+    the slice the same rank given by hand reads."""
+    from loaders import ShardedDataset
+
+    path, _ = small_dataset
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    detected = ShardedDataset(path, batch_size=4, seed=3, shuffle_block_size=64, uneven="wrap")
+    given = ShardedDataset(path, batch_size=4, seed=3, shuffle_block_size=64, uneven="wrap", rank=1, world_size=2)
+    assert (detected.rank, detected.world_size) == (1, 2)
+    assert [e["key"] for e in detected] == [e["key"] for e in given] and len(given) == 76
