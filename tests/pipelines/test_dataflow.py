@@ -172,7 +172,43 @@ def test_without_build_staging_is_a_one_line_configuration_error():
                            "'build' package") and "--setup_file" in line and "\n" not in line
 
 
-def test_a_user_who_ships_the_code_is_left_alone(tmp_path):
+#: The jobs below ship the code in an image of their own: the graph does not depend on how the
+#: code reaches the workers, and no wheel is built for them (the staged wheel is tested above).
+OWN_IMAGE = ("--sdk_container_image", "gcr.io/p/lmshards:1")
+
+
+@pytest.fixture(scope="module")
+def dry_run_job(tmp_path_factory):
+    """``job(objective, *extra)``: Beam's result of a dry run with :data:`OWN_IMAGE`, each built
+    once per module."""
+    from pipelines.materialize import run_job
+
+    jobs = {}
+
+    def job(objective: str, *extra: str):
+        if (objective, extra) not in jobs:
+            args = _job_args(tmp_path_factory.mktemp("dry-run") / "out", *OWN_IMAGE, *extra)
+            args[args.index("clm")] = objective
+            manifest, jobs[objective, extra] = run_job(args)
+            assert manifest is None
+        return jobs[objective, extra]
+
+    return job
+
+
+def _staged(result) -> list[str]:
+    """The names of what a dry run's job stages for the workers."""
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    staged = set()
+    for environment in result.job.proto_pipeline.components.environments.values():
+        for dependency in environment.dependencies:
+            role = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dependency.role_payload)
+            staged.add(role.staged_name)
+    return sorted(staged)
+
+
+def test_a_user_who_ships_the_code_is_left_alone(dry_run_job):
     assert ships_itself(["--runner", "DataflowRunner"]) and ships_itself(["--runner=DataflowRunner"])
     assert not ships_itself(["--runner", "FnApiRunner"]) and not ships_itself([])
     for flag in ("--setup_file=./setup.py", "--extra_package=dist/lmshards-0.1.0-py3-none-any.whl",
@@ -186,8 +222,8 @@ def test_a_user_who_ships_the_code_is_left_alone(tmp_path):
         assert ships_itself(["--runner", "DataflowRunner", *flag.split("=", 1)]), flag
     assert not ships_itself(["--runner", "DataflowRunner", "--extra_package", "x.whl", "--extra_package",
                              "lmshards-0.1.0-py3-none-any.whl"])
-    result = _dry_run(tmp_path, *_job_args(tmp_path / "out", "--sdk_container_image", "gcr.io/p/lmshards:1"))
-    assert not [name for name in result["staged"] if name.startswith("lmshards-")]
+    staged = _staged(dry_run_job("clm"))
+    assert staged and not [name for name in staged if name.startswith("lmshards-")]
 
 
 #: Every GroupByKey of the job, by name, and why its key space is what it is. Those that carry
@@ -222,12 +258,8 @@ SMALL_AGGREGATES = {
 }
 
 
-def _fixed_key_spaces(args) -> tuple[set[str], list[str]]:
-    """(the data-carrying GroupByKeys of a dry run of ``args``, those not keyed as above)."""
-    from pipelines.materialize import run_job
-
-    manifest, result = run_job(args)
-    assert manifest is None
+def _fixed_key_spaces(result) -> tuple[set[str], list[str]]:
+    """(the data-carrying GroupByKeys of a dry run's job, those not keyed as above)."""
     components = result.job.proto_pipeline.components
     producer = {pcoll: t.unique_name for t in components.transforms.values() if not t.subtransforms
                 for pcoll in t.outputs.values()}
@@ -250,16 +282,14 @@ def _fixed_key_spaces(args) -> tuple[set[str], list[str]]:
 
 
 @pytest.mark.parametrize("objective", ["clm", "bart"])
-def test_no_shuffle_of_data_has_a_key_space_fixed_by_the_defaults(tmp_path, objective):
-    args = _job_args(tmp_path / "out")
-    args[args.index("clm")] = objective
-    data, fixed = _fixed_key_spaces(args)
+def test_no_shuffle_of_data_has_a_key_space_fixed_by_the_defaults(dry_run_job, objective):
+    data, fixed = _fixed_key_spaces(dry_run_job(objective))
     # bart builds in a stage of its own on Dataflow; clm builds where it packs
     assert data == set(GROWS_WITH_THE_CORPUS) - ({"BuildExamples/SpreadBlocks"} if objective == "clm" else set())
     assert fixed == []
 
 
-def test_fixed_hash_buckets_are_seen_for_what_they_are(tmp_path):
+def test_fixed_hash_buckets_are_seen_for_what_they_are(dry_run_job):
     """The check is not blind: with --num-buckets (an expert override) Pack's shuffle has 64 keys."""
-    _, fixed = _fixed_key_spaces(_job_args(tmp_path / "out", "--num-buckets", "64"))
+    _, fixed = _fixed_key_spaces(dry_run_job("clm", "--num-buckets", "64"))
     assert fixed == ["Pack/GroupByPackGroup <- ['AssignBuckets/GroupOfBucket']"]
