@@ -178,6 +178,9 @@ def test_a_lost_lock_stops_the_rename(tmp_path):
     assert (tmp_path / "a.txt").read_bytes() == b"mine"
 
 
+# A race with a real process, on a corpus large enough to be appended to while it is read; the
+# reader's check alone: tests/transforms/test_read_integrity.py.
+@pytest.mark.e2e
 def test_an_input_that_changes_during_the_run_fails_it_without_a_manifest(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -164,6 +164,9 @@ def _gzip_bomb(path: Path, gib: float) -> None:
             handle.write(member)
 
 
+# A quarter GiB inflated, in a process of its own to measure its peak: the same reading at a
+# small scale, and ZstdFrames' bound per read, are the fast tests below.
+@pytest.mark.e2e
 def test_a_quarter_gib_gz_bomb_is_read_in_bounded_memory(tmp_path):
     bomb = tmp_path / "bomb.txt.gz"
     _gzip_bomb(bomb, 0.25)  # 256 MiB of NUL bytes on one line, from 1 MB of gzip
@@ -173,21 +176,43 @@ def test_a_quarter_gib_gz_bomb_is_read_in_bounded_memory(tmp_path):
     assert peak < 600, f"peak RSS {peak} MB"
 
 
-def test_a_zstd_bomb_never_inflates_more_than_a_few_blocks_at_once(tmp_path):
+def _zstd_bomb(path: Path, mib: int) -> None:
+    """A .zst of ``mib`` MiB of NUL bytes (level 19: a few hundred bytes per 16 MiB)."""
     compressor = zstandard.ZstdCompressor(level=19)
-    with open(tmp_path / "bomb.txt.zst", "wb") as handle, compressor.stream_writer(handle) as writer:
-        for _ in range(16):
+    with open(path, "wb") as handle, compressor.stream_writer(handle) as writer:
+        for _ in range(mib // 16):
             writer.write(b"\0" * (16 << 20))
+
+
+@pytest.mark.e2e
+def test_a_zstd_bomb_never_inflates_more_than_a_few_blocks_at_once(tmp_path):
+    _zstd_bomb(tmp_path / "bomb.txt.zst", 256)
     assert (tmp_path / "bomb.txt.zst").stat().st_size < 1 << 20
     counts, peak = _peak_rss_reading(str(tmp_path / "bomb.txt.zst"))
     assert counts == "{'nul_bytes': 4}"
     assert peak < 600, f"peak RSS {peak} MB"
+
+
+@pytest.mark.parametrize("suffix", ["gz", "zst"])
+def test_a_small_bomb_is_read_in_pieces_each_rejected_for_its_nuls(tmp_path, suffix):
+    """A line of 32 MiB of NULs, held in pieces of --max-record-bytes (8 MiB here), each rejected."""
+    path = tmp_path / f"bomb.txt.{suffix}"
+    if suffix == "gz":
+        path.write_bytes(gzip.compress(b"\0" * (32 << 20), compresslevel=9, mtime=0))
+    else:
+        _zstd_bomb(path, 32)
+    items = _read(str(path), policy=RecordPolicy(max_record_bytes=8 << 20))
+    assert [item["reason"] for item in items] == ["nul_bytes"] * 4
+
+
+def test_zstd_frames_inflate_at_most_a_few_blocks_per_read(tmp_path):
+    _zstd_bomb(tmp_path / "bomb.txt.zst", 32)
     with open(tmp_path / "bomb.txt.zst", "rb") as raw:
         frames = ZstdFrames(raw)
         sizes = []
         while chunk := frames.read(8 << 20):  # returns what one decompressor call made, up to 8 MiB
             sizes.append(len(chunk))
-    assert sum(sizes) == 256 << 20 and max(sizes) <= 16 * (128 << 10)  # at most 16 blocks of 128 KiB per call
+    assert sum(sizes) == 32 << 20 and max(sizes) <= 16 * (128 << 10)  # at most 16 blocks of 128 KiB per call
 
 
 # --- archives verified before their records count --------------------------------------------
@@ -377,3 +402,19 @@ def test_the_reader_fails_on_a_file_that_changed_since_it_was_listed(tmp_path):
     Path(path).write_bytes(b'{"text": "one"}\n{"text": "two"}\n')
     with pytest.raises(InputChangedError, match=r"modified"):
         list(fn.process(stale))
+
+
+def test_the_reader_fails_on_a_file_that_changes_while_it_reads_it(tmp_path):
+    """Appended to after its first record was read: the file's records do not count, the task fails
+    (a whole run that fails so: tests/pipelines/test_output_safety.py, end to end)."""
+    path = _write(tmp_path / "a.jsonl", b'{"text": "one"}\n{"text": "two"}\n')
+    (listed,) = list_inputs([path]).files
+    fn = _ReadFile("line", "text", RecordPolicy())
+    fn.setup()
+    reading = fn.process(listed)
+    assert next(reading) == "one"
+    with open(path, "ab") as handle:
+        handle.write(b'{"text": "late"}\n')
+    with pytest.raises(InputChangedError, match=r"^--input .*a\.jsonl: the file changed while the run read it "
+                                                r"\(32 -> 49 bytes\); a run's inputs must not change under it$"):
+        list(reading)
