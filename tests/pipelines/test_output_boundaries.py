@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,9 @@ HANG_GUARD_SECONDS = 120
 
 def _run(out: Path, *extra: str, inputs: str = SAMPLE_GLOB, tokenizer: str = TOKENIZER,
          process: bool = False) -> subprocess.CompletedProcess:
-    """The command in this process, or (``process``: where a regression would read a FIFO or a
-    device without end) in a process of its own with a guard against a hang."""
+    """The command in this process, or (``process``: where a regression would block on a FIFO) in
+    a process of its own with a guard against a hang. (A device is read within the flag's bound
+    even by a regression: it is refused in this process.)"""
     argv = ["--input", inputs, "--output", str(out), "--tokenizer", tokenizer, *BASE, *extra]
     if not process:
         return materialize_command(*argv)
@@ -101,17 +103,24 @@ def test_a_deleted_dataset_never_takes_a_link_planted_in_its_tmp_along(tmp_path)
     assert file_digests(victim) == before
 
 
-@pytest.mark.parametrize("how", ["recursive glob", "the old rejected records"])
-def test_inputs_inside_the_output_are_refused_before_anything_is_deleted(tmp_path, how):
-    project = tmp_path / "proj"
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A folder of the sample corpus with the dataset made of it inside, at ``out``."""
+    project = tmp_path_factory.mktemp("proj") / "proj"
     project.mkdir()
     for path in sorted(Path(SAMPLE_GLOB).parent.glob("*.jsonl")):
         (project / path.name).write_bytes(path.read_bytes())
     with open(project / "faq.jsonl", "a") as handle:
         handle.write('{"no text": 1}\n')  # one rejected record: OUT/rejected/rejected.jsonl exists
-    out = project / "out"
-    first = _run(out, inputs=str(project / "*.jsonl"))
+    first = _run(project / "out", inputs=str(project / "*.jsonl"))
     assert first.returncode == 0, first.stderr
+    return project
+
+
+@pytest.mark.parametrize("how", ["recursive glob", "the old rejected records"])
+def test_inputs_inside_the_output_are_refused_before_anything_is_deleted(tmp_path, project, how):
+    project = Path(shutil.copytree(project, tmp_path / "proj", symlinks=True))
+    out = project / "out"
     before = file_digests(out)
     assert "rejected/rejected.jsonl" in before
     if how == "recursive glob":
@@ -141,7 +150,8 @@ def _fifo(tmp_path: Path) -> str:
 def test_a_flags_file_must_be_a_regular_file(tmp_path, flag, path, says):
     path = {"FIFO": _fifo(tmp_path), "DIR": str(tmp_path)}.get(path, path)
     extra = [flag, path] if flag == "--config" else []
-    proc = _run(tmp_path / "out", *extra, tokenizer=path if flag == "--tokenizer" else TOKENIZER, process=True)
+    proc = _run(tmp_path / "out", *extra, tokenizer=path if flag == "--tokenizer" else TOKENIZER,
+                process=path.endswith("fifo.json"))
     assert proc.returncode == 2, proc.stderr
     assert _one_line(proc) == f"lmshards materialize: error: {flag} {path}: {says}"
     assert not (tmp_path / "out").exists()
