@@ -35,11 +35,23 @@ def test_lines_report_the_share_of_input_bytes_tokens_and_the_later_stages(tmp_p
     final = next(i for i, line in enumerate(lines) if line.startswith("lmshards: tokenized: 100% of 1.2 MB read, "
                                                                        "682 documents, "))
     assert lines[final + 1:final + 3] == ["lmshards: packing and building examples", "lmshards: writing shards"]
-    for seconds in ("0", "60"):  # off; or a run shorter than the interval: nothing shown
-        quiet = materialize_command("--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output",
-                                    str(tmp_path / f"q{seconds}"), "--progress-seconds", seconds)
-        assert quiet.returncode == 0 and "lmshards: reading" not in quiet.stderr and "packing" not in quiet.stderr
-        assert "lmshards: tokenized" not in quiet.stderr
+
+
+@pytest.mark.parametrize("seconds", [0, 60])
+def test_nothing_is_shown_when_off_or_before_the_interval_has_passed(seconds):
+    """--progress-seconds 0 (off), or a run shorter than the interval: no line, no stage, no total
+    (the run above hands its --progress-seconds to the same Progress)."""
+    stream = io.StringIO()
+    progress = Progress(stream)
+    progress.configure(1_200_000, seconds)
+    progress.add_bytes(600_000)
+    progress.add(341, 150_000)
+    progress.add_bytes(600_000)
+    progress.stage("packing and building examples")
+    progress.stage("writing shards")
+    progress.close()
+    assert stream.getvalue() == ""
+    assert (progress.bytes, progress.documents, progress.tokens) == (1_200_000, 341, 150_000)
 
 
 @pytest.mark.e2e
