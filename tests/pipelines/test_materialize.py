@@ -361,7 +361,9 @@ def test_another_seed_changes_the_order_not_the_content(tmp_path, clm_dataset, s
     assert [ex["key"] for ex in b_examples] != [k for k in a]
 
 
-@pytest.mark.parametrize("packing", ["best_fit", "none"])
+# A whole run of best_fit: every token once, padding counted; Pack's chunks in both modes, exactly:
+# tests/transforms/test_pack.py (a whole run of none: test_reliability.py's hostile corpus).
+@pytest.mark.parametrize("packing", ["best_fit"])
 def test_best_fit_and_none_never_truncate_a_document(tmp_path, sample_glob, tokenizer_path, sample_texts, packing):
     out = tmp_path / packing
     manifest = materialize(out, "--input", sample_glob, "--tokenizer", tokenizer_path, "--seq-len", str(SEQ_LEN),
@@ -507,37 +509,6 @@ def test_every_shard_index_is_written_even_when_no_example_goes_there(tmp_path, 
         assert shard.tokens == 0
 
 
-def test_duplicates_are_dropped_where_their_group_is_packed(tmp_path, monkeypatch, sample_texts, tokenizer_path):
-    """A document repeated 300 times reaches its pack group 300 times (one shuffle carries
-    documents, in blocks: Pack's own), is packed once and counted as 299 duplicates; bytes are those of the
-    corpus without the copies."""
-    from transforms.elements import DocumentBatch
-    from transforms.packing.pack import _PackBucket
-
-    texts = sample_texts[:40]
-    with_copies = tmp_path / "with-copies.jsonl"
-    with_copies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts + [texts[3]] * 299))
-    unique = tmp_path / "unique.jsonl"
-    unique.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    seen = []
-    process = _PackBucket.process
-
-    def recording(self, element):
-        blocks = list(element[1])
-        seen.extend(bytes(key) for block in blocks for key in DocumentBatch.decode(tuple(block)).keys)
-        yield from process(self, (element[0], blocks))
-
-    monkeypatch.setattr(_PackBucket, "process", recording)
-    args = ["--tokenizer", tokenizer_path, "--objective", "clm", "--seq-len", "64", "--num-buckets", "4"]
-    manifest = materialize(tmp_path / "out", "--input", str(with_copies), *args)
-    assert len(seen) == len(texts) + 299 and len(set(seen)) == len(texts)
-    assert manifest.counts["duplicates"] == 299 and manifest.splits["train"]["duplicates"] == 299
-    assert manifest.counts["documents_written"] == len(texts) and manifest.counts["reconciled"]
-    reference = materialize(tmp_path / "reference", "--input", str(unique), *args)
-    assert file_digests(tmp_path / "out") == file_digests(tmp_path / "reference")
-    assert manifest.splits["train"]["shards"] == reference.splits["train"]["shards"]
-
-
 def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_path, monkeypatch, caplog, sample_glob,
                                                                             tokenizer_path):
     """TOKENIZERS_PARALLELISM=false (training scripts set it; the tokenizer sets it itself after
@@ -563,13 +534,17 @@ def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_p
     # one encoder thread per worker process anyway (2 cores, 2 workers): nothing to warn about
     if tuning_for(multi, []).encoder_threads == 1:
         assert warning(multi, {"TOKENIZERS_PARALLELISM": "false"}) is None
+    # The run's planning gives the warning (before any work), from the environment it runs in.
+    from pipelines.materialize import _prepare
+
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     with caplog.at_level("WARNING", logger="lmshards"):
-        materialize(tmp_path / "serial", *_base_args(sample_glob, tokenizer_path), "--encoder", "tokenizers")
+        _prepare(["--output", str(tmp_path / "serial"), *_base_args(sample_glob, tokenizer_path), "--encoder",
+                  "tokenizers"])
     assert [r.getMessage() for r in caplog.records if r.name == "lmshards"] == [
         warning(in_process, {"TOKENIZERS_PARALLELISM": "false"})]
     caplog.clear()
     with caplog.at_level("WARNING", logger="lmshards"):  # fastokens does not read the variable
-        manifest = materialize(tmp_path / "fast", *_base_args(sample_glob, tokenizer_path))
-    assert manifest.run["encoder"]["backend"] == "fastokens"
+        plan = _prepare(["--output", str(tmp_path / "fast"), *_base_args(sample_glob, tokenizer_path)])[1]
+    assert plan.encoder.backend == "fastokens"
     assert [r.getMessage() for r in caplog.records if r.name == "lmshards"] == []
