@@ -93,16 +93,10 @@ def test_flink_and_sparks_sdk_workers_share_the_cores_among_their_encoders(monke
 # --- the graph -----------------------------------------------------------------------------------
 
 
-def _labels(tuning: RunnerTuning) -> set[str]:
-    """The transform labels of materialize's graph on the sample corpus under ``tuning``."""
-    from lmshards_testing import SAMPLE_GLOB, TOKENIZER
-
+def _labels(plan, tuning: RunnerTuning) -> set[str]:
+    """The transform labels of materialize's graph of ``plan`` under ``tuning``."""
     from pipelines.materialize import build_pipeline
-    from pipelines.options import parse_args
-    from pipelines.plan import plan_run
 
-    plan = plan_run(parse_args(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", "/nonexistent-out",
-                                "--objective", "bart", "--seq-len", "64"]))
     pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
     tuned = TunedRun(tuning)
     build_pipeline(pipeline, plan, tuned=tuned)
@@ -125,14 +119,21 @@ def test_the_graph_differs_by_runner_only_where_the_tuning_says():
     handed over, no worker freeze. FnApiRunner: the objective on each chunk output apart (no
     chunk materialized between stages), the documents and each output's example batches handed
     over, by reference in-process, through files with local workers (whose heaps are frozen)."""
-    plain = _labels(choose_tuning(_setup("DataflowRunner")))
+    from lmshards_testing import SAMPLE_GLOB, TOKENIZER
+
+    from pipelines.options import parse_args
+    from pipelines.plan import plan_run
+
+    plan = plan_run(parse_args(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", "/nonexistent-out",
+                                "--objective", "bart", "--seq-len", "64"]))
+    plain = _labels(plan, choose_tuning(_setup("DataflowRunner")))
     assert {"AllChunks", "BuildExamples"} <= plain
     assert not {label for label in plain if label.startswith(("HandOver", "BuildRepacked", "FreezeWorkerHeap"))}
-    in_process = _labels(choose_tuning(_setup("FnApiRunner")))
+    in_process = _labels(plan, choose_tuning(_setup("FnApiRunner")))
     assert {"BuildExamples", "BuildRepackedExamples", "HandOverDocuments", "HandOverExamples",
             "HandOverRepackedExamples"} <= in_process
     assert not {label for label in in_process if label.startswith(("HandOverChunks", "AllChunks", "FreezeWorkerHeap"))}
-    workers = _labels(choose_tuning(_setup("FnApiRunner", multi_processing=True)))
+    workers = _labels(plan, choose_tuning(_setup("FnApiRunner", multi_processing=True)))
     assert {"BuildExamples", "BuildRepackedExamples", "FreezeWorkerHeap", "HandOverDocuments", "HandOverExamples",
             "HandOverRepackedExamples"} <= workers
     assert not {label for label in workers if label.startswith(("HandOverChunks", "AllChunks"))}
