@@ -160,18 +160,43 @@ def test_a_range_that_fails_to_read_still_counts_its_lines(tmp_path, mode):
     assert total == 6 * 20
 
 
-def test_a_split_file_of_blank_lines_is_one_empty_file_rejection_as_when_read_whole(tmp_path):
-    from lmshards_testing import TOKENIZER, materialize
+@pytest.mark.parametrize("split_bytes", [64 << 20, 500])
+def test_a_split_file_of_blank_lines_is_one_empty_file_rejection_as_when_read_whole(tmp_path, split_bytes):
+    """ReadCorpus, on TestPipeline: a file of blank lines read in several ranges is rejected
+    once, as ``empty_file``, with the entry a whole read gives; the other file's records stay."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "blank.txt").write_bytes(b" \n\n\t\n\r\n" * 400)  # 2,400 bytes: several ranges
-    (corpus / "good.txt").write_text("".join(f"document {i} has a few words in it\n" for i in range(40)))
-    manifests = [materialize(tmp_path / f"out{mb}", "--input", str(corpus / "*.txt"), "--tokenizer", TOKENIZER,
-                             "--seq-len", "16", "--input-split-mb", mb) for mb in ("64", "0.0005")]
-    for manifest in manifests:
-        assert manifest.counts["rejected_by_reason"] == {"empty_file": 1}
-        assert manifest.counts["documents_read"] == 41 and manifest.counts["reconciled"]
-    assert manifests[0].deterministic_view() == manifests[1].deterministic_view()  # the split size is no config
-    digests = [open(tmp_path / f"out{mb}" / "rejected" / "rejected.jsonl", "rb").read() for mb in ("64", "0.0005")]
-    assert digests[0] == digests[1]
+    from transforms.objectives.counters import sum_counters
+    from transforms.reading.read import ReadCorpus
+
+    blank, good = tmp_path / "blank.txt", tmp_path / "good.txt"
+    blank.write_bytes(b" \n\n\t\n\r\n" * 400)  # 2,800 bytes: six ranges of 500
+    texts = [f"document {i} has a few words in it" for i in range(40)]
+    good.write_text("".join(f"{text}\n" for text in texts))
+    assert len(list(_tasks_of(str(blank), "line", split_bytes))) == (1 if split_bytes > 2800 else 6)
+    whole = list(iter_file_records(str(blank)))
+    assert [entry["reason"] for entry in whole] == ["empty_file"]
+    with TestPipeline(runner="FnApiRunner") as pipeline:
+        read = pipeline | ReadCorpus([str(blank), str(good)], split_bytes=split_bytes)
+        assert_that(read.texts, equal_to(texts), label="Texts")
+        assert_that(read[ReadCorpus.REJECTED], equal_to(whole), label="Rejected")
+        summed = read[ReadCorpus.STATS] | beam.CombineGlobally(sum_counters)
+        assert_that(summed, equal_to([{"documents": 40, "rejected": 1}]), label="Stats")
+
+
+def test_the_input_split_size_is_no_configuration_of_the_dataset(tmp_path):
+    """--input-split-mb changes how the inputs are read, not what the manifest records (the
+    records are the same: above, and tests/pipelines/test_input_splits.py end to end)."""
+    from lmshards_testing import SAMPLE_GLOB, TOKENIZER
+
+    from pipelines.materialize import _prepare
+    from pipelines.plan import static_manifest
+
+    def recorded(megabytes):
+        plan = _prepare(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "o"),
+                         "--input-split-mb", megabytes])[1]
+        return {k: v for k, v in static_manifest(plan, []).items() if k != "run"}
+
+    assert recorded("64") == recorded("0.0005")
