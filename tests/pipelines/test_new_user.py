@@ -9,9 +9,10 @@ examples, the summary, ``validate`` on an empty split.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
-from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, run_with_blocked_imports
+from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, materialize_command, run_with_blocked_imports
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipelines.cli import main as cli
@@ -174,10 +175,11 @@ def test_the_summary_tells_where_what_and_how_much(tmp_path, capsys):
     assert any(line.startswith(f"train: {train['examples']:,} examples, {train['tokens']:,} tokens in 1 shard "
                                f"(arrow {arrow / 2**20:,.1f} MB, webdataset ") for line in lines)
     assert "validation: none (--validation-fraction 0; e.g. --validation-fraction 0.01 holds out 1%)" in lines
-    assert main(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(tmp_path / "v"),
-                 "--seq-len", "512", "--validation-fraction", "0.05"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == "objective: clm, seq_len 512, packing concat"
+
+
+def test_the_summary_names_the_length_given_and_the_validation_split(sample_run):
+    lines = sample_run[1].splitlines()
+    assert lines[1] == "objective: clm, seq_len 256, packing concat"
     assert any(line.startswith("validation: ") and "examples" in line for line in lines)
 
 
@@ -231,10 +233,21 @@ def test_multi_process_workers_keep_their_warnings_unless_verbose(tmp_path):
     assert verbose.returncode == 0 and "No semi_persistent_directory found" in verbose.stderr
 
 
-def test_validate_flags_an_empty_split(tmp_path, capsys):
-    out = tmp_path / "o"
-    assert main(["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--output", str(out), "--seq-len", "256",
-                 "--validation-fraction", "0.05"]) == 0
+SAMPLE_ARGS = ["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--seq-len", "256", "--validation-fraction", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory) -> tuple:
+    """``(dataset, what the run printed)``: the sample corpus, clm at 256 tokens, 10% held out
+    (made once for the summary, validate and --source-field tests)."""
+    out = tmp_path_factory.mktemp("sample") / "o"
+    done = materialize_command(*SAMPLE_ARGS, "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout
+
+
+def test_validate_flags_an_empty_split(tmp_path, capsys, sample_run):
+    out = shutil.copytree(sample_run[0], tmp_path / "o")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["splits"]["validation"].update(examples=0, tokens=0, num_shards=0, shards=[])
     (out / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
@@ -246,12 +259,10 @@ def test_validate_flags_an_empty_split(tmp_path, capsys):
         assert "splits.validation lists no shards" in err and "no examples" in err
 
 
-def test_source_field_records_documents_tokens_and_lengths_per_source(tmp_path, capsys):
+def test_source_field_records_documents_tokens_and_lengths_per_source(tmp_path, capsys, sample_run):
     """``--source-field source``: per split, each source's documents, tokens and length histogram;
     they add up to the split's, and the shards are those of a run without it."""
-    args = ["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--seq-len", "256", "--validation-fraction", "0.1"]
-    assert main([*args, "--output", str(tmp_path / "plain")]) == 0
-    assert main([*args, "--output", str(tmp_path / "sources"), "--source-field", "source"]) == 0
+    assert main([*SAMPLE_ARGS, "--output", str(tmp_path / "sources"), "--source-field", "source"]) == 0
     capsys.readouterr()
     manifest = json.loads((tmp_path / "sources" / "manifest.json").read_text())
     expected = {}
@@ -272,7 +283,7 @@ def test_source_field_records_documents_tokens_and_lengths_per_source(tmp_path, 
     assert manifest["config"]["source_field"] == "source"
     from lmshards_testing import file_digests
 
-    plain, with_sources = file_digests(tmp_path / "plain"), file_digests(tmp_path / "sources")
+    plain, with_sources = file_digests(sample_run[0]), file_digests(tmp_path / "sources")
     assert {k: v for k, v in plain.items() if "/" in k} == {k: v for k, v in with_sources.items() if "/" in k}
 
 
