@@ -230,3 +230,21 @@ def test_an_in_process_run_freezes_the_older_objects_while_it_runs_and_then_unfr
         assert gc.get_freeze_count() == 0  # the job's process of a multi-process run: not measured, left alone
     tuned.release()
     workers.release()
+
+
+def test_a_freeze_somebody_else_made_is_left_as_it_is():
+    import gc
+
+    tuned = TunedRun(choose_tuning(_setup("FnApiRunner")))
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        garbage = [[] for _ in range(1000)]  # objects made after that freeze: the run's own would take them
+        with tuned.running():
+            # frozen objects may die, none is added
+            assert 0 < gc.get_freeze_count() <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
+        del garbage
+    finally:
+        gc.unfreeze()
+        tuned.release()
