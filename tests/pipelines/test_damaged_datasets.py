@@ -13,18 +13,21 @@ import tarfile
 
 import numpy as np
 import pytest
-from lmshards_testing import SAMPLE_GLOB, TOKENIZER, materialize
+from lmshards_testing import ROOT, TOKENIZER, materialize
 
 from pipelines.inspect import inspect_main, report_main, show_main, validate_main
 
+FAQ = str(ROOT / "data" / "sample" / "faq.jsonl")
 ARROW = "train/arrow/data-00000-of-00002.arrow"
 TAR = "train/wds/data-00000-of-00002.tar"
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
+    """One file of the sample (a few hundred examples): the commands that do not fail on a damage
+    read the whole dataset, for every case."""
     out = tmp_path_factory.mktemp("damaged") / "ds"
-    materialize(out, "--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--seq-len", "64", "--num-shards", "2",
+    materialize(out, "--input", FAQ, "--tokenizer", TOKENIZER, "--seq-len", "64", "--num-shards", "2",
                 "--num-buckets", "4", "--formats", "arrow,webdataset")
     return out
 
