@@ -1,6 +1,6 @@
 """End-to-end tests of every objective: the pipeline on the sample corpus, checked on the written shards.
 
-Each objective runs once on the whole sample corpus (train + validation). Every example is
+Each objective runs once on a file of the sample corpus (train + validation). Every example is
 read back with :mod:`loaders.access.reader` and turned back into the raw chunk it was made from
 (span corruption: inputs and targets interleaved at the sentinels; BART: targets; MLM:
 labels over the inputs; UL2: per denoiser), which must (1) satisfy the objective's
@@ -31,7 +31,7 @@ from transforms.tokenizing.tokenize import assign_split, bucket_of, document_key
 SEQ = 128
 NUM_BUCKETS = 8
 VALIDATION = 0.1
-SUBSET = str(ROOT / "data" / "sample" / "faq.jsonl")  # 185 documents: enough for the quick runs
+SUBSET = str(ROOT / "data" / "sample" / "faq.jsonl")  # 185 documents: enough for every run here
 OBJECTIVE_ARGS = {
     "clm": ["--seq-len", str(SEQ)],
     "prefix_lm": ["--seq-len", str(SEQ)],
@@ -101,20 +101,21 @@ def _load(name, out, manifest) -> Dataset:
 
 
 @pytest.fixture(scope="module", params=OBJECTIVES)
-def dataset(request, tmp_path_factory, sample_glob, tokenizer_path) -> Dataset:
+def dataset(request, tmp_path_factory, tokenizer_path) -> Dataset:
     out = tmp_path_factory.mktemp(request.param) / "out"
-    manifest = materialize(out, *_args(request.param, sample_glob, tokenizer_path, "--validation-fraction",
+    manifest = materialize(out, *_args(request.param, SUBSET, tokenizer_path, "--validation-fraction",
                                        str(VALIDATION), "--num-shards", "2"))
     return _load(request.param, out, manifest)
 
 
 @pytest.fixture(scope="module")
-def streams(sample_texts, tokenizer_path) -> dict[tuple[str, int], np.ndarray]:
+def streams(tokenizer_path) -> dict[tuple[str, int], np.ndarray]:
     """The token stream of every (split, bucket): unique documents in key order, EOS after each."""
     eos = Tokenizer.from_file(tokenizer_path).token_to_id("</s>")
     parts = collections.defaultdict(list)
     seen = set()
-    pairs = sorted(zip(sample_texts, encode_documents(sample_texts, tokenizer_path)), key=lambda p: document_key(p[0]))
+    texts = [json.loads(line)["text"] for line in open(SUBSET, encoding="utf-8") if line.strip()]
+    pairs = sorted(zip(texts, encode_documents(texts, tokenizer_path)), key=lambda p: document_key(p[0]))
     for text, ids in pairs:
         key = document_key(text)
         if key not in seen:
@@ -283,7 +284,7 @@ def _share(a: int, b: int) -> float:
     return round(a / b, 6)
 
 
-# --- per objective, on the full sample corpus ----------------------------------------------------------------------
+# --- per objective, on a file of the sample corpus -----------------------------------------------------------------
 
 
 def test_chunks_rebuild_the_document_stream(dataset, streams):
