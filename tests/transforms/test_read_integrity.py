@@ -268,14 +268,21 @@ def _large_jsonl(n_docs: int) -> tuple[list[str], bytes]:
     return docs, b"".join(line + b"\n" for line in lines)
 
 
-def test_a_large_archive_verified_beside_its_reading_yields_what_verifying_first_does(tmp_path):
+@pytest.fixture(scope="module")
+def large_archive() -> tuple[list[str], bytes, bytes]:
+    """``(documents, JSONL, its gzip)`` of 60,000 documents, made once for the tests below."""
+    docs, data = _large_jsonl(60_000)
+    return docs, data, gzip.compress(data, compresslevel=1, mtime=0)
+
+
+def test_a_large_archive_verified_beside_its_reading_yields_what_verifying_first_does(tmp_path, large_archive):
     """More than HOLD_BYTES of text: the reading holds its records, waits for the verification,
     then yields them all; the same records and counters as a file verified first."""
     from transforms.reading.file_records import HOLD_BYTES, VERIFY_FIRST_BYTES
 
-    docs, data = _large_jsonl(60_000)
+    docs, data, compressed = large_archive
     assert len(data) > HOLD_BYTES
-    path = _write(tmp_path / "big.jsonl.gz", gzip.compress(data, compresslevel=1, mtime=0))
+    path = _write(tmp_path / "big.jsonl.gz", compressed)
     assert os.path.getsize(path) > VERIFY_FIRST_BYTES
     policy = RecordPolicy(invalid_utf8="replace")
     beside, first = collections.Counter(), collections.Counter()
@@ -287,11 +294,10 @@ def test_a_large_archive_verified_beside_its_reading_yields_what_verifying_first
 
 
 @pytest.mark.parametrize("damage", ["crc", "truncated"])
-def test_a_large_damaged_archive_verified_beside_its_reading_yields_one_rejection(tmp_path, damage):
+def test_a_large_damaged_archive_verified_beside_its_reading_yields_one_rejection(tmp_path, large_archive, damage):
     """The fault is in the last bytes, found after more than HOLD_BYTES of records were read:
     none of them comes out, and the counters the reading moved are put back."""
-    _, data = _large_jsonl(60_000)
-    compressed = bytearray(gzip.compress(data, compresslevel=1, mtime=0))
+    compressed = bytearray(large_archive[2])
     if damage == "crc":
         compressed[-8] ^= 0x01  # the member's CRC-32
     else:
