@@ -1,7 +1,7 @@
 """Reliability of ``lmshards materialize`` (docs/design.md section 7, pipeline side).
 
 - A corpus mixing good documents with every kind of bad record (including a BOM mid-file,
-  blank lines, a 10 MB document and a truncated .gz): the run completes, every good
+  blank lines, a 2 MB document and a truncated .gz): the run completes, every good
   document is in the output (checked token by token), every bad record is in
   ``rejected/`` with its reason, and the counts reconcile in the manifest and the summary.
 - ``--max-rejected-fraction``: the job fails with one line and writes no manifest.
@@ -38,7 +38,7 @@ from pipelines.materialize import main
 from schemas.manifest import Manifest
 from transforms.reading.record_policy import split_text
 
-BIG_DOC_CHARS = 10_000_000
+BIG_DOC_CHARS = 2_000_000  # ten times --max-doc-chars: split into ten documents, or rejected
 MAX_DOC_CHARS = 200_000
 SEQ_LEN = 512
 BOM = "\ufeff".encode()
@@ -127,7 +127,7 @@ def _hostile_corpus(root: Path) -> dict:
                     expected[run]["rejected"].append((name, number, outcome[1:]))
                 else:
                     expected[run]["docs"].append((name, outcome))
-    # A 10 MB single document: distinct paragraphs, so its pieces are distinct documents.
+    # A 2 MB single document: distinct paragraphs, so its pieces are distinct documents.
     paragraphs, size, k = [], 0, 0
     while size < BIG_DOC_CHARS:
         paragraphs.append(f"[{k}] {sample[k % len(sample)]}")
