@@ -119,7 +119,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
             return 2
         summary = inspect_dataset(dataset, limit=args.limit or None, splits=args.split)
         sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n" if args.json
-                         else format_table(summary, dataset.objective))
+                         else format_table(summary, dataset))
         return 0
 
     return _run("inspect", parser, argv, body)

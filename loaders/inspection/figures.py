@@ -23,6 +23,7 @@ from typing import Any
 from loaders.inspection.corpus import source_stats
 from loaders.inspection.source import InspectedDataset
 from loaders.inspection.svg import Series, bar_chart
+from loaders.inspection.table import split_context
 
 __all__ = ["Figures", "corpus_figures", "report_figures", "shard_figure"]
 
@@ -80,8 +81,7 @@ _COLOURS = {"measured": MEASURED, "expected": EXPECTED, "other": OTHER}
 
 def _objective_charts(out: Figures, ds: InspectedDataset, split: str, m: dict[str, Any]) -> None:
     """The objective's own charts (``Objective.measured_charts``): a chart, or a sentence for a constant one."""
-    counters = ds.manifest.stats.get(split, {}).get("objective", {})
-    for chart in ds.objective.measured_charts(split, m, counters):
+    for chart in ds.objective.measured_charts(split_context(ds, split).known(measured=m)):
         if isinstance(chart, str):
             out.facts.append(chart)
             continue

@@ -15,12 +15,12 @@ from lmshards_testing import TOKENIZER
 from tokenizers import Tokenizer
 
 from loaders.inspection.anatomy import ObjectiveView, take_apart
-from loaders.inspection.bart_noise import chunk_sentence_starts, recover_bart_noise
 from loaders.inspection.decode import RunDecoder, byte_level_alphabet
 from loaders.inspection.render import legend_text, render_example, to_text
 from loaders.inspection.segments import RenderedExample, Segment
 from loaders.inspection.source import Located
 from transforms.objectives.bart import Bart, BartConfig, sentence_permutation
+from transforms.objectives.bart_noise import chunk_sentence_starts, recover_bart_noise
 from transforms.objectives.base import build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms

@@ -84,7 +84,8 @@ class SpecialIds:
         cls: classifier id for BERT-style framing, or None.
         sep: separator id for BERT-style framing, or None.
         sentinels: ids of ``<extra_id_0>``, ``<extra_id_1>``, ... in that order.
-        mode_tokens: UL2 mode token string -> id (for example ``"[R]"`` -> 260).
+        mode_tokens: the objective's own token string -> id (``TokenNeeds.tokens``; UL2's mode
+            tokens, for example ``"[R]"`` -> 260).
         all_special: every id that must never be masked, selected or produced as a
             random replacement (the ids above plus any other added special token).
     """
@@ -124,6 +125,14 @@ class SpecialIds:
             cached = np.array(self.sentinels, dtype=np.int64)
             cached.setflags(write=False)
             object.__setattr__(self, "_sentinel_array", cached)
+        return cached
+
+    def sentinel_index(self) -> dict[int, int]:
+        """Sentinel id -> its index ``k`` (``<extra_id_k>``); read-only use, built once."""
+        cached = self.__dict__.get("_sentinel_index")
+        if cached is None:
+            cached = {int(t): k for k, t in enumerate(self.sentinels)}
+            object.__setattr__(self, "_sentinel_index", cached)
         return cached
 
     def special_flags(self) -> np.ndarray:

@@ -99,34 +99,39 @@ class Reverse(Objective):
         return {**common_summary(counters),
                 "mean_windows_per_example": ratio(counters.get("windows", 0), counters.get("examples", 0))}
 
-    def take_apart(self, example, anatomy, special) -> None:
-        if anatomy.inputs.size == 0 or anatomy.inputs[-1] != special.eos:
-            anatomy.issues.append("inputs do not end with EOS")
-        anatomy.raw_tokens = max(int(anatomy.inputs.size) - 1, 0)
+    # Its inspection hooks: each gets one InspectionContext (special ids, seed, split, the example
+    # and its anatomy, the split's statistics, measured values and manifest counters, as known).
 
-    def example_problems(self, example, anatomy, special, seed) -> list[str]:
-        if not np.array_equal(anatomy.targets, np.append(reverse_windows(anatomy.inputs[:-1], self.config.window),
-                                                         special.eos)):
+    def take_apart(self, ctx) -> None:
+        a = ctx.anatomy
+        if a.inputs.size == 0 or a.inputs[-1] != ctx.special.eos:
+            a.issues.append("inputs do not end with EOS")
+        a.raw_tokens = max(int(a.inputs.size) - 1, 0)
+
+    def example_problems(self, ctx) -> list[str]:
+        a = ctx.anatomy
+        if not np.array_equal(a.targets, np.append(reverse_windows(a.inputs[:-1], self.config.window),
+                                                   ctx.special.eos)):
             return [f"targets are not the inputs reversed in windows of {self.config.window}"]
         return []
 
-    def shard_counters(self, example, anatomy, special) -> dict[str, int]:
-        return {"windows": math.ceil(anatomy.raw_tokens / self.config.window)}
+    def shard_counters(self, ctx) -> dict[str, int]:
+        return {"windows": math.ceil(ctx.anatomy.raw_tokens / self.config.window)}
 
-    def count_measured(self, stats, anatomy) -> None:
-        raw = anatomy.raw_tokens
-        stats.counts["out_of_place_tokens"] += int((anatomy.targets[:raw] != anatomy.inputs[:raw]).sum())
+    def count_measured(self, ctx) -> None:
+        a = ctx.anatomy
+        ctx.stats.counts["out_of_place_tokens"] += int((a.targets[:a.raw_tokens] != a.inputs[:a.raw_tokens]).sum())
 
-    def measured_summary(self, stats) -> dict[str, Any]:
-        c = stats.counts
+    def measured_summary(self, ctx) -> dict[str, Any]:
+        c = ctx.stats.counts
         return {"reverse": {"window": self.config.window, "mean_raw_tokens": ratio(c["raw_tokens"], c["examples"]),
                             "out_of_place_tokens": c["out_of_place_tokens"],
                             "out_of_place_share": ratio(c["out_of_place_tokens"], c["raw_tokens"])}}
 
-    def measured_lines(self, measured, manifest_summary) -> list[str]:
-        r = measured["reverse"]
+    def measured_lines(self, ctx) -> list[str]:
+        r = ctx.measured["reverse"]
         return [f"  reversed in windows of {r['window']}: {number(r['out_of_place_tokens'])} of "
-                f"{number(measured['raw_tokens'])} tokens out of place = {number(r['out_of_place_share'])}"]
+                f"{number(ctx.measured['raw_tokens'])} tokens out of place = {number(r['out_of_place_share'])}"]
 
 
 # --- the tests -------------------------------------------------------------------------------
@@ -317,8 +322,8 @@ def test_a_bug_in_its_hook_prints_a_traceback_not_a_damaged_dataset(dataset, cap
     out, _ = dataset
 
     class BuggyReverse(Reverse):
-        def count_measured(self, stats, anatomy) -> None:
-            stats.counts["issues_per_token"] += anatomy.raw_tokens // len(anatomy.issues)  # no issues: 1 // 0
+        def count_measured(self, ctx) -> None:
+            ctx.stats.counts["issues_per_token"] += ctx.anatomy.raw_tokens // len(ctx.anatomy.issues)  # 1 // 0
 
     unregister_objective("reverse")
     register_objective(BuggyReverse)
