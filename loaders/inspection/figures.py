@@ -3,14 +3,13 @@
 Per split: length histograms per token column; for packed decoder objectives documents per
 example and the lengths of the document segments packed into them; then the objective's own
 charts (``Objective.measured_charts``, plain :class:`~transforms.objectives.lines.Chart`
-records drawn here: noise span lengths against the configured law, a replacement split or a
-prefix split point against its configuration, a denoiser mix against its weights). The
+records drawn here: a measured distribution against the configured one, say). The
 corpus: document lengths per split (shares) and per source (counts on one scale, each
 source's documents in the legend; manifest). The shards: raw tokens per shard, a series per
 split.
 
 A histogram with one value only (every example of a packed objective has ``seq_len``
-tokens; one span length for a denoiser whose count and length are fixed) would be one bar:
+tokens; one span length where the noise's count and length are fixed) would be one bar:
 it becomes a sentence instead (:class:`Figures`' ``facts``).
 """
 

@@ -81,7 +81,7 @@ def run_section(ds: InspectedDataset) -> str:
 
 
 def _entries(name: str, value: list[Any]) -> str:
-    """A list parameter of the objective (UL2's mixture): a table of its dict entries, a column per key."""
+    """A list parameter of the objective (a mixture): a table of its dict entries, a column per key."""
     entries = [d for d in value if isinstance(d, dict)]
     keys = list(dict.fromkeys(k for d in entries for k in d))
     return _table(keys, [[_text(d.get(k, "")) for k in keys] for d in entries], name)
@@ -89,7 +89,8 @@ def _entries(name: str, value: list[Any]) -> str:
 
 def _special_items(ds: InspectedDataset, tokenizer: dict[str, Any]) -> list[tuple[str, str]]:
     """Sentinels and mode tokens: the tokenizer's own, and how many the objective uses (the
-    manifest's ``num_sentinels`` and ``mode_tokens``, 0 and none for clm whatever the tokenizer has)."""
+    manifest's ``num_sentinels`` and ``mode_tokens``, 0 and none for an objective without such
+    tokens, whatever the tokenizer has)."""
     own_sentinels, own_modes = tokenizer_specials(ds)
     items = []
     if "num_sentinels" in tokenizer or own_sentinels is not None:

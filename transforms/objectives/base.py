@@ -211,7 +211,7 @@ class InspectionContext:
     and the example's, as far as they are known at the hook's step (None before).
 
     The loader's records come by attribute (an ``Anatomy``, a ``SplitStats``), so objectives
-    stay importable without the loader (numpy only).
+    stay importable without the loader (numpy and the standard library only).
 
     Attributes:
         special: the dataset's special ids.
@@ -221,7 +221,7 @@ class InspectionContext:
         manifest_summary: the manifest's summary of those counters (:meth:`Objective.summarize`),
             or None.
         stats: the split's statistics being counted (``loaders.inspection.stats.SplitStats``:
-            ``counts``, ``lengths`` and :meth:`record`-kept records of the objective's own),
+            ``counts``, ``lengths`` and the objective's own records, ``record(name, factory)``),
             while a split is measured.
         measured: the split's measured statistics as ``inspect --json`` prints them (the common
             ones and :meth:`Objective.measured_summary`'s), once measured.
@@ -315,8 +315,8 @@ class Objective(ABC):
         names = {f.name for f in dataclasses.fields(cls.config_class)}
         return {k: v for k, v in params.items() if k in names}
 
-    # Inspection hooks (``lmshards inspect``, ``show``, ``validate`` and ``report``, :mod:`loaders.inspection`):
-    # every one gets an InspectionContext, the example's parts as the objective's take_apart left them.
+    # Inspection hooks (``lmshards inspect``, ``show``, ``validate`` and ``report``, :mod:`loaders.inspection`,
+    # docs/design.md section 4): every one gets an InspectionContext.
 
     @property
     def seq2seq_in_decoder_rows(self) -> bool:
@@ -332,8 +332,8 @@ class Objective(ABC):
         (``lmshards validate`` adds them up against the manifest), ``parts`` to a record of the
         objective's own that its other hooks read, and append structural faults to
         ``anatomy.issues``. Called when the family's columns are there with their shapes (an
-        issue may be recorded already); an exception it raises becomes an issue, and then the
-        hooks of that example below are not called. Nothing by default."""
+        issue may be recorded already); an exception it raises becomes an issue, and the
+        example's other hooks are then not called. Nothing by default."""
         return None
 
     def example_problems(self, ctx: InspectionContext) -> list[str]:

@@ -6,7 +6,9 @@ is: its config with two flags (``--seq-len``, shared with the built-in objective
 ``--reverse-window``), its schema, its counters and manifest summary, its decoder start token,
 and its inspection hooks (taking an example apart, its invariant, the counters ``validate``
 recomputes, its own measured statistic: the tokens the reversal moves, counted in ``inspect``'s
-statistics and shown in its table, the report and ``--json``). The tests run the real command line, the
+statistics and shown in its table, the report and ``--json``; how ``show`` and the report show an
+example: its windows and its targets turned back). Every hook gets the same
+:class:`~transforms.objectives.base.InspectionContext`. The tests run the real command line, the
 real ``materialize`` pipeline on the bundled sample corpus with FnApiRunner, ``inspect``,
 ``validate`` and ``show``, and the loader with its collator, and check exact values against
 a plain-Python reference of the objective and the corpus's own token count.
@@ -18,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,7 @@ from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.lines import number
 from transforms.objectives.registry import OBJECTIVES, objective_flags, register_objective, unregister_objective
+from transforms.objectives.shown import Marks, Shown, family_shown
 from transforms.objectives.summary import common_summary, ratio
 
 CORPUS = ROOT / "data" / "sample" / "faq.jsonl"
@@ -132,6 +136,14 @@ class Reverse(Objective):
         r = ctx.measured["reverse"]
         return [f"  reversed in windows of {r['window']}: {number(r['out_of_place_tokens'])} of "
                 f"{number(ctx.measured['raw_tokens'])} tokens out of place = {number(r['out_of_place_share'])}"]
+
+    def example_lines(self, ctx) -> Shown:
+        """What its family shows (inputs, targets), its windows in the header, and the targets
+        turned back."""
+        a, shown = ctx.anatomy, family_shown(ctx)
+        back = reverse_windows(a.targets[: a.raw_tokens], self.config.window)
+        return Shown([*shown.facts, f"windows={math.ceil(a.raw_tokens / self.config.window)}"],
+                     [*shown.lines, ("turned back", Marks(ctx.special).kinds(back, "text"))])
 
 
 # --- the tests -------------------------------------------------------------------------------
@@ -301,10 +313,23 @@ def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys)
         assert measured["reverse"] == {"window": WINDOW,
                                        "mean_raw_tokens": round(counters["tokens"] / counters["examples"], 6),
                                        "out_of_place_tokens": moved, "out_of_place_share": round(moved / raw, 6)}
-    assert cli(["show", str(out), "-n", "1", "--color", "never", "--split", "train"]) == 0
+    assert cli(["show", str(out), "-n", "1", "--color", "never", "--split", "train", "--width", "0",
+                "--no-legend"]) == 0
     first = examples["train"][0]
-    shown = capsys.readouterr().out
-    assert first["key"] in shown and "ISSUES" not in shown
+    header, *body = capsys.readouterr().out.rstrip("\n").split("\n")
+    raw = len(first["inputs"]) - list(first["inputs"])[::-1].index(EOS) - 1
+    assert header == (f"── {first['key']}  split=train  shard=0  row=0  inputs={raw + 1}  targets={raw + 1}  "
+                      + (f"padding={2 * (SEQ - raw)}  " if raw < SEQ else "") + f"windows={-(-raw // WINDOW)}")
+    shown: dict[str, str] = {}  # line name -> its text, continuation lines joined
+    for line in body:
+        named = re.match(r"^ *(inputs|targets|turned back): (.*)$", line)
+        if named:
+            name = named.group(1)
+            shown[name] = named.group(2)
+        else:
+            shown[name] += "\n" + line[len("turned back: "):]
+    assert list(shown) == ["inputs", "targets", "turned back"]
+    assert shown["turned back"] + "</s>" == shown["inputs"] != shown["targets"]  # its own line: the chunk again
     assert cli(["inspect", str(out)]) == 0
     table = capsys.readouterr().out
     assert "reverse" in table and f"{manifest.splits['train']['examples']:,}" in table
@@ -312,6 +337,7 @@ def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys)
     assert cli(["report", str(out), "-o", str(out / "report.html"), "--examples", "2"]) == 0
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count('class="example"') == 2 and first["key"] in page
+    assert page.count('<span class="name">turned back</span>') == 2  # its example_lines hook, in the report too
     assert all(line in page for line in lines.values())
 
 
