@@ -245,8 +245,23 @@ class InspectionContext:
     decoder: Any = None
 
     def known(self, **facts: Any) -> InspectionContext:
-        """This context with more of the facts known (an example, its anatomy, the measured ...)."""
-        return dataclasses.replace(self, **facts)
+        """This context with more of the facts known (an example, its anatomy, the measured ...).
+
+        Raises:
+            TypeError: a name that is not a field.
+        """
+        unknown = facts.keys() - _CONTEXT_FIELDS
+        if unknown:
+            raise TypeError(f"InspectionContext has no field {sorted(unknown)}")
+        # Called twice per inspected example: a copy of the fields, not dataclasses.replace's
+        # __init__ call (a tenth of the time).
+        out = object.__new__(InspectionContext)
+        out.__dict__.update(self.__dict__)
+        out.__dict__.update(facts)
+        return out
+
+
+_CONTEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(InspectionContext))
 
 
 class Objective(ABC):
