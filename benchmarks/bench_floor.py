@@ -88,17 +88,17 @@ from benchmarks.bench_materialize import (
 )
 from benchmarks.bench_materialize import _child as materialize_child
 from pipelines.runner_tuning import RunnerTuning
+from transforms.building.parallel import BLOCK_ROWS
 from transforms.elements import Chunk, DocumentBatch
-from transforms.group import SUB_BUCKETS, AssignGroups, PlanGroups
-from transforms.group import split_tokens as document_tokens
 from transforms.objectives.counters import sum_counters
 from transforms.objectives.layout import shard_count
 from transforms.objectives.packing import Piece
-from transforms.parallel import BLOCK_ROWS
-from transforms.read import empty_file_rejection, rejection
-from transforms.splits import FixLinePositions
-from transforms.tokenize import BATCH_SIZE
-from transforms.write import WriteRejected
+from transforms.packing.group import SUB_BUCKETS, AssignGroups, PlanGroups
+from transforms.packing.group import split_tokens as document_tokens
+from transforms.reading.read import empty_file_rejection, rejection
+from transforms.reading.splits import FixLinePositions
+from transforms.tokenizing.tokenize import BATCH_SIZE
+from transforms.writing.write import WriteRejected
 
 __all__ = ["build_floor", "compare_graphs", "graph_counts", "read_documents", "read_records", "token_counts"]
 

@@ -6,7 +6,7 @@ hand-written code is faster). Both sides produce the same result, which the scri
 (the same bytes for tar headers; for random numbers, the same amount of output: numpy's
 generators draw other values, which is why switching would change every shard's bytes).
 
-- ``tar headers`` (:mod:`transforms.tar_format`): the member headers of one shard through
+- ``tar headers`` (:mod:`transforms.writing.tar_format`): the member headers of one shard through
   ``tarfile.TarInfo.tobuf``, one member at a time, against ``write_tar_columns`` writing the
   whole shard (headers, ``.npy`` headers, payloads, padding) to memory; and ``tarfile``'s own
   stream writer (``TarFile.addfile``) for the whole shard.
@@ -33,9 +33,9 @@ import time
 import numpy as np
 
 from schemas.examples import example_schema
-from transforms.columns import ExampleColumns
 from transforms.objectives.randoms import Randoms, random_order
-from transforms.tar_format import write_tar_columns
+from transforms.writing.columns import ExampleColumns
+from transforms.writing.tar_format import write_tar_columns
 
 
 def _cpu_seconds(function) -> float:
@@ -55,7 +55,7 @@ def _shard(rows: int, seed: int) -> ExampleColumns:
 
 def _members(columns: ExampleColumns) -> list[tuple[str, bytes]]:
     """Every member (name, payload) of the shard, in the order the tar holds them."""
-    from transforms.tar_format import npy_bytes
+    from transforms.writing.tar_format import npy_bytes
 
     members = []
     for index in range(columns.count):

@@ -85,7 +85,7 @@ def prepare(args) -> str:
     """Write every format once per (sequences, seq_len, shards, seed); return the directory."""
     from schemas.examples import example_schema
     from schemas.manifest import Manifest, shard_name
-    from transforms.shard_format import write_arrow, write_tar
+    from transforms.writing.shard_format import write_arrow, write_tar
 
     tag = f"n{args.sequences}-l{args.seq_len}-s{args.shards}-seed{args.seed}"
     root = os.path.join(args.data_dir, tag)
@@ -141,7 +141,7 @@ def prepare_prefix(root: str, args) -> str:
     """The same rows as a prefix-LM dataset (Arrow): each of a row's two documents split in half."""
     from schemas.examples import example_schema
     from schemas.manifest import Manifest, shard_name
-    from transforms.shard_format import write_arrow
+    from transforms.writing.shard_format import write_arrow
 
     out = os.path.join(root, "prefix")
     if os.path.exists(os.path.join(out, "ready")):
@@ -399,7 +399,7 @@ def measure(root: str, args, system: str, workers: int) -> dict:
     """One epoch of ``system``: tokens/s after the first batch, time to first batch, peak RSS."""
     import torch  # noqa: F401  (imports are not part of the time to first batch)
 
-    import loaders.dataloader  # noqa: F401
+    import loaders.streaming.dataloader  # noqa: F401
 
     if system == "mosaic":
         _import_streaming()

@@ -48,7 +48,7 @@ import time
 from benchmarks.corpus import write_corpus
 from benchmarks.memory import run_and_measure
 from pipelines.train_tokenizer import train_tokenizer
-from transforms.read import iter_file_records
+from transforms.reading.read import iter_file_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(ROOT, "benchmarks", ".cache")

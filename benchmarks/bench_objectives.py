@@ -1,6 +1,6 @@
 """Per-example cost of each objective alone, and a digest of their outputs to prove changes exact.
 
-Builds examples the way the pipeline's builder does (:class:`transforms.parallel.ChunkBuilder`):
+Builds examples the way the pipeline's builder does (:class:`transforms.building.parallel.ChunkBuilder`):
 blocks of :data:`BLOCK` rows, each row's noise keyed by its example key
 (:func:`transforms.objectives.layout.example_digests`), one
 ``objective.build(Block, special)`` call per block. The chunks are real text: the bundled
@@ -58,7 +58,7 @@ from transforms.objectives.registry import make_objective
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 1234
-#: Rows per block, as the pipeline's builder (transforms/parallel.py BLOCK_ROWS) makes them.
+#: Rows per block, as the pipeline's builder (transforms/building/parallel.py BLOCK_ROWS) makes them.
 BLOCK = 512
 MODES = ("[R]", "[S]", "[X]", "[NLU]", "[NLG]", "[S2S]")
 FEATURES = ("word_starts", "space_starts", "sentence_starts")
@@ -71,7 +71,7 @@ def corpus() -> tuple[np.ndarray, dict[str, np.ndarray], int]:
     from tokenizers import Tokenizer
 
     from transforms.objectives.packing import concat_documents
-    from transforms.tokenize import TokenFeatures
+    from transforms.tokenizing.tokenize import TokenFeatures
 
     tokenizer = Tokenizer.from_file(os.path.join(ROOT, "data", "tokenizer.json"))
     features = TokenFeatures(tokenizer, {"word_starts", "sentence_starts"})
@@ -182,8 +182,8 @@ def build_blocks(objective, special: SpecialIds, workload: Workload, sink=None) 
 def _build_blocks_legacy(objective, special: SpecialIds, workload: Workload) -> None:
     """The old builder's fast paths, in its block sizes: ``build_block`` for clm (BLOCK_CHUNKS
     chunks), ``build_many`` for the others (MANY_ROWS rows, its generators seeded together)."""
+    from transforms.building.parallel import BLOCK_CHUNKS, MANY_ROWS
     from transforms.objectives.common import example_rngs
-    from transforms.parallel import BLOCK_CHUNKS, MANY_ROWS
 
     items = [item for block in workload.blocks for item in block]
     size = BLOCK_CHUNKS if hasattr(objective, "build_block") else MANY_ROWS

@@ -1,16 +1,16 @@
 """What verifying compressed inputs before their records count costs.
 
 The reader decompresses a compressed file once to check every gzip CRC and zstd checksum
-before any of its records is used (:func:`transforms.archives.verify_archive`), and reads it
-again: a file of more than :data:`transforms.file_records.VERIFY_FIRST_BYTES` is verified by a
+before any of its records is used (:func:`transforms.reading.archives.verify_archive`), and reads it
+again: a file of more than :data:`transforms.reading.file_records.VERIFY_FIRST_BYTES` is verified by a
 thread beside its reading (its records held until the check ends); a smaller one is verified
 first and read from the kept bytes of that pass. Measured in one run, on the same files:
 
 1. ``one pass``: decompress and parse the records once, as a reader that trusted the
    archive would (the records before a fault would count);
-2. ``verified``: :func:`transforms.file_records.iter_file_records`, verification beside the reading;
+2. ``verified``: :func:`transforms.reading.file_records.iter_file_records`, verification beside the reading;
 3. ``verified first``: the same, the verification pass first (as for a small file; the files
-   are read again after it, as they exceed :data:`transforms.archives.KEEP_BYTES`);
+   are read again after it, as they exceed :data:`transforms.reading.archives.KEEP_BYTES`);
 4. ``verify only``: the verification pass alone;
 5. ``materialize``: a whole clm run over the files (``--materialize``), so the verification
    pass can be put beside what a job spends anyway.
@@ -35,10 +35,10 @@ import time
 import zstandard
 
 from benchmarks.corpus import write_corpus
-from transforms.archives import KEEP_BYTES, open_decompressed, verify_archive
-from transforms.file_records import file_format, iter_file_records
-from transforms.record_formats import records_of
-from transforms.record_policy import RecordPolicy
+from transforms.reading.archives import KEEP_BYTES, open_decompressed, verify_archive
+from transforms.reading.file_records import file_format, iter_file_records
+from transforms.reading.record_formats import records_of
+from transforms.reading.record_policy import RecordPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

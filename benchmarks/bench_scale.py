@@ -68,7 +68,7 @@ def synthetic_group(tokens: int, features: frozenset, vocab: int, seed: int = 0,
     import numpy as np
 
     from transforms.elements import DocumentBatch, narrow_ids
-    from transforms.group import BLOCK_BYTES
+    from transforms.packing.group import BLOCK_BYTES
 
     rng = np.random.default_rng(seed)
     mu = np.log(mean_tokens) - SIGMA**2 / 2
@@ -106,8 +106,8 @@ def measure_group(objective: str, group_tokens: int, seq_len: int, mean_tokens: 
     """Peak memory of Pack + Build on one synthetic group (run in a fresh process)."""
     from pipelines.options import parse_args
     from pipelines.plan import plan_run
-    from transforms.pack import Pack, _PackBucket
-    from transforms.parallel import BuildConfig, ChunkBuilder
+    from transforms.building.parallel import BuildConfig, ChunkBuilder
+    from transforms.packing.pack import Pack, _PackBucket
 
     options = parse_args(["--input", SAMPLE, "--tokenizer", TOKENIZER, "--output", tempfile.mkdtemp(),
                           *_objective_args(objective, seq_len), "--add-special-tokens"])
@@ -143,9 +143,9 @@ def measure_remainders(objective: str, groups: int, seq_len: int) -> dict:
 
     from pipelines.options import parse_args
     from pipelines.plan import plan_run
+    from transforms.building.parallel import BuildConfig, ChunkBuilder
     from transforms.objectives.packing import document_piece
-    from transforms.pack import Pack, _RepackRest
-    from transforms.parallel import BuildConfig, ChunkBuilder
+    from transforms.packing.pack import Pack, _RepackRest
 
     options = parse_args(["--input", SAMPLE, "--tokenizer", TOKENIZER, "--output", tempfile.mkdtemp(),
                           *_objective_args(objective, seq_len), "--add-special-tokens"])

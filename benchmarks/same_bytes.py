@@ -7,8 +7,9 @@ wrote, by sha256, except ``manifest.json``, whose run section (times, the comman
 code version) differs by nature; of the manifest it compares the deterministic view
 (``Manifest.deterministic_view``: counts, statistics, shard digests).
 
-Runs: the bundled sample corpus under every objective and every packing mode (the project's
-tokenizer, seq-len 128 / inputs-length 128), and, with ``--corpus``, a real corpus for clm, bart
+Runs: the bundled sample corpus under every objective this checkout registers (plugins
+installed here included) and every packing mode (the project's tokenizer, each objective's
+length parameter at 128: seq-len or inputs-length), and, with ``--corpus``, a real corpus for clm, bart
 and ul2 (the benchmarks' 32k BPE). Each run is a fresh ``python -m pipelines.materialize``
 process with the checkout first on its path; FnApiRunner in-process unless ``--beam-args``
 says otherwise.
@@ -34,14 +35,25 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OBJECTIVES = ("clm", "mlm", "prefix_lm", "span_corruption", "bart", "ul2")
 PACKING_MODES = ("concat", "best_fit", "none")
 REAL_OBJECTIVES = ("clm", "bart", "ul2")
 
 
+def _length_flags() -> dict[str, str | None]:
+    """Every objective this checkout registers -> the flag of the parameter that sizes it (its
+    class's ``length_parameter``; None if it has none), so that a new objective is compared
+    without a line here."""
+    sys.path.insert(0, ROOT)
+    from transforms.objectives.registry import OBJECTIVES, objective_flags
+
+    flags = objective_flags()
+    return {name: next((f.flag for f in flags if f.dest == cls.length_parameter and name in f.objectives), None)
+            for name, cls in OBJECTIVES.items()}
+
+
 def _objective_args(objective: str, length: int) -> list[str]:
-    flag = "--inputs-length" if objective in ("span_corruption", "ul2") else "--seq-len"
-    return ["--objective", objective, flag, str(length)]
+    flag = _length_flags().get(objective)
+    return ["--objective", objective, *([flag, str(length)] if flag else [])]
 
 
 def _run(tree: str, args: list[str], output: str) -> tuple[int, str]:
@@ -108,7 +120,7 @@ def main() -> None:
     parser.add_argument("--corpus", help="a real corpus (glob) for clm, bart and ul2")
     parser.add_argument("--corpus-tokenizer", default=os.path.join(ROOT, "benchmarks", ".cache", "bpe32k.json"))
     parser.add_argument("--beam-args", default="", help="comma-separated Beam flags for every run")
-    parser.add_argument("--objectives", default=",".join(OBJECTIVES))
+    parser.add_argument("--objectives", default=",".join(_length_flags()))
     args = parser.parse_args()
     if args.corpus and not os.path.isfile(args.corpus_tokenizer):  # else every corpus run is refused alike
         parser.error(f"--corpus-tokenizer {args.corpus_tokenizer}: no such file (name one, e.g. data/tokenizer.json)")

@@ -1,15 +1,15 @@
 """Readers of lmshards datasets. Never imports Apache Beam (docs/design.md section 1).
 
-- :mod:`loaders.reader`: a minimal numpy reader (shard order, no torch).
+- :mod:`loaders.access.reader`: a minimal numpy reader (shard order, no torch).
 - :class:`ShardedDataset` (:mod:`loaders.dataset`): torch ``IterableDataset`` over a split,
   exact global shuffle, rank/worker split, exact and elastic resume, dynamic noise.
 - :class:`MixtureDataset` (:mod:`loaders.mixture`): weighted mixtures of datasets.
-- :func:`make_dataloader` (:mod:`loaders.dataloader`): the resumable DataLoader.
-- Collators (:mod:`loaders.collate`; HF transformers' conventions: unshifted labels, packed
-  documents kept apart by restarting positions (clm) or 4-D masks from :mod:`loaders.masks`
-  (prefix-LM)), columnar batches (:mod:`loaders.batch`), the epoch
-  order (:mod:`loaders.order`), the split and state (:mod:`loaders.state`), progress shared
-  with DataLoader workers (:mod:`loaders.progress`).
+- :func:`make_dataloader` (:mod:`loaders.streaming.dataloader`): the resumable DataLoader.
+- Collators (:mod:`loaders.collation.collate`; HF transformers' conventions: unshifted labels, packed
+  documents kept apart by restarting positions (clm) or 4-D masks from :mod:`loaders.collation.masks`
+  (prefix-LM)), columnar batches (:mod:`loaders.collation.batch`), the epoch
+  order (:mod:`loaders.streaming.order`), the split and state (:mod:`loaders.streaming.state`), progress shared
+  with DataLoader workers (:mod:`loaders.streaming.progress`).
 - :mod:`loaders.integrations.hf`: HF ``Trainer`` under DDP (transformers imported lazily); the
   plain ``Trainer`` is refused.
 
@@ -21,20 +21,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loaders.batch import ExampleBatch, Ragged
-from loaders.collate import StackCollator, collator_for
-from loaders.collate_decoder import CausalCollator, PrefixLMCollator
-from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
+from loaders.access.reader import DatasetReader, iter_examples, open_dataset
+from loaders.collation.batch import ExampleBatch, Ragged
+from loaders.collation.collate import StackCollator, collator_for
+from loaders.collation.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collation.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import ShardIntegrityError, UnsupportedSchemaError
-from loaders.order import EpochOrder
-from loaders.reader import DatasetReader, iter_examples, open_dataset
-from loaders.state import LoaderState, RankSchedule
+from loaders.streaming.order import EpochOrder
+from loaders.streaming.state import LoaderState, RankSchedule
 from transforms.objectives.common import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from loaders.dataloader import ResumableDataLoader, make_dataloader
     from loaders.dataset import ShardedDataset
     from loaders.mixture import MixtureDataset
+    from loaders.streaming.dataloader import ResumableDataLoader, make_dataloader
 
 __all__ = [
     "IGNORE_INDEX",
@@ -63,8 +63,8 @@ __all__ = [
 _TORCH_NAMES = {
     "ShardedDataset": "loaders.dataset",
     "MixtureDataset": "loaders.mixture",
-    "ResumableDataLoader": "loaders.dataloader",
-    "make_dataloader": "loaders.dataloader",
+    "ResumableDataLoader": "loaders.streaming.dataloader",
+    "make_dataloader": "loaders.streaming.dataloader",
 }
 
 

@@ -1,16 +1,16 @@
 """``ShardedDataset``: a torch ``IterableDataset`` over one split of an lmshards dataset.
 
 It yields examples (dicts of numpy arrays, ints and strings, read-only views into the
-memory-mapped Arrow shards) in the epoch's global order (:mod:`loaders.order`), split
-over ranks and DataLoader workers and resumable mid-epoch (:mod:`loaders.state`),
+memory-mapped Arrow shards) in the epoch's global order (:mod:`loaders.streaming.order`), split
+over ranks and DataLoader workers and resumable mid-epoch (:mod:`loaders.streaming.state`),
 optionally turning token chunks into examples of another objective on the fly
 (:mod:`loaders.dynamic`). Arrow and WebDataset shards of the same dataset give the same
-stream. Feed it to :func:`loaders.dataloader.make_dataloader` for batches of tensors.
+stream. Feed it to :func:`loaders.streaming.dataloader.make_dataloader` for batches of tensors.
 
-When the DataLoader's collator reads whole columns (every collator of :mod:`loaders.collate`
+When the DataLoader's collator reads whole columns (every collator of :mod:`loaders.collation.collate`
 does), local Arrow batches take a columnar fast path: the order of many batches is located
 at once, and each batch is gathered from the memory maps straight into one ``(B, L)``
-array per fixed-length column (:class:`~loaders.batch.ExampleBatch`), with no per-example
+array per fixed-length column (:class:`~loaders.collation.batch.ExampleBatch`), with no per-example
 dict. It yields the same examples in the same order as the per-example path.
 
 WebDataset shards can only be read front to back. A worker that needs a row of a tar
@@ -20,7 +20,7 @@ them: the order is a pure function) and drops each row once used; it holds about
 of this and is the format to train from.
 
 Remote datasets (``gs://``, ``s3://``, ...) are read through a bounded local cache
-(:mod:`loaders.cache`). Before each batch the reader releases the shards outside the
+(:mod:`loaders.access.cache`). Before each batch the reader releases the shards outside the
 shuffle blocks it is in (their cached files may then be evicted) and, after it, asks a
 background thread to download the next ``prefetch_shards`` shards of the epoch order
 (then of the next epoch's), so that reading rarely waits for a download. Size the cache
@@ -41,14 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from loaders.cache import DEFAULT_CACHE_BYTES, ShardCache
+from loaders.access.cache import DEFAULT_CACHE_BYTES, ShardCache
+from loaders.access.files import VERIFY_MODES, DatasetLocation
+from loaders.access.shards import ShardSet
 from loaders.dynamic import DynamicObjective, resolve_objective, special_ids_from_tokenizer
 from loaders.errors import UnsupportedSchemaError
-from loaders.files import VERIFY_MODES, DatasetLocation
-from loaders.order import EpochOrder
-from loaders.shards import ShardSet
-from loaders.state import RankSchedule
-from loaders.stream import ResumableStream
+from loaders.streaming.order import EpochOrder
+from loaders.streaming.state import RankSchedule
+from loaders.streaming.stream import ResumableStream
 from transforms.objectives.common import SpecialIds
 
 __all__ = ["ShardedDataset"]
@@ -284,7 +284,7 @@ class ShardedDataset(ResumableStream):
 
     @property
     def columnar(self) -> bool:
-        """Whether batches can be gathered by column (:class:`~loaders.batch.ExampleBatch`):
+        """Whether batches can be gathered by column (:class:`~loaders.collation.batch.ExampleBatch`):
         local Arrow shards without a dynamic objective."""
         return self.shards.fmt == "arrow" and self._dynamic is None and not self.location.remote
 

@@ -113,11 +113,12 @@ def resolve_objective(objective: Any, params: dict[str, Any] | None = None, chun
 def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str, Any], objective: Any) -> SpecialIds:
     """The :class:`SpecialIds` an objective needs, from a dataset's ``tokenizer.json``.
 
-    Roles (pad, eos, ...) come from the manifest; sentinels (``<extra_id_k>``) and UL2 mode
-    tokens are looked up in the tokenizer; ``all_special`` holds every added special token.
+    Roles (pad, eos, ...) come from the manifest; sentinels (``<extra_id_k>``) and the
+    objective's own tokens (``Objective.token_needs``: UL2's mode tokens, a plugin's) are looked
+    up in the tokenizer; ``all_special`` holds every added special token.
 
     Raises:
-        ValueError: a role, sentinel or mode token the objective needs is missing.
+        ValueError: a role, sentinel or own token the objective needs is missing.
     """
     from tokenizers import Tokenizer
 
@@ -125,7 +126,7 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
         raise FileNotFoundError(f"{tokenizer_path}: the dataset's tokenizer is missing; pass special= explicitly")
     tokenizer = Tokenizer.from_file(tokenizer_path)
     roles = dict(manifest_tokenizer.get("special_ids", {}))
-    needed = set(objective.required_specials) - {"sentinels", "mode_tokens"}
+    needed = set(objective.required_specials)
     missing = sorted(needed - set(roles))
     if missing:
         raise ValueError(f"objective {objective.name} needs special tokens {missing}; the tokenizer has {roles}")

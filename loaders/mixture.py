@@ -19,8 +19,8 @@ comes from closed forms, so any position can be located without replaying the st
 Sources are :class:`~loaders.dataset.ShardedDataset` objects over Arrow shards; only
 their data, seed, shuffle and objective settings are used (rank, world size and batch
 size are the mixture's). A mixture of 0.7 clm + 0.3 ul2 (decoder layout) collates with
-:class:`~loaders.collate_decoder.PrefixLMCollator`; families that no single collator handles fail
-in :func:`~loaders.collate.collator_for`.
+:class:`~loaders.collation.collate_decoder.PrefixLMCollator`; families that no single collator handles fail
+in :func:`~loaders.collation.collate.collator_for`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import numpy as np
 
 from loaders.dataset import ShardedDataset
 from loaders.errors import UnsupportedSchemaError
-from loaders.order import seeded_rng
-from loaders.state import RankSchedule
-from loaders.stream import ResumableStream
+from loaders.streaming.order import seeded_rng
+from loaders.streaming.state import RankSchedule
+from loaders.streaming.stream import ResumableStream
 
 __all__ = ["MixtureDataset", "mixture_window"]
 

@@ -22,6 +22,10 @@ workers plan nothing differently from the launcher: the encoder the job was plan
 same libraries as a local run, so they write the same bytes. The wheel's version carries a
 digest of the modules and the pins (``0.1.0+src1a2b3c4d5e6f``), so a worker log names exactly
 what it runs.
+
+A package the user passes with ``--extra_package`` that is not lmshards (an objective plugin's
+wheel, docs/design.md section 4) ships only itself: lmshards still stages its own wheel, ahead of
+the user's packages, so that a plugin's requirement on lmshards is met by the wheel staged here.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ PACKAGES = ("pipelines", "transforms", "schemas", "loaders")
 #: Flags with which the user ships code to the workers in a way of their own.
 STAGING_FLAGS = ("--setup_file", "--extra_package", "--extra_packages", "--requirements_file",
                  "--sdk_container_image", "--worker_harness_container_image")
+#: Flags that name package files for the workers: one that is not an lmshards file ships only itself.
+_PACKAGE_FLAGS = ("--extra_package", "--extra_packages")
 #: What a user who cannot (or will not) let lmshards build its wheel can do instead.
 _SHIP_IT_YOURSELF = "or ship lmshards yourself with --setup_file, --extra_package or --sdk_container_image"
 
@@ -66,11 +72,31 @@ def _runner(beam_args: list[str]) -> str:
     return runner.rsplit(".", 1)[-1]
 
 
+def _flag_values(beam_args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """The values given to ``flags`` (``--flag value`` or ``--flag=value``)."""
+    values = []
+    for index, arg in enumerate(beam_args):
+        name, equals, value = arg.partition("=")
+        if name in flags:
+            values.append(value if equals else beam_args[index + 1] if index + 1 < len(beam_args) else "")
+    return values
+
+
+def _is_lmshards_file(path: str) -> bool:
+    """A wheel or sdist of lmshards itself, by its file name (``lmshards-0.1.0-py3-none-any.whl``),
+    not of another distribution (``lmshards_fim-0.1-py3-none-any.whl``)."""
+    return _canonical(os.path.basename(path).split("-", 1)[0]) == "lmshards"
+
+
 def ships_itself(beam_args: list[str]) -> bool:
-    """Whether lmshards must ship itself: Dataflow, and none of :data:`STAGING_FLAGS` given."""
+    """Whether lmshards must ship itself: Dataflow, and none of :data:`STAGING_FLAGS` given,
+    except ``--extra_package`` files that are not lmshards (a plugin's wheel ships only itself)."""
     if _runner(beam_args) not in ("DataflowRunner", "TestDataflowRunner"):
         return False
-    return not any(arg == flag or arg.startswith(flag + "=") for arg in beam_args for flag in STAGING_FLAGS)
+    others = tuple(flag for flag in STAGING_FLAGS if flag not in _PACKAGE_FLAGS)
+    if _flag_values(beam_args, others):
+        return False
+    return not any(_is_lmshards_file(path) for path in _flag_values(beam_args, _PACKAGE_FLAGS))
 
 
 def _import_build():
@@ -256,7 +282,9 @@ def build_wheel(directory: str) -> str:
 
 def stage_installed_package(beam_args: list[str]) -> list[str]:
     """``beam_args``, plus ``--extra_package`` with a wheel of this lmshards when the job must
-    ship itself (:func:`ships_itself`); the wheel lives in a temporary directory removed at exit.
+    ship itself (:func:`ships_itself`), ahead of any package of the user's (the workers install
+    them in that order, so a plugin's requirement on lmshards finds it installed); the wheel
+    lives in a temporary directory removed at exit.
 
     Raises:
         StagingError: the wheel cannot be built here.
@@ -265,4 +293,4 @@ def stage_installed_package(beam_args: list[str]) -> list[str]:
         return list(beam_args)
     directory = tempfile.mkdtemp(prefix="lmshards-wheel-")
     atexit.register(shutil.rmtree, directory, True)
-    return [*beam_args, f"--extra_package={build_wheel(directory)}"]
+    return [f"--extra_package={build_wheel(directory)}", *beam_args]

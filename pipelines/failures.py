@@ -42,9 +42,9 @@ import re
 from pipelines.beam_logging import WORKER_RELAY_LOGGER
 from pipelines.terminal import hidden_stderr
 from schemas.errors import JobFailedError
-from transforms.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
-from transforms.inputs import InputChangedError
-from transforms.output import LockLostError
+from transforms.reading.inputs import InputChangedError
+from transforms.writing.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
+from transforms.writing.output import LockLostError
 
 __all__ = ["hidden_stderr", "job_error", "quiet_beam"]
 

@@ -37,7 +37,7 @@ import threading
 import uuid
 
 from schemas.errors import JobFailedError
-from transforms.output import TMP_DIR
+from transforms.writing.output import TMP_DIR
 
 __all__ = ["FileHandoff", "FileHandoffError", "SpilledValue", "spilled"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from transforms.read import file_format, iter_file_records, record_fields
+from transforms.reading.read import file_format, iter_file_records, record_fields
 
 __all__ = ["SNIFF_LINES", "check_text_field", "check_text_flags"]
 

@@ -18,7 +18,8 @@
 Exit codes: 0 success; 1 validation failed, a key not found, (``diff --exit-code``) the
 datasets differ, or a damaged or incomplete dataset (a manifest, shard or tokenizer that
 cannot be used: one line naming the file and the problem, never a traceback); 2 bad usage
-(flags, or a path where nothing exists); 3 (:data:`INTERNAL_ERROR`) an unexpected exception
+(flags, a path where nothing exists, or an installed objective plugin that cannot be loaded,
+in one line naming it); 3 (:data:`INTERNAL_ERROR`) an unexpected exception
 once the dataset is open, outside lmshards' errors (:mod:`schemas.errors`) and I/O errors: a
 bug, in lmshards or in an objective's inspection hook, not the dataset's fault, so it prints
 its traceback.
@@ -35,7 +36,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from schemas.errors import LmshardsError
+from schemas.errors import ConfigError, LmshardsError
 from schemas.names import shown_name
 
 __all__ = ["INTERNAL_ERROR", "diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color",
@@ -61,7 +62,10 @@ def _error_line(exc: BaseException) -> str:
 
 def _open_failure_code(path: str, exc: BaseException) -> int:
     """Exit status of a dataset that cannot be opened: 2 for a local path where nothing exists
-    (a usage error), 1 for a damaged or incomplete dataset."""
+    (a usage error), an lmshards error's own (2 for a configuration error, such as an objective
+    plugin that cannot be loaded), 1 for a damaged or incomplete dataset."""
+    if isinstance(exc, LmshardsError):
+        return exc.exit_code
     if isinstance(exc, FileNotFoundError):
         local = "://" not in path or path.startswith("file://")
         where = path[len("file://"):] if path.startswith("file://") else path
@@ -90,6 +94,9 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, bod
         return 0
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # not the dataset's fault: an objective plugin that cannot be loaded, say
+        print(f"lmshards {prog}: error: {_error_line(exc)}", file=sys.stderr)
+        return exc.exit_code
     except (LmshardsError, OSError) as exc:  # a damaged shard or tokenizer: one line naming it
         hint = "" if prog == "validate" else f" (run 'lmshards validate {shown_name(args.dataset)}')"
         print(f"lmshards {prog}: error: {_error_line(exc)}{hint}", file=sys.stderr)
@@ -290,7 +297,11 @@ def diff_main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - one line, never a traceback (as the other commands)
             print(f"lmshards diff: error: {label}: {_error_line(exc)}", file=sys.stderr)
             return _open_failure_code(path, exc)
-    rows = diff_datasets(*datasets)
+    try:
+        rows = diff_datasets(*datasets)
+    except ConfigError as exc:  # an objective plugin that cannot be loaded
+        print(f"lmshards diff: error: {_error_line(exc)}", file=sys.stderr)
+        return exc.exit_code
     if args.json:
         sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "rows": [r.to_json() for r in rows]}, indent=2) + "\n")
     else:

@@ -40,7 +40,7 @@ from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
 from schemas.manifest import MANIFEST_NAME, Manifest
 from schemas.names import shown_name
 from transforms.objectives.registry import objective_flags
-from transforms.process_info import process_age
+from transforms.writing.process_info import process_age
 
 if TYPE_CHECKING:
     import apache_beam as beam
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from pipelines.engine_run import LocalEngine
     from pipelines.plan import Plan
     from pipelines.runner_tuning import RunnerTuning
-    from transforms.output import RunLock
+    from transforms.writing.output import RunLock
 
 # Apache Beam, and every module that imports it, is imported inside the functions below, once
 # lmshards' own flags are parsed (pipelines.options.parse_args): a mistyped flag or --help is
@@ -73,14 +73,14 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
 
     from pipelines.plan import shard_sizing, static_manifest
     from pipelines.runner_tuning import RunnerTuning
-    from transforms.build import BuildExamples
-    from transforms.group import SUB_BUCKETS, AssignGroups, PlanGroups, split_tokens
-    from transforms.manifest import WriteManifest
+    from transforms.building.build import BuildExamples
     from transforms.objectives.counters import sum_counters
-    from transforms.pack import Pack
-    from transforms.read import ReadCorpus
-    from transforms.tokenize import Tokenize
-    from transforms.write import WriteRejected, WriteShards, join_path
+    from transforms.packing.group import SUB_BUCKETS, AssignGroups, PlanGroups, split_tokens
+    from transforms.packing.pack import Pack
+    from transforms.reading.read import ReadCorpus
+    from transforms.tokenizing.tokenize import Tokenize
+    from transforms.writing.manifest import WriteManifest
+    from transforms.writing.write import WriteRejected, WriteShards, join_path
 
     tuning = tuning or RunnerTuning(in_one_process=False)
     o = plan.options
@@ -215,10 +215,10 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
     from pipelines.failures import job_error, quiet_beam
     from pipelines.output_dir import clean_failed_run, prepare_output
     from pipelines.runner_tuning import RunnerTuning
-    from transforms.accounting import RejectedFractionError
-    from transforms.output import RunLock
     from transforms.progress import PROGRESS, ProgressRelay
-    from transforms.write import join_path, write_atomic
+    from transforms.writing.accounting import RejectedFractionError
+    from transforms.writing.output import RunLock
+    from transforms.writing.write import join_path, write_atomic
 
     local_workers = options.local_workers or engine is not None  # processes of this machine, not this one
     tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
@@ -312,7 +312,7 @@ def summary_lines(manifest: Manifest, wall_seconds: float, pipeline_seconds: flo
     the splits with their shards, what was added to the tokenizer, the encoder, and the time:
     ``wall_seconds`` the whole command's (the token rate is per that), ``pipeline_seconds`` the
     pipeline's run alone (planning, start-up and the engine's start excluded)."""
-    from transforms.write import join_path
+    from transforms.writing.write import join_path
 
     output = manifest.run.get("output", "")
     counts = manifest.counts

@@ -19,10 +19,10 @@ from typing import Any
 from pipelines.parallelism import RunnerSetup, resolve_encoder_threads, worker_flags
 from pipelines.parser import build_parser, refuse_mistyped_flags
 from schemas.names import shown_name
-from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
+from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, REJECTED_PER_SHARD
-from transforms.parallel import BLOCK_ROWS
-from transforms.record_policy import MAX_RECORD_BYTES, RecordPolicy
+from transforms.reading.record_policy import MAX_RECORD_BYTES, RecordPolicy
+from transforms.writing.accounting import DEFAULT_MAX_REJECTED_FRACTION
 
 __all__ = ["MaterializeOptions", "parse_args"]
 
@@ -77,7 +77,7 @@ class MaterializeOptions:
     build_stage: str = "auto"
     #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
     encoder_threads: int | None = None
-    #: the encoder backend asked for: auto, fastokens or tokenizers (:mod:`transforms.encoder`)
+    #: the encoder backend asked for: auto, fastokens or tokenizers (:mod:`transforms.tokenizing.encoder`)
     encoder: str = "auto"
     #: show the warnings Beam's workers relay (``--verbose``)
     verbose: bool = False
@@ -108,7 +108,7 @@ class MaterializeOptions:
 
 
 def _load_config(path: str) -> dict[str, Any]:
-    from transforms.flag_files import MAX_CONFIG_BYTES, read_flag_file
+    from transforms.reading.flag_files import MAX_CONFIG_BYTES, read_flag_file
 
     data = read_flag_file("--config", path, MAX_CONFIG_BYTES)
     try:

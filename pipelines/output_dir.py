@@ -6,7 +6,7 @@ empty subdirectory, a link or a FIFO count), one that holds a link or a special 
 holds anything but an lmshards dataset or its debris, or one that holds an input of the run
 (``--overwrite`` would delete it before the run reads it), fails in one line.
 :func:`prepare_output` runs only once every other check has passed: it takes the output's lock
-(:mod:`transforms.output`) and, with ``--overwrite``, deletes the old dataset.
+(:mod:`transforms.writing.output`) and, with ``--overwrite``, deletes the old dataset.
 A run that fails afterwards removes what it wrote (:func:`clean_failed_run`), except
 ``rejected/`` when too many records were rejected (the message points there).
 """
@@ -22,7 +22,7 @@ from pipelines.options import (
 )
 from schemas.manifest import FORMAT_DIRS
 from schemas.names import shown_name
-from transforms.output import (
+from transforms.writing.output import (
     LOCK_NAME,
     LockLostError,
     OutputLockedError,
@@ -34,7 +34,7 @@ from transforms.output import (
     remove_output_files,
     unexpected_entries,
 )
-from transforms.write import TMP_DIR, join_path
+from transforms.writing.write import TMP_DIR, join_path
 
 __all__ = ["check_output", "clean_failed_run", "prepare_output"]
 

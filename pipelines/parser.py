@@ -11,18 +11,18 @@ import argparse
 import difflib
 
 from pipelines.parallelism import BUILD_STAGES, SEPARATE_BELOW_GROUPS
-from transforms.accounting import DEFAULT_MAX_REJECTED_FRACTION
-from transforms.encoder import ENCODER_CHOICES
+from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, LAST_CHUNK_MODES, REJECTED_PER_SHARD, TEXT_MODES
 from transforms.objectives.packing import PACKING_MODES
-from transforms.parallel import BLOCK_ROWS
-from transforms.record_policy import (
+from transforms.reading.record_policy import (
     INVALID_UTF8_POLICIES,
     LONG_DOC_POLICIES,
     MAX_RECORD_BYTES,
     NUL_POLICIES,
     UNVERIFIED_ZSTD_POLICIES,
 )
+from transforms.tokenizing.encoder import ENCODER_CHOICES
+from transforms.writing.accounting import DEFAULT_MAX_REJECTED_FRACTION
 
 __all__ = ["DOCUMENT_SEPARATORS", "FORMATS", "OneLineParser", "build_parser", "did_you_mean", "own_flags",
            "refuse_mistyped_flags"]
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--special-token", action="append", type=_role, default=[], metavar="ROLE=TOKEN",
                      help="use TOKEN for ROLE (pad, eos, bos, unk, mask, cls, sep); repeatable")
     tok.add_argument("--add-special-tokens", action="store_true",
-                     help="add missing special tokens, sentinels and mode tokens to the tokenizer")
+                     help="add missing special tokens, sentinels and the objective's own tokens to the tokenizer")
     tok.add_argument("--encoder", choices=ENCODER_CHOICES, default="auto",
                      help="token encoder backend; both give the same ids. auto (default): fastokens where it loads "
                      "the tokenizer and a parity probe against tokenizers passes, else HF tokenizers")

@@ -35,13 +35,13 @@ from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_s
 from pipelines.parser import build_parser, did_you_mean, own_flags
 from schemas.examples import example_schema
 from schemas.manifest import LENGTH_PARAMETERS, MAX_EXAMPLE_TOKENS
-from transforms.encoder_choice import EncoderChoice, choose_encoder
-from transforms.flag_files import MAX_TOKENIZER_BYTES, read_flag_file
-from transforms.group import SUB_BUCKETS
 from transforms.objectives.registry import make_objective
-from transforms.read import file_format, iter_file_records, list_inputs
-from transforms.tokenize import needs_full_encodings
-from transforms.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
+from transforms.packing.group import SUB_BUCKETS
+from transforms.reading.flag_files import MAX_TOKENIZER_BYTES, read_flag_file
+from transforms.reading.read import file_format, iter_file_records, list_inputs
+from transforms.tokenizing.encoder_choice import EncoderChoice, choose_encoder
+from transforms.tokenizing.tokenize import needs_full_encodings
+from transforms.tokenizing.tokenizer_utils import ResolvedTokenizer, resolve_special_tokens, tokenizer_from_bytes
 
 __all__ = ["DASK_RUNNER", "Plan", "SAMPLE_CHARS", "SAMPLE_RECORDS", "check_beam_args",
            "plan_encoder", "plan_run", "runner_path", "sample_records", "serial_encoder_warning", "shard_sizing",

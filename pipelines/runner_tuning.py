@@ -204,11 +204,14 @@ class RunnerTuning:
         """``elements`` (tuples; with ``values_only``, ``(key, tuple)`` pairs whose keys the runner
         groups by and must see as they are), handed over by reference where this run does that;
         with local workers, ``(key, tuple)`` pairs' values through files of the run."""
+        # Output typed Any, as an unannotated Map's is: the functions' ``-> tuple`` would make the
+        # elements Tuple[Any, ...], which Beam's type check (--pipeline-type-check, from Beam 2.78)
+        # refuses as a GroupByKey input; the coder (FastPrimitivesCoder) is the same for both.
         if self.files is not None and values_only:  # local workers: through files of the run
-            return elements | label >> beam.Map(spill_value, self.files.directory)
+            return elements | label >> beam.Map(spill_value, self.files.directory).with_output_types(Any)
         if self.scope is None:
             return elements
-        return elements | label >> beam.Map(_share_value if values_only else shared, self.scope)
+        return elements | label >> beam.Map(_share_value if values_only else shared, self.scope).with_output_types(Any)
 
     def before_tokenize(self, texts: beam.PCollection) -> beam.PCollection:
         """The texts Tokenize reads: on local workers through the stage that freezes their heap."""

@@ -3,10 +3,12 @@
 Reads the same inputs as ``materialize`` (same globs, formats, compression, text modes)
 and writes a tokenizer.json with the special tokens the objectives need at the lowest ids:
 ``<pad>`` 0, ``</s>`` 1, ``<s>`` 2, ``<unk>`` 3, ``<mask>`` 4, then ``<extra_id_0..N-1>``
-(T5 sentinels), the UL2 mode tokens of both built-in mixtures (``[R]``, ``[S]``, ``[X]``,
-``[NLU]``, ``[S2S]``, ``[NLG]``) and any extra tokens. The defaults suffice for every built-in
-objective at its default lengths (UL2's X denoisers at 512 inputs need 127 sentinels), so a
-tokenizer trained with them never needs ``--add-special-tokens``.
+(T5 sentinels), the registered objectives' own tokens and any extra tokens. The objectives'
+needs come from the registry (:func:`transforms.objectives.registry.tokens_needed`: every
+objective's, under each of its named presets, plugins included): for the built-in ones the
+mode tokens of UL2's two mixtures, ``[R]``, ``[S]``, ``[X]``, ``[NLU]``, ``[S2S]``, ``[NLG]``,
+and at least 128 sentinels (UL2's X denoisers at 512 inputs need 127). So a tokenizer trained
+with the defaults never needs ``--add-special-tokens`` for an objective at its default lengths.
 
 Models: ``bpe`` (byte-level, GPT-2 style; default), ``unigram`` (SentencePiece style,
 Metaspace) and ``wordpiece`` (BERT style). Training runs in-process on one machine, so
@@ -15,6 +17,7 @@ Metaspace) and ``wordpiece`` (BERT style). Training runs in-process on one machi
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Iterator
@@ -23,18 +26,19 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from pipelines.beam_logging import import_beam_quietly
 from pipelines.parser import OneLineParser
+from schemas.errors import ConfigError
 from transforms.flag_values import TEXT_MODES
+from transforms.objectives.registry import tokens_needed
 from transforms.progress import Progress
-from transforms.tokenizer_utils import sentinel_token
+from transforms.tokenizing.tokenizer_utils import sentinel_token
 
 __all__ = ["SPECIAL_TOKENS", "build_parser", "main", "train_tokenizer"]
 
 SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>", "<mask>"]
 MODELS = ("bpe", "unigram", "wordpiece")
-#: Sentinels made by default: enough for every built-in objective at its default lengths (T5 has 100).
+#: Sentinels made at least by default: more than every built-in objective uses at its default
+#: lengths (T5 has 100); a registered objective that needs more at its defaults raises the default.
 DEFAULT_SENTINELS = 128
-#: The mode tokens of UL2's default and paper mixtures, made by default (``--no-mode-tokens``: none).
-MODE_TOKENS = ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
 
 
 class _ReadProgress(Progress):
@@ -54,7 +58,7 @@ def _texts(files: list[str], text_mode: str, text_field: str, max_documents: int
     """Texts of ``files`` read as ``materialize`` reads them, up to the bounds; ``seen`` counts
     documents and rejected records (by reason) as they go by, ``progress`` the bytes read
     (``sizes``: each file's)."""
-    from transforms.read import iter_file_records
+    from transforms.reading.read import iter_file_records
 
     documents = chars = 0
     seen = {} if seen is None else seen
@@ -86,16 +90,20 @@ def train_tokenizer(
     model: str = "bpe",
     vocab_size: int = 8000,
     num_sentinels: int = DEFAULT_SENTINELS,
-    extra_tokens: tuple[str, ...] = MODE_TOKENS,
+    extra_tokens: tuple[str, ...] | None = None,
     min_frequency: int = 2,
 ) -> Tokenizer:
-    """Train a tokenizer on an iterable of texts.
+    """Train a tokenizer on an iterable of texts, with the special tokens, ``num_sentinels``
+    sentinels and ``extra_tokens`` (None: the registered objectives' own tokens,
+    :func:`~transforms.objectives.registry.tokens_needed`) at the lowest ids, in that order.
 
     Raises:
         ValueError: unknown model or a vocabulary too small for the special tokens.
     """
     if model not in MODELS:
         raise ValueError(f"--model {model}: choose one of {', '.join(MODELS)}")
+    if extra_tokens is None:
+        extra_tokens = tokens_needed().tokens
     special = list(dict.fromkeys(SPECIAL_TOKENS + [sentinel_token(k) for k in range(num_sentinels)]
                                  + list(extra_tokens)))
     if vocab_size <= len(special) + 256 and model == "bpe":
@@ -132,12 +140,18 @@ def train_tokenizer(
 
 
 def build_parser() -> OneLineParser:
-    """The flags of ``lmshards train-tokenizer`` (errors in one line, a suggestion for a typo)."""
+    """The flags of ``lmshards train-tokenizer`` (errors in one line, a suggestion for a typo).
+
+    Raises:
+        ConfigError: an installed objective plugin that cannot be loaded (the help names the
+            registered objectives' tokens).
+    """
+    needs = tokens_needed()
     parser = OneLineParser(
         prog="lmshards train-tokenizer", allow_abbrev=False,
         description="Train a HF tokenizers tokenizer.json on corpus files (the inputs materialize reads), with the "
-        "special tokens every built-in objective needs at the lowest ids: <pad> 0, </s> 1, <s> 2, <unk> 3, <mask> 4, "
-        "then the <extra_id_k> sentinels and the UL2 mode tokens.")
+        "special tokens every registered objective needs at the lowest ids: <pad> 0, </s> 1, <s> 2, <unk> 3, "
+        "<mask> 4, then the <extra_id_k> sentinels and the objectives' own tokens.")
     parser.add_argument("--input", action="append", required=True, metavar="GLOB",
                         help="input files (.txt/.jsonl/.parquet, optionally .gz/.zst; local or gs://); repeatable")
     parser.add_argument("--output", required=True, metavar="PATH", help="tokenizer.json to write")
@@ -147,11 +161,15 @@ def build_parser() -> OneLineParser:
                         "(BERT style)")
     parser.add_argument("--vocab-size", type=int, default=8000, metavar="N",
                         help="tokens in the vocabulary, special tokens included (default 8000)")
-    parser.add_argument("--num-sentinels", type=int, default=DEFAULT_SENTINELS, metavar="N",
-                        help=f"<extra_id_k> tokens (default {DEFAULT_SENTINELS}: enough for every built-in objective "
-                        "at its default lengths; T5 has 100)")
-    parser.add_argument("--no-mode-tokens", dest="mode_tokens", action="store_false",
-                        help=f"leave out the UL2 mode tokens {' '.join(MODE_TOKENS)} (made by default)")
+    sentinels = max(DEFAULT_SENTINELS, needs.sentinels)
+    parser.add_argument("--num-sentinels", type=int, default=sentinels, metavar="N",
+                        help=f"<extra_id_k> tokens (default {sentinels}: enough for every registered objective at its "
+                        "default lengths; T5 has 100)")
+    own = " ".join(needs.tokens) or "none"
+    parser.add_argument("--no-objective-tokens", dest="objective_tokens", action="store_false",
+                        help=f"leave out the registered objectives' own tokens ({own}; made by default)")
+    # The flag's name before objectives of any package could have tokens of their own (UL2's mode tokens).
+    parser.add_argument("--no-mode-tokens", dest="objective_tokens", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--extra-token", action="append", default=[], metavar="TOKEN",
                         help="additional special token; repeatable (default: none)")
     parser.add_argument("--min-frequency", type=int, default=2, metavar="N",
@@ -171,7 +189,7 @@ def build_parser() -> OneLineParser:
 
 def _first_records(path: str, text_mode: str, text_field: str, limit: int = 1000) -> tuple[list[str], list[dict]]:
     """Texts and rejected records among the first ``limit`` records of ``path`` (not verified)."""
-    from transforms.read import iter_file_records
+    from transforms.reading.read import iter_file_records
 
     texts: list[str] = []
     rejected: list[dict] = []
@@ -190,13 +208,17 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed its one-line error, or the help
         return int(exc.code or 0)
+    except ConfigError as exc:  # an objective plugin that cannot be loaded
+        print(f"lmshards train-tokenizer: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     import_beam_quietly()
     from apache_beam.io.filesystems import FileSystems
 
     from pipelines.input_checks import check_text_field, check_text_flags
-    from transforms.read import expand_inputs
+    from transforms.reading.read import expand_inputs
 
-    extra = (*(MODE_TOKENS if args.mode_tokens else ()), *args.extra_token)
+    own = tokens_needed().tokens if args.objective_tokens else ()
+    extra = (*own, *args.extra_token)
     text_mode, text_field = args.text_mode or "line", args.text_field or "text"
     seen: dict[str, int] = {}
     progress = _ReadProgress()
@@ -229,11 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     with FileSystems.create(args.output) as handle:
         handle.write(tokenizer.to_str().encode("utf-8"))
     special = sum(1 for token in tokenizer.get_added_tokens_decoder().values() if token.special)
+    tokens = f", the objectives' own tokens {' '.join(own)}" if own else ""
     size = tokenizer.get_vocab_size()
     short = f" of {args.vocab_size:,} asked (the corpus has no more pieces to merge)" if size < args.vocab_size else ""
     print(f"wrote {args.output}: {args.model}, vocab {size:,}{short}, {special} special tokens "
           f"({args.num_sentinels:,} sentinel{'' if args.num_sentinels == 1 else 's'}"
-          f"{', the UL2 mode tokens' if args.mode_tokens else ''}), trained on {seen['documents']:,} documents")
+          f"{tokens}), trained on {seen['documents']:,} documents")
     return 0
 
 

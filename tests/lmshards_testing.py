@@ -122,8 +122,8 @@ def write_file(path: pathlib.Path, data: bytes) -> str:
 
 
 def read_file_records(path: str, **kwargs) -> list:
-    """Everything ``transforms.read.iter_file_records`` yields for ``path``."""
-    from transforms.read import iter_file_records
+    """Everything ``transforms.reading.read.iter_file_records`` yields for ``path``."""
+    from transforms.reading.read import iter_file_records
 
     return list(iter_file_records(path, **kwargs))
 

@@ -54,5 +54,5 @@ def test_the_probe_catches_a_leak():
 
 
 def test_loaders_package_imports_without_torch():
-    result = run_with_blocked_imports("import loaders, loaders.reader\nprint('ok')\n", "torch,apache_beam")
+    result = run_with_blocked_imports("import loaders, loaders.access.reader\nprint('ok')\n", "torch,apache_beam")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -24,9 +24,9 @@ from typing import NamedTuple
 import numpy as np
 
 from schemas.examples import ExampleSchema
-from transforms.columns import narrowest
 from transforms.objectives.packing import Piece
-from transforms.shard_format import ExampleColumns, MergedColumns
+from transforms.writing.columns import narrowest
+from transforms.writing.shard_format import ExampleColumns, MergedColumns
 
 __all__ = ["ID_DTYPES", "Chunk", "Document", "DocumentBatch", "ShardPiece", "key_order", "narrow_ids"]
 
@@ -35,7 +35,7 @@ class Document(NamedTuple):
     """One document of a :class:`DocumentBatch` (:meth:`DocumentBatch.document`): views of its arrays.
 
     Attributes:
-        key: the 16-byte digest of its text (:func:`transforms.tokenize.document_key`); also the
+        key: the 16-byte digest of its text (:func:`transforms.tokenizing.tokenize.document_key`); also the
             order documents are packed in.
         ids: its token ids (uint16 or int32).
         features: per-token feature name -> one bool per token.
@@ -70,7 +70,7 @@ class DocumentBatch:
     """Tokenized documents as columns: what moves from Tokenize to Pack.
 
     Attributes:
-        keys: ``(n, 16)`` uint8: each document's key (:func:`transforms.tokenize.document_key`).
+        keys: ``(n, 16)`` uint8: each document's key (:func:`transforms.tokenizing.tokenize.document_key`).
         buckets: ``(n,)`` uint64: each document's sub-bucket (or ``--num-buckets`` bucket).
         offsets: ``(n + 1,)`` int64: document ``i``'s ids are ``ids[offsets[i]:offsets[i + 1]]``
             (``offsets[0]`` is 0, they never decrease).
@@ -188,7 +188,7 @@ class ShardPiece:
         orders: ``(n, 16)`` uint8 row-order keys (:func:`transforms.objectives.layout.row_order_key`).
         shard_hashes: ``(n,)`` uint64; a row's shard is ``shard_hashes % num_shards``.
         chunk_tokens: ``(n,)`` int64 source tokens of each row.
-        columns: the rows' :class:`~transforms.shard_format.ExampleColumns`.
+        columns: the rows' :class:`~transforms.writing.shard_format.ExampleColumns`.
     """
 
     __slots__ = ("orders", "shard_hashes", "chunk_tokens", "columns")

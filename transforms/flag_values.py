@@ -1,7 +1,7 @@
 """The values and defaults of ``lmshards`` flags that stages of the pipeline also use.
 
-They live here, apart from the Beam stages that use them (:mod:`transforms.file_records`,
-:mod:`transforms.pack`, :mod:`transforms.group`, :mod:`transforms.write`), so that the
+They live here, apart from the Beam stages that use them (:mod:`transforms.reading.file_records`,
+:mod:`transforms.packing.pack`, :mod:`transforms.packing.group`, :mod:`transforms.writing.write`), so that the
 command line can parse and check its own flags without importing Apache Beam: a mistyped
 flag is answered at once, not after the seconds Beam's import takes. Standard library only.
 """

@@ -15,15 +15,18 @@ and ``report`` compute (numpy, pyarrow and tokenizers only; no Beam, no torch).
 - :mod:`loaders.inspection.render`: those lines as plain text, ANSI colour or HTML (wrapped,
   real line breaks, a legend).
 - :mod:`loaders.inspection.checks`: the per-example invariants and the replay of the objective.
-
-Whatever depends on the objective comes from its inspection hooks (docs/design.md section 4,
-:class:`transforms.objectives.base.InspectionContext`): this package names no objective.
 - :mod:`loaders.inspection.validate`: checksums, schemas, invariants, cross-format and
   manifest reconciliation, as a list of problems.
 - :mod:`loaders.inspection.report` (with :mod:`~loaders.inspection.report_sections`,
   :mod:`~loaders.inspection.figures`, :mod:`~loaders.inspection.corpus` and
   :mod:`~loaders.inspection.svg`): the self-contained HTML report with inline SVG plots.
 - :mod:`loaders.inspection.diff`: two datasets' manifest summaries side by side.
+
+Whatever depends on the objective comes from its inspection hooks (docs/design.md section 4,
+:class:`transforms.objectives.base.InspectionContext`): this package names no objective.
+
+May import: numpy, pyarrow, tokenizers, :mod:`schemas`, :mod:`transforms.objectives` (whose
+hooks every view asks), :mod:`loaders.access` and :mod:`loaders.errors`; never torch, never Beam.
 """
 
 from loaders.inspection.source import InspectedDataset, dataset_files, open_inspected

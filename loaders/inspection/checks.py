@@ -28,7 +28,7 @@ __all__ = ["chunk_key", "example_problems"]
 
 
 def chunk_key(example_key: str) -> str:
-    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/parallel.py)."""
+    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/building/parallel.py)."""
     return chunk_key_of(example_key)
 
 

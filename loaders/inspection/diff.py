@@ -2,8 +2,8 @@
 
 Both summaries come from the manifests and the tokenizer files (no shard is read, so remote
 datasets cost small downloads): configuration, objective and its parameters (a list of named
-entries, a mixture, keyed by name), tokenizer (its own sentinels and mode tokens beside those the objective
-uses, as the report gives them), document accounting, per split the counts, shard bytes per
+entries, a mixture, keyed by name), tokenizer (its own sentinels and objective tokens beside
+those the objective uses, as the report gives them), document accounting, per split the counts, shard bytes per
 format, document lengths and the objective's statistics (the manifest's summary of its
 exact counters), and last the facts of the run (command line, time, version, inputs,
 encoder), which differ between any two runs and so are reported apart: by docs/design.md's
@@ -65,10 +65,10 @@ def _block(value: Any) -> dict[str, Any]:
 
 
 def _specials(ds: InspectedDataset, tokenizer: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's ``num_sentinels`` and ``mode_tokens`` (what the objective uses: 0 and {}
-    for an objective without such tokens) taken out of ``tokenizer`` and put beside what the
-    tokenizer itself holds, as the report shows them, so that ``num_sentinels 0`` never reads
-    as a tokenizer without sentinels."""
+    """The manifest's ``num_sentinels`` and ``mode_tokens`` (the objective's own tokens: what the
+    objective uses, 0 and {} for an objective without such tokens) taken out of ``tokenizer`` and
+    put beside what the tokenizer itself holds, as the report shows them, so that
+    ``num_sentinels 0`` never reads as a tokenizer without sentinels."""
     own_sentinels, own_modes = tokenizer_specials(ds)
     used_sentinels = tokenizer.pop("num_sentinels", 0)
     used_modes = tokenizer.pop("mode_tokens", None)
@@ -76,8 +76,8 @@ def _specials(ds: InspectedDataset, tokenizer: dict[str, Any]) -> dict[str, Any]
     out: dict[str, Any] = {"sentinels in the tokenizer": own_sentinels,
                            "sentinels used by the objective": used_sentinels}
     if own_modes or used_modes:
-        out["mode tokens in the tokenizer"] = " ".join(own_modes) or "none"
-        out["mode tokens used by the objective"] = " ".join(f"{k}={v}" for k, v in used_modes.items()) or "none"
+        out["objective tokens in the tokenizer"] = " ".join(own_modes) or "none"
+        out["objective tokens used by the objective"] = " ".join(f"{k}={v}" for k, v in used_modes.items()) or "none"
     return out
 
 

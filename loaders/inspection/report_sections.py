@@ -88,9 +88,9 @@ def _entries(name: str, value: list[Any]) -> str:
 
 
 def _special_items(ds: InspectedDataset, tokenizer: dict[str, Any]) -> list[tuple[str, str]]:
-    """Sentinels and mode tokens: the tokenizer's own, and how many the objective uses (the
-    manifest's ``num_sentinels`` and ``mode_tokens``, 0 and none for an objective without such
-    tokens, whatever the tokenizer has)."""
+    """Sentinels and the objective's own tokens: the tokenizer's own, and those the objective
+    uses (the manifest's ``num_sentinels`` and ``mode_tokens``, under which the report lists
+    them: 0 and none for an objective without such tokens, whatever the tokenizer has)."""
     own_sentinels, own_modes = tokenizer_specials(ds)
     items = []
     if "num_sentinels" in tokenizer or own_sentinels is not None:

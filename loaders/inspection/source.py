@@ -2,20 +2,20 @@
 from the manifest, and examples read shard by shard only as far as asked.
 
 Storage is reached through :func:`dataset_files` alone: the loader's own file layer
-(:class:`loaders.files.DatasetLocation`: a local directory read in place, a URL such as
+(:class:`loaders.access.files.DatasetLocation`: a local directory read in place, a URL such as
 ``gs://`` or ``s3://`` downloaded into its local cache on first use). The manifest, the shards
 and the tokenizer are read through the same doors as the loader's
-(:meth:`~loaders.files.DatasetLocation.read_manifest`,
-:meth:`~loaders.files.DatasetLocation.open_shard`,
-:meth:`~loaders.files.DatasetLocation.tokenizer_file`, and the shard openers
-:class:`~loaders.arrow_shard.ArrowShard` and :func:`~loaders.tar_shard.iter_tar_shard`), so every
+(:meth:`~loaders.access.files.DatasetLocation.read_manifest`,
+:meth:`~loaders.access.files.DatasetLocation.open_shard`,
+:meth:`~loaders.access.files.DatasetLocation.tokenizer_file`, and the shard openers
+:class:`~loaders.access.arrow_shard.ArrowShard` and :func:`~loaders.access.tar_shard.iter_tar_shard`), so every
 check the loader makes applies here too.
 
 Rows inside a shard are stored sorted by a seeded digest of their key (the writer's global
 shuffle), so the first rows of each shard are a uniform random sample of the split:
 :meth:`InspectedDataset.sample` reads ``ceil(n / shards)`` leading rows of every shard
 instead of scanning everything. :meth:`InspectedDataset.find` recomputes the shard of a
-key with the writer's hash (``transforms/write.py``) and reads that shard only.
+key with the writer's hash (``transforms/writing/write.py``) and reads that shard only.
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from loaders.access.files import DatasetLocation
+from loaders.access.reader import read_arrow_shard, read_tar_shard
 from loaders.errors import ShardIntegrityError
-from loaders.files import DatasetLocation
-from loaders.reader import read_arrow_shard, read_tar_shard
+from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import row_order_key, shard_of
+from transforms.objectives.registry import objective_from_params, tokens_needed
 
 __all__ = [
     "InspectedDataset",
@@ -45,10 +47,6 @@ __all__ = [
     "tokenizer_specials",
 ]
 
-#: Mode tokens of UL2's built-in mixtures, looked up in a dataset's tokenizer.
-MODE_TOKENS = ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
-
-
 
 def shard_of_key(seed: int, key: str, num_shards: int) -> int:
     """Shard index the writer assigns to example ``key`` in a split of ``num_shards`` shards."""
@@ -61,7 +59,7 @@ def order_digest(seed: int, key: str) -> bytes:
 
 
 def dataset_files(root: str) -> DatasetLocation:
-    """The storage of the dataset at ``root``: the loader's :class:`~loaders.files.DatasetLocation`
+    """The storage of the dataset at ``root``: the loader's :class:`~loaders.access.files.DatasetLocation`
     (a local directory read in place, a URL through the loader's cache), so that inspection reads
     the manifest, the shards and the tokenizer exactly as the loader does.
 
@@ -76,8 +74,6 @@ def objective_from_manifest(objective: dict[str, Any]) -> Any:
     The manifest records ``params()`` (configuration plus derived lengths); the objective's class
     reads its configuration back from them (:meth:`Objective.config_from_params`).
     """
-    from transforms.objectives.registry import objective_from_params
-
     return objective_from_params(objective["name"], objective.get("params", {}))
 
 
@@ -161,6 +157,8 @@ class InspectedDataset:
         if self._objective is None:
             try:
                 self._objective = objective_from_manifest(self.manifest.objective)
+            except ConfigError:  # an installed objective plugin that cannot be loaded: not the dataset's fault
+                raise
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ShardIntegrityError(f"{self.path}/{MANIFEST_NAME}: its objective block cannot be rebuilt "
                                           f"({type(exc).__name__}: {exc})") from None
@@ -270,11 +268,14 @@ def open_inspected(path: str) -> InspectedDataset:
 
 
 def tokenizer_specials(ds: InspectedDataset) -> tuple[int | None, list[str]]:
-    """``(sentinels, mode tokens)`` the dataset's tokenizer itself holds, whatever its objective
-    uses (the manifest's ``num_sentinels`` and ``mode_tokens`` say that: 0 and none for clm on a
-    T5-style tokenizer); ``(None, [])`` when the tokenizer cannot be opened, which is reported
-    where it is opened, so that a summary of the manifest still shows."""
+    """``(sentinels, objective tokens)`` the dataset's tokenizer itself holds, whatever its
+    objective uses (the manifest's ``num_sentinels`` and ``mode_tokens`` say that: 0 and none
+    for clm on a T5-style tokenizer); the objective tokens are those of every registered
+    objective (:func:`~transforms.objectives.registry.tokens_needed`: UL2's mode tokens, a
+    plugin's own) that the tokenizer has. ``(None, [])`` when the tokenizer cannot be opened,
+    which is reported where it is opened, so that a summary of the manifest still shows."""
+    own = tokens_needed().tokens  # outside the try: a plugin that cannot be loaded is an error of its own
     try:
-        return len(ds.special.sentinels), [t for t in MODE_TOKENS if ds.tokenizer.token_to_id(t) is not None]
+        return len(ds.special.sentinels), [t for t in own if ds.tokenizer.token_to_id(t) is not None]
     except Exception:  # noqa: BLE001 - a missing, damaged or foreign tokenizer file
         return None, []

@@ -96,7 +96,8 @@ def format_table(summary: dict[str, Any], ds: InspectedDataset) -> str:
         f"tokenizer  {tok.get('file')}  vocab {tok.get('vocab_size'):,}  sha256 {str(tok.get('sha256'))[:12]}  "
         + " ".join(f"{k}={v}" for k, v in tok.get("special_ids", {}).items())
         + f"  sentinels {tok['sentinels']}"
-        + ("  modes " + " ".join(f"{k}={v}" for k, v in tok["mode_tokens"].items()) if tok.get("mode_tokens") else ""),
+        + ("  objective tokens " + " ".join(f"{k}={v}" for k, v in tok["mode_tokens"].items())
+           if tok.get("mode_tokens") else ""),
         f"documents  read {number(counts.get('documents_read'))}  written {number(counts.get('documents_written'))}  "
         f"duplicates {number(counts.get('duplicates'))}  rejected {number(counts.get('rejected'))}"
         + "".join(f"  [{reason}: {n:,}]" for reason, n in counts.get("rejected_by_reason", {}).items()),

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loaders.files import sha256_file
+from loaders.access.files import sha256_file
 from loaders.inspection.anatomy import Anatomy, ObjectiveView, take_apart
 from loaders.inspection.checks import example_problems
 from loaders.inspection.source import InspectedDataset, order_digest, shard_of_key

@@ -12,7 +12,7 @@ What the plain ``Trainer`` would do with such a dataset, and what the mixin does
   ``IterableDataset`` across DDP ranks: dispatching, every rank trains on rank 0's stream;
   without dispatching each rank keeps every other batch of its own, already disjoint, stream
   (half the data is never seen). Here the training loader is
-  :func:`~loaders.dataloader.make_dataloader`'s, used as is: each rank's dataset reads its
+  :func:`~loaders.streaming.dataloader.make_dataloader`'s, used as is: each rank's dataset reads its
   own disjoint slice (rank and world size from torch.distributed or ``RANK``/``WORLD_SIZE``;
   checked against the Trainer's), and ``Trainer`` moves its batches to the device.
 - ``remove_unused_columns`` wraps the collator to drop the columns ``model.forward`` does not
@@ -26,7 +26,7 @@ What the plain ``Trainer`` would do with such a dataset, and what the mixin does
   ``gradient_accumulation_steps`` that does not divide the batches of an epoch, the resumed
   epoch's last partial accumulation is merged into the next step (a warning says so).
 - Data collator: ``data_collator=None`` picks the dataset's collator
-  (:func:`~loaders.collate.collator_for`) with ``loader_kwargs`` as its options, for the
+  (:func:`~loaders.collation.collate.collator_for`) with ``loader_kwargs`` as its options, for the
   model: 4-D masks in its dtype, and as a BlockMask under flex attention.
 - ``Trainer`` counts an iterable dataset's samples by ``len(dataloader.dataset)``, which for
   this loader is its batches; here it is the epoch's samples over all ranks, so
@@ -46,7 +46,7 @@ import sys
 import warnings
 from typing import Any
 
-from loaders.stream import ResumableStream
+from loaders.streaming.stream import ResumableStream
 from schemas.errors import ConfigError
 
 __all__ = [  # noqa: F822 (LMShardsTrainer: lazy)
@@ -62,7 +62,7 @@ class LMShardsTrainerMixin:
     """A ``transformers.Trainer`` mixin for lmshards datasets (see the module docstring).
 
     Args:
-        loader_kwargs: options of :func:`~loaders.dataloader.make_dataloader` (``group_batches``,
+        loader_kwargs: options of :func:`~loaders.streaming.dataloader.make_dataloader` (``group_batches``,
             ``timeout``, ...) and of the automatic collator (``documents``, ``mask_dtype``,
             ``flash_attention_kwargs``, ...).
         *args, **kwargs: ``Trainer``'s.
@@ -109,7 +109,7 @@ class LMShardsTrainerMixin:
                              "build the dataset with the per-device batch size")
 
     def _lmshards_loader(self, dataset: ResumableStream):
-        from loaders.dataloader import make_dataloader
+        from loaders.streaming.dataloader import make_dataloader
 
         options = dict(self._lmshards_loader_kwargs)
         loader_options = {k: options.pop(k) for k in _LOADER_OPTIONS if k in options}

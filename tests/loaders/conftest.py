@@ -1,5 +1,5 @@
 """Fixtures of the loader tests: a real clm dataset (built once per session) and small
-synthetic datasets written directly with :mod:`transforms.shard_format`."""
+synthetic datasets written directly with :mod:`transforms.writing.shard_format`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from schemas.examples import example_schema
 from schemas.manifest import Manifest, shard_name
-from transforms.shard_format import write_arrow, write_tar
+from transforms.writing.shard_format import write_arrow, write_tar
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLE_GLOB = str(ROOT / "data" / "sample" / "*.jsonl")
@@ -83,7 +83,7 @@ def write_dataset(
 
 def expected_keys(shard_rows, seed: int, epoch: int, block_size: int | None, shuffle: bool = True) -> list[str]:
     """Keys of a synthetic dataset in the epoch's global order."""
-    from loaders.order import EpochOrder
+    from loaders.streaming.order import EpochOrder
 
     order = EpochOrder(shard_rows, seed, epoch, shuffle=shuffle, block_size=block_size)
     shards, rows = order.locate(np.arange(len(order)))

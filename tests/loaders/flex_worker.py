@@ -3,7 +3,7 @@ compiles; a bad mask can abort the process, and torch's CPU compiler fails on a 
 length in one process): packed documents stay apart under
 ``attn_implementation="flex_attention"`` on CPU, in train and eval mode, for clm's default batch
 (positions only: transformers builds the BlockMask itself), and for prefix-LM and UL2 decoder rows
-from a collator told the model (:func:`loaders.collate.model_mask_options`: a BlockMask).
+from a collator told the model (:func:`loaders.collation.collate.model_mask_options`: a BlockMask).
 Logits equal sdpa's under the tensor mask; prints one line per check, ``ok`` at the end."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from test_document_isolation import (
     spans,
 )
 
-from loaders.collate import model_mask_options
-from loaders.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collation.collate import model_mask_options
+from loaders.collation.collate_decoder import CausalCollator, PrefixLMCollator
 
 FLEX_ATOL = 1e-4  # flex's kernel against sdpa's (the same math, another summation order)
 

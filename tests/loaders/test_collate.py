@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from loaders.collate import collator_for
-from loaders.collate_decoder import CausalCollator, PrefixLMCollator
-from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
+from loaders.collation.collate import collator_for
+from loaders.collation.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collation.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import UnsupportedSchemaError
 
 X = -100
@@ -86,7 +86,7 @@ def test_causal_position_ids_mode_and_flash_attention_kwargs():
     assert flash["max_length_q"] == flash["max_length_k"] == 6 and type(flash["max_length_q"]) is int
     with pytest.raises(ValueError, match="documents='position_ids'"):
         CausalCollator(PAD, documents="mask", flash_attention_kwargs=True)
-    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+    with pytest.raises(ValueError, match=r"documents='cu_seqlens': expected one of \('position_ids', 'mask', 'none'\)"):
         CausalCollator(PAD, documents="cu_seqlens")
     with pytest.raises(ValueError, match="floating dtype"):
         CausalCollator(PAD, mask_dtype=torch.bool)

@@ -8,7 +8,7 @@ import torch
 from conftest import batch_keys, expected_keys
 
 from loaders import ShardedDataset, make_dataloader
-from loaders.reader import iter_examples
+from loaders.access.reader import iter_examples
 
 BLOCK = 64  # several blocks in the 151-row synthetic dataset
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from conftest import SPECIAL_IDS, TOKENIZER
 from hf_models import PAD, VOCAB, tiny_model
 
-from loaders.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collation.collate_decoder import CausalCollator, PrefixLMCollator
 from loaders.dynamic import special_ids_from_tokenizer
 from transforms.objectives.base import build_example
 from transforms.objectives.layout import example_randoms

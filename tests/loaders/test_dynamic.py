@@ -8,8 +8,8 @@ import torch
 from conftest import TOKENIZER, write_dataset
 
 from loaders import ShardedDataset, make_dataloader
-from loaders.collate_decoder import CausalCollator, PrefixLMCollator
-from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
+from loaders.collation.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collation.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.errors import UnsupportedSchemaError
 from transforms.objectives.base import Built, Objective
 from transforms.objectives.common import IGNORE_INDEX

@@ -10,7 +10,7 @@ import pytest
 from conftest import write_dataset
 
 from loaders import ShardedDataset, ShardIntegrityError
-from loaders.files import VERIFY_MODES
+from loaders.access.files import VERIFY_MODES
 
 SHARD = "train/arrow/data-00000-of-00002.arrow"
 TAR = "train/wds/data-00001-of-00002.tar"

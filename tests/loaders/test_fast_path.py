@@ -21,8 +21,8 @@ from loaders import (
     StackCollator,
     make_dataloader,
 )
-from loaders.segment_table import SegmentTable
-from loaders.state import RankSchedule, samples_per_rank
+from loaders.access.segment_table import SegmentTable
+from loaders.streaming.state import RankSchedule, samples_per_rank
 
 BLOCK = 64
 
@@ -307,7 +307,7 @@ def test_a_workers_group_of_batches_crosses_as_one_storage_per_dtype(family_data
 
 
 def test_packing_a_group_keeps_values_shapes_and_other_values():
-    from loaders.dataloader import _one_storage_per_dtype
+    from loaders.streaming.dataloader import _one_storage_per_dtype
 
     first = {"a": torch.arange(6).view(2, 3), "b": torch.ones(4, dtype=torch.float32), "n": 7}
     second = {"a": torch.arange(4).view(2, 2) + 10, "b": torch.zeros(2, dtype=torch.float32), "n": 8}

@@ -38,8 +38,8 @@ def test_a_collator_told_a_flex_model_sends_a_block_mask():
     pattern, which equals the tensor mask's."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    from loaders.collate import model_mask_options
-    from loaders.collate_decoder import PrefixLMCollator
+    from loaders.collation.collate import model_mask_options
+    from loaders.collation.collate_decoder import PrefixLMCollator
 
     class Config:
         _attn_implementation = "flex_attention"

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, SAMPLE_GLOB, TOKENIZER, batch_keys
 
 from loaders import ShardedDataset, ShardIntegrityError, make_dataloader
-from loaders.cache import ShardCache
+from loaders.access.cache import ShardCache
 
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
@@ -188,7 +188,7 @@ def test_a_file_leased_by_another_process_is_not_evicted(tmp_path):
     cache = ShardCache(str(tmp_path), max_bytes=100)
     cache.acquire(path, _writer(b"s" * 100), size=100).close()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from loaders.cache import ShardCache; "
+        [sys.executable, "-c", "import sys; from loaders.access.cache import ShardCache; "
          f"lease = ShardCache({str(tmp_path)!r}, None).acquire({path!r}, None); print('held', flush=True); "
          "sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT),

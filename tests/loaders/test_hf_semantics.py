@@ -21,8 +21,8 @@ from conftest import SPECIAL_IDS, TOKENIZER
 from hf_models import EOS, PAD, VOCAB, tiny_model
 
 from loaders import ShardedDataset, make_dataloader
-from loaders.collate_decoder import CausalCollator, PrefixLMCollator
-from loaders.collate_encoder import MLMCollator, Seq2SeqCollator
+from loaders.collation.collate_decoder import CausalCollator, PrefixLMCollator
+from loaders.collation.collate_encoder import MLMCollator, Seq2SeqCollator
 from loaders.dynamic import special_ids_from_tokenizer
 from transforms.objectives.base import build_example
 from transforms.objectives.layout import example_randoms

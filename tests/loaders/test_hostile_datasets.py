@@ -19,8 +19,8 @@ from conftest import write_dataset
 from gcs_emulator import start_emulator, upload
 
 from loaders import ShardedDataset, ShardIntegrityError, open_dataset
-from loaders.cache import ShardCache
-from loaders.files import DatasetLocation, check_relative
+from loaders.access.cache import ShardCache
+from loaders.access.files import DatasetLocation, check_relative
 from loaders.inspection.source import open_inspected
 
 SHARD = "train/arrow/data-00000-of-00002.arrow"
@@ -242,7 +242,7 @@ def test_a_shard_truncated_under_a_running_loader_is_a_python_error(tmp_path):
 
 
 def test_a_shard_truncated_under_dataloader_workers_is_a_python_error(tmp_path):
-    from loaders.dataloader import make_dataloader
+    from loaders.streaming.dataloader import make_dataloader
 
     root = write_dataset(tmp_path / "big", [6000, 10], seq_len=256)
     loader = make_dataloader(ShardedDataset(root, batch_size=8, shuffle=False), num_workers=2)

@@ -151,11 +151,11 @@ def test_decoder_example_marks_documents_prefix_and_padding():
 
 
 def test_a_dataset_behind_a_url_is_read_through_the_loader_file_layer(tmp_path, monkeypatch):
-    """A URL goes through loaders.files (fsspec, local cache): here fsspec's in-memory filesystem."""
+    """A URL goes through loaders.access.files (fsspec, local cache): here fsspec's in-memory filesystem."""
     import fsspec
 
     from loaders.inspection.validate import validate_dataset
-    from transforms.shard_format import write_arrow
+    from transforms.writing.shard_format import write_arrow
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the loader's default cache lives under ~/.cache
     view = _view("clm", seq_len=4)

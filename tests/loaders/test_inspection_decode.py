@@ -25,7 +25,7 @@ from transforms.objectives.base import build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms
 from transforms.objectives.registry import make_objective
-from transforms.tokenize import TokenFeatures
+from transforms.tokenizing.tokenize import TokenFeatures
 
 TOK = Tokenizer.from_file(TOKENIZER)
 DECODER = RunDecoder(TOK)

@@ -7,9 +7,10 @@ from lmshards_testing import run_with_blocked_imports
 
 def test_numpy_side_of_loaders_imports_without_torch():
     code = (
-        "import loaders, loaders.order, loaders.state, loaders.collate, loaders.shards, loaders.files, "
-        "loaders.dynamic, loaders.errors, loaders.arrow_shard, loaders.segment_table, loaders.tar_shard, "
-        "loaders.prefetch, loaders.collate_decoder, loaders.collate_encoder\n"
+        "import loaders, loaders.streaming.order, loaders.streaming.state, loaders.collation.collate, "
+        "loaders.access.shards, loaders.access.files, loaders.dynamic, loaders.errors, loaders.access.arrow_shard, "
+        "loaders.access.segment_table, loaders.access.tar_shard, loaders.access.prefetch, "
+        "loaders.collation.collate_decoder, loaders.collation.collate_encoder\n"
         "assert 'torch' not in sys.modules\n"
         "try:\n    loaders.ShardedDataset\nexcept ImportError as e:\n    assert 'torch' in str(e)\n"
         "print('ok')\n"
@@ -20,10 +21,10 @@ def test_numpy_side_of_loaders_imports_without_torch():
 
 def test_loaders_import_only_objectives_and_shard_format_from_transforms():
     code = (
-        "import loaders, loaders.dataset, loaders.mixture, loaders.dataloader\n"
+        "import loaders, loaders.dataset, loaders.mixture, loaders.streaming.dataloader\n"
         "loaders.ShardedDataset, loaders.MixtureDataset, loaders.make_dataloader\n"
         "bad = sorted(m for m in sys.modules if m.startswith('transforms.') and not "
-        "(m.startswith('transforms.objectives') or m == 'transforms.shard_format'))\n"
+        "(m.startswith('transforms.objectives') or m == 'transforms.writing.shard_format'))\n"
         "assert not bad, bad\n"
         "print('ok')\n"
     )
@@ -35,7 +36,8 @@ def test_loaders_import_without_the_training_stack():
     """transformers, lightning, torchdata and accelerate are [dev] extras: the loader needs none of
     them, and the HF integration imports transformers only when its trainer is used."""
     code = (
-        "import loaders, loaders.dataset, loaders.dataloader, loaders.collate, loaders.masks, loaders.progress\n"
+        "import loaders, loaders.dataset, loaders.streaming.dataloader, loaders.collation.collate, "
+        "loaders.collation.masks, loaders.streaming.progress\n"
         "import loaders.integrations.hf as hf\n"
         "loaders.make_dataloader, hf.LMShardsTrainerMixin, hf.LOADER_STATE_NAME\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'lightning', 'torchdata', "

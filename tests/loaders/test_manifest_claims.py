@@ -14,7 +14,7 @@ from conftest import TOKENIZER, batch_keys, write_dataset
 from gcs_emulator import start_emulator, upload
 
 from loaders import ShardedDataset, ShardIntegrityError, make_dataloader, open_dataset
-from loaders.cache import ShardCache
+from loaders.access.cache import ShardCache
 from loaders.inspection.source import open_inspected
 from schemas.errors import ConfigError
 

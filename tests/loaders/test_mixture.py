@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaders import MixtureDataset, ShardedDataset, make_dataloader
-from loaders.collate_decoder import PrefixLMCollator
+from loaders.collation.collate_decoder import PrefixLMCollator
 from loaders.mixture import mixture_window
 
 

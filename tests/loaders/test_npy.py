@@ -5,7 +5,7 @@ import io
 import numpy as np
 import pytest
 
-from loaders.tar_shard import decode_npy
+from loaders.access.tar_shard import decode_npy
 
 
 def _npy(array, version=None) -> bytes:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders.order import DEFAULT_MIN_BLOCK, EpochOrder, default_block_size
+from loaders.streaming.order import DEFAULT_MIN_BLOCK, EpochOrder, default_block_size
 
 shard_rows = st.lists(st.integers(0, 40), min_size=1, max_size=8)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders.state import LoaderState, RankSchedule, samples_per_rank
+from loaders.streaming.state import LoaderState, RankSchedule, samples_per_rank
 
 
 @settings(max_examples=200, deadline=None)

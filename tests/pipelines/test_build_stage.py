@@ -1,4 +1,4 @@
-"""The builder of BuildExamples (transforms.parallel): rows and counters that do not depend on
+"""The builder of BuildExamples (transforms.building.parallel): rows and counters that do not depend on
 how chunks fall into blocks, chunks laid out as columns for a shuffle; and the encoder threads
 of multi-process workers.
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from lmshards_testing import run_with_blocked_imports
 
-import transforms.parallel as parallel
+import transforms.building.parallel as parallel
 from transforms.elements import Chunk, ShardPiece
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.packing import Piece
@@ -30,7 +30,7 @@ BASE = [*PATHS, "--objective", "ul2", "--inputs-length", "128"]
 
 
 def test_the_builder_imports_no_beam():
-    code = "import transforms.parallel, transforms.objectives.registry\nprint('ok')\n"
+    code = "import transforms.building.parallel, transforms.objectives.registry\nprint('ok')\n"
     result = run_with_blocked_imports(code, "apache_beam,torch,tokenizers")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 

@@ -39,14 +39,15 @@ for environment in result.job.proto_pipeline.components.environments.values():
     for dependency in environment.dependencies:
         role = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dependency.role_payload)
         staged.add(role.staged_name)
-wheels = [p for p in result.job.options.view_as(SetupOptions).extra_packages or [] if "lmshards-" in p]
+extra_packages = result.job.options.view_as(SetupOptions).extra_packages or []
+wheels = [p for p in extra_packages if "lmshards-" in p]
 names, metadata = [], ""
 for path in wheels:
     with zipfile.ZipFile(path) as wheel:
         names = wheel.namelist()
         metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
 print("DRY-RUN " + json.dumps({"manifest": manifest, "staged": sorted(staged), "wheel_files": names,
-                               "metadata": metadata}))
+                               "metadata": metadata, "extra_packages": [p.rsplit("/", 1)[-1] for p in extra_packages]}))
 """
 
 
@@ -81,6 +82,19 @@ def _release_wheel(directory) -> str:
     return builder.build("wheel", os.path.join(directory, "dist"))
 
 
+def _plugin_wheel(directory) -> str:
+    """A wheel of the example objective plugin (tests/plugin_example), built from a copy; its path."""
+    import shutil
+
+    import build
+    import pyproject_hooks
+
+    source = os.path.join(directory, "source")
+    shutil.copytree(ROOT / "tests" / "plugin_example", source)
+    builder = build.ProjectBuilder(source, runner=pyproject_hooks.quiet_subprocess_runner)
+    return builder.build("wheel", os.path.join(directory, "dist"))
+
+
 def _installed_from_a_wheel(root) -> str:
     """A virtual environment where lmshards is installed from its release wheel (as ``pip install``
     does for a pure-Python wheel: unpacked into site-packages, no checkout), with this one's
@@ -110,14 +124,18 @@ def test_a_dry_run_outside_the_repository_stages_the_installed_lmshards(tmp_path
     where = subprocess.run([python, "-c", "import pipelines; print(pipelines.__file__)"], cwd=outside, env=env,
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(tmp_path / "venv"))  # not the checkout
-    result = _dry_run(outside, *_job_args(tmp_path / "out"), python=python)
+    # An objective plugin's wheel (tests/plugin_example) ships only itself: lmshards stages its own first.
+    plugin = _plugin_wheel(tmp_path / "plugin")
+    result = _dry_run(outside, *_job_args(tmp_path / "out", "--extra_package", plugin), python=python)
     assert result["manifest"] is None
     wheels = [name for name in result["staged"] if name.startswith("lmshards-")]
     assert len(wheels) == 1 and re.fullmatch(r"lmshards-0\.1\.0\+src[0-9a-f]{12}-py3-none-any\.whl", wheels[0])
+    assert result["extra_packages"] == [wheels[0], "lmshards_tagged_clm-0.1.0-py3-none-any.whl"]
+    assert "lmshards_tagged_clm-0.1.0-py3-none-any.whl" in result["staged"]
     assert wheels[0] == os.path.basename(build_wheel(str(tmp_path)))  # the same modules as here
     assert "extra_packages.txt" in result["staged"]
     files = set(result["wheel_files"])
-    for module in ("pipelines/materialize.py", "transforms/pack.py", "transforms/objectives/bart.py",
+    for module in ("pipelines/materialize.py", "transforms/packing/pack.py", "transforms/objectives/bart.py",
                    "schemas/manifest.py", "loaders/dataset.py"):
         assert module in files
     requires = [line.split(": ", 1)[1] for line in result["metadata"].splitlines() if line.startswith("Requires-Dist")]
@@ -157,10 +175,17 @@ def test_without_build_staging_is_a_one_line_configuration_error():
 def test_a_user_who_ships_the_code_is_left_alone(tmp_path):
     assert ships_itself(["--runner", "DataflowRunner"]) and ships_itself(["--runner=DataflowRunner"])
     assert not ships_itself(["--runner", "FnApiRunner"]) and not ships_itself([])
-    for flag in ("--setup_file=./setup.py", "--extra_package=x.whl", "--requirements_file=r.txt",
+    for flag in ("--setup_file=./setup.py", "--extra_package=dist/lmshards-0.1.0-py3-none-any.whl",
+                 "--extra_packages=lmshards-0.1.0.tar.gz", "--requirements_file=r.txt",
                  "--sdk_container_image=gcr.io/p/lmshards:1"):
         assert not ships_itself(["--runner", "DataflowRunner", flag]), flag
         assert not ships_itself(["--runner", "DataflowRunner", *flag.split("=", 1)]), flag
+    # A package that is not lmshards (an objective plugin's wheel) ships only itself: lmshards still stages its own.
+    for flag in ("--extra_package=dist/lmshards_fim-0.1-py3-none-any.whl", "--extra_packages=x.whl"):
+        assert ships_itself(["--runner", "DataflowRunner", flag]), flag
+        assert ships_itself(["--runner", "DataflowRunner", *flag.split("=", 1)]), flag
+    assert not ships_itself(["--runner", "DataflowRunner", "--extra_package", "x.whl", "--extra_package",
+                             "lmshards-0.1.0-py3-none-any.whl"])
     result = _dry_run(tmp_path, *_job_args(tmp_path / "out", "--sdk_container_image", "gcr.io/p/lmshards:1"))
     assert not [name for name in result["staged"] if name.startswith("lmshards-")]
 

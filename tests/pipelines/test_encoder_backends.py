@@ -10,7 +10,7 @@ import pytest
 from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize, run_with_blocked_imports
 
 from pipelines.materialize import main
-from transforms.tokenize import _TokenizeBatch
+from transforms.tokenizing.tokenize import _TokenizeBatch
 
 OBJECTIVE_ARGS = {
     "clm": ["--seq-len", "256"],

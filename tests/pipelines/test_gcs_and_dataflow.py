@@ -119,7 +119,7 @@ def test_gs_lock_refuses_a_second_run_and_foreign_objects_are_refused(gcs):
     out = f"gs://{BUCKET}/out/locked"
     _put(f"{out}/.lmshards.lock", json.dumps({"run_id": "r", "host": "another-host", "pid": 1,
                                                "started": "2020-01-01T00:00:00+00:00"}).encode())
-    from transforms.output import OutputLockedError
+    from transforms.writing.output import OutputLockedError
 
     with pytest.raises(OutputLockedError, match="another run is writing there"):
         _gs_run(out, "--overwrite")

@@ -352,10 +352,10 @@ def rewrite_shard(root, split: str, index: int, mutate, *, formats=("arrow", "we
     ``rehash`` records the new sha256 and size in the manifest (else the manifest keeps the old ones)."""
     import hashlib
 
+    from loaders.access.reader import read_arrow_shard, read_tar_shard
     from loaders.inspection.source import objective_from_manifest
-    from loaders.reader import read_arrow_shard, read_tar_shard
     from schemas.examples import example_schema
-    from transforms.shard_format import write_arrow, write_tar
+    from transforms.writing.shard_format import write_arrow, write_tar
 
     manifest = manifest_of(root)
     objective = objective_from_manifest(manifest["objective"])

@@ -15,7 +15,7 @@ from lmshards_testing import encode_documents, file_digests, materialize, materi
 
 from loaders import open_dataset
 from schemas.manifest import Manifest
-from transforms.tokenize import assign_split, bucket_of, document_key
+from transforms.tokenizing.tokenize import assign_split, bucket_of, document_key
 
 SEQ_LEN = 128
 NUM_BUCKETS = 8
@@ -53,7 +53,7 @@ def clm_groups_dataset(tmp_path_factory, sample_glob, tokenizer_path):
 
 def _groups_of_planned(sample_texts, docs):
     """key -> (letter, group) by the plan of pack groups, recomputed from every document."""
-    from transforms.group import SUB_BUCKETS, group_of, plan_groups
+    from transforms.packing.group import SUB_BUCKETS, group_of, plan_groups
 
     tokens = collections.Counter()
     for text, ids in zip(sample_texts, docs):
@@ -151,7 +151,7 @@ def test_manifest_counts_and_shards(clm_dataset, sample_texts):
 def test_rows_are_sorted_by_hashed_key_inside_each_shard(clm_dataset):
     out, manifest = clm_dataset
     for shard in manifest.shards("train"):
-        from loaders.reader import read_arrow_shard
+        from loaders.access.reader import read_arrow_shard
 
         keys = [ex["key"] for ex in read_arrow_shard(os.path.join(out, shard.files["arrow"].path))]
         # bytes 8-23 of blake2b-256(f"{seed}:{key}", person=lmshards-example) (transforms/objectives/layout.py)
@@ -309,7 +309,7 @@ def test_the_run_keeps_older_objects_out_of_full_collections_and_undoes_that_aft
     skip them); afterwards nothing stays frozen. A freeze somebody else made is left as it is."""
     import gc
 
-    import transforms.write as write
+    import transforms.writing.write as write
 
     reference_out, reference = clm_dataset
     seen = []
@@ -512,7 +512,7 @@ def test_duplicates_are_dropped_where_their_group_is_packed(tmp_path, monkeypatc
     documents, in blocks: Pack's own), is packed once and counted as 299 duplicates; bytes are those of the
     corpus without the copies."""
     from transforms.elements import DocumentBatch
-    from transforms.pack import _PackBucket
+    from transforms.packing.pack import _PackBucket
 
     texts = sample_texts[:40]
     with_copies = tmp_path / "with-copies.jsonl"

@@ -279,8 +279,8 @@ def test_source_field_records_documents_tokens_and_lengths_per_source(tmp_path, 
 def test_source_summary_keeps_the_largest_sources_and_sums_the_rest():
     import numpy as np
 
-    from transforms.manifest import MAX_SOURCES, source_summary
     from transforms.objectives.counters import length_counters
+    from transforms.writing.manifest import MAX_SOURCES, source_summary
 
     sources = [(("train", f"s{i:04d}"), {"documents": i + 1, **length_counters("doc_tokens", np.full(i + 1, 10))})
                for i in range(MAX_SOURCES + 10)]

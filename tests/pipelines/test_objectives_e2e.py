@@ -1,7 +1,7 @@
 """End-to-end tests of every objective: the pipeline on the sample corpus, checked on the written shards.
 
 Each objective runs once on the whole sample corpus (train + validation). Every example is
-read back with :mod:`loaders.reader` and turned back into the raw chunk it was made from
+read back with :mod:`loaders.access.reader` and turned back into the raw chunk it was made from
 (span corruption: inputs and targets interleaved at the sentinels; BART: targets; MLM:
 labels over the inputs; UL2: per denoiser), which must (1) satisfy the objective's
 invariants, (2) concatenate, in chunk-key order, into the documents of each packing
@@ -24,9 +24,9 @@ import pytest
 from lmshards_testing import ROOT, encode_documents, file_digests, materialize
 from tokenizers import Tokenizer
 
-from loaders.reader import open_dataset
+from loaders.access.reader import open_dataset
 from schemas.manifest import Manifest
-from transforms.tokenize import assign_split, bucket_of, document_key
+from transforms.tokenizing.tokenize import assign_split, bucket_of, document_key
 
 SEQ = 128
 NUM_BUCKETS = 8

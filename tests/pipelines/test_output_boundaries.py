@@ -91,8 +91,8 @@ def test_an_output_holding_only_an_empty_directory_is_not_empty(tmp_path):
 
 def test_a_deleted_dataset_never_takes_a_link_planted_in_its_tmp_along(tmp_path):
     """``.tmp`` replaced by a link after the checks (here: between two runs, the second with
-    --overwrite) is refused; deleting never follows one (transforms.output.delete_tree)."""
-    from transforms.output import delete_tree
+    --overwrite) is refused; deleting never follows one (transforms.writing.output.delete_tree)."""
+    from transforms.writing.output import delete_tree
 
     victim, before = _victim(tmp_path)
     link = tmp_path / "out-tmp"
@@ -148,7 +148,7 @@ def test_a_flags_file_must_be_a_regular_file(tmp_path, flag, path, says):
 
 
 def test_a_flags_file_is_read_within_a_bound():
-    from transforms.flag_files import read_flag_file
+    from transforms.reading.flag_files import read_flag_file
 
     with pytest.raises(ValueError, match=r"^--config .*: more than 4 bytes, larger than such a file can be$"):
         read_flag_file("--config", str(ROOT / "pyproject.toml"), 4)
@@ -158,7 +158,7 @@ def test_a_flags_file_is_read_within_a_bound():
 def test_a_compressed_config_is_bounded_after_decompressing(tmp_path):
     import gzip
 
-    from transforms.flag_files import read_flag_file
+    from transforms.reading.flag_files import read_flag_file
 
     path = tmp_path / "params.json.gz"
     path.write_bytes(gzip.compress(json.dumps({"seq_len": 64}).encode() + b" " * 100_000))  # 100 kB unpacked

@@ -23,8 +23,8 @@ import pytest
 import zstandard
 from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize_command
 
-from transforms.output import LOCK_NAME, LockLostError, RunLock, acquire_lock, foreign_files
-from transforms.write import write_atomic
+from transforms.writing.output import LOCK_NAME, LockLostError, RunLock, acquire_lock, foreign_files
+from transforms.writing.write import write_atomic
 
 BASE = ["--tokenizer", TOKENIZER, "--seq-len", "128", "--num-buckets", "4", "--formats", "arrow,webdataset"]
 

@@ -36,7 +36,7 @@ from lmshards_testing import ROOT, TOKENIZER, file_digests, materialize
 from pipelines import runner_tuning
 from pipelines.materialize import main
 from schemas.manifest import Manifest
-from transforms.record_policy import split_text
+from transforms.reading.record_policy import split_text
 
 BIG_DOC_CHARS = 10_000_000
 MAX_DOC_CHARS = 200_000

@@ -1,5 +1,5 @@
 """What the summary, the report and the table say is what the dataset and its tokenizer hold, in
-the manifest's spelling: the tokenizer's own sentinels and mode tokens beside those the objective
+the manifest's spelling: the tokenizer's own sentinels and objective tokens beside those the objective
 uses, no "0:" for no added tokens, lengths as numbers, no Python ``None``/``True``; a run that
 drops a large share of its tokens says so; a hub name for ``--tokenizer`` says how to get a file.
 """
@@ -41,8 +41,8 @@ def test_diff_gives_the_tokenizers_sentinels_and_mode_tokens_as_the_report_does(
     rows = {re.split(r"\s{2,}", line.strip())[0]: re.split(r"\s{2,}", line.strip())[1:] for line in tokenizer}
     assert rows["sentinels in the tokenizer"] == ["128", "128"]
     assert rows["sentinels used by the objective"] == ["0", "0"]
-    assert rows["mode tokens in the tokenizer"] == ["[R] [S] [X] [NLU] [S2S] [NLG]"] * 2
-    assert rows["mode tokens used by the objective"] == ["none", "none"]
+    assert rows["objective tokens in the tokenizer"] == ["[R] [S] [X] [NLU] [S2S] [NLG]"] * 2
+    assert rows["objective tokens used by the objective"] == ["none", "none"]
     assert not any("num_sentinels" in line or "{}" in line for line in tokenizer), tokenizer
 
 

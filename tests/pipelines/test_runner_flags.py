@@ -13,6 +13,7 @@ import importlib.util
 import os
 
 import pytest
+from apache_beam.version import __version__ as beam_version
 from lmshards_testing import ROOT, TOKENIZER, run_with_blocked_imports
 
 from pipelines.materialize import main
@@ -20,7 +21,8 @@ from pipelines.plan import DASK_RUNNER, check_beam_args, runner_path
 
 FAQ = str(ROOT / "data" / "sample" / "faq.jsonl")
 HAS_DASK = all(importlib.util.find_spec(name) is not None for name in ("dask", "distributed"))
-REFUSAL = ("--runner DaskRunner: not supported: Beam 2.77's DaskRunner hands every output of a multi-output DoFn "
+BEAM = ".".join(beam_version.split(".")[:2])
+REFUSAL = (f"--runner DaskRunner: not supported: Beam {BEAM}'s DaskRunner hands every output of a multi-output DoFn "
            "(the main one and each TaggedOutput) to the readers of each of them")
 
 

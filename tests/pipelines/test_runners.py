@@ -22,7 +22,7 @@ from lmshards_testing import ROOT, file_digests, materialize
 
 from pipelines.materialize import main
 from schemas.manifest import Manifest
-from transforms.tokenize import assign_split, document_key
+from transforms.tokenizing.tokenize import assign_split, document_key
 
 FAQ = str(ROOT / "data" / "sample" / "faq.jsonl")
 ARGS = ["--input", FAQ, "--objective", "clm", "--seq-len", "512", "--formats", "arrow,webdataset",
@@ -157,7 +157,7 @@ def _dropping_arrow_writer(handle, columns):
 
 
 def test_a_writer_that_drops_a_row_fails_the_run_without_a_manifest(tmp_path, monkeypatch, capfd, tokenizer_path):
-    import transforms.write as write
+    import transforms.writing.write as write
 
     monkeypatch.setitem(write.WRITERS, "arrow", _dropping_arrow_writer)
     out = tmp_path / "out"
@@ -171,7 +171,7 @@ def test_a_writer_that_drops_a_row_fails_the_run_without_a_manifest(tmp_path, mo
 
 
 def test_shard_files_that_disagree_on_their_rows_fail_the_run(tmp_path, monkeypatch, capfd, tokenizer_path):
-    import transforms.write as write
+    import transforms.writing.write as write
 
     monkeypatch.setitem(write.WRITERS, "arrow", _dropping_arrow_writer)
     out = tmp_path / "out"

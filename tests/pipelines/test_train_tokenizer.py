@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from pipelines.train_tokenizer import SPECIAL_TOKENS, _texts, main, train_tokenizer
-from transforms.tokenizer_utils import ROLE_CANDIDATES, resolve_special_tokens
+from transforms.tokenizing.tokenizer_utils import ROLE_CANDIDATES, resolve_special_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "data" / "sample" / "*.jsonl")
@@ -38,7 +38,7 @@ def trained(tmp_path_factory) -> dict[str, Path]:
             "[R]",
             "--extra-token",
             "[S]",
-            "--no-mode-tokens",
+            "--no-objective-tokens",
             "--max-documents",
             "60",
         ]
@@ -174,7 +174,8 @@ def test_main_reports_what_it_wrote(tmp_path, capsys):
     ]
     assert main(argv) == 0
     assert capsys.readouterr().out.strip() == (f"wrote {out}: bpe, vocab 400, 12 special tokens (1 sentinel, "
-                                               "the UL2 mode tokens), trained on 5 documents")
+                                               "the objectives' own tokens [R] [S] [X] [NLU] [S2S] [NLG]), trained "
+                                               "on 5 documents")
     assert Tokenizer.from_file(str(out)).token_to_id("<extra_id_0>") == 5
     assert Tokenizer.from_file(str(out)).token_to_id("[NLG]") == 11
 
@@ -200,9 +201,35 @@ def test_the_defaults_serve_every_built_in_objective_without_adding_tokens(tmp_p
 
     out = tmp_path / "tok.json"
     assert main(["--input", SAMPLE, "--output", str(out), "--vocab-size", "1000", "--max-documents", "50"]) == 0
+    # The ids every trained tokenizer has had: the objectives' tokens come from the registry now.
+    added = [(t["id"], t["content"]) for t in json.loads(out.read_text())["added_tokens"]]
+    assert added == list(enumerate([*SPECIAL_TOKENS, *(f"<extra_id_{k}>" for k in range(128)),
+                                    "[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]"]))
     runs = [[name] for name in OBJECTIVES] + [["ul2", "--ul2-preset", "paper"], ["ul2", "--layout", "decoder"]]
     for objective, *extra in runs:
         plan = plan_run(parse_args(["--input", SAMPLE, "--tokenizer", str(out), "--output", str(tmp_path / "o"),
                                     "--objective", objective, *extra, "--encoder", "tokenizers"]))
         assert plan.resolved.added == [], (objective, extra)
         assert len(plan.resolved.special.sentinels) == plan.objective.max_sentinels() <= 128
+
+
+def test_the_objectives_own_tokens_come_from_the_registry_and_the_old_flag_still_leaves_them_out(tmp_path, capsys):
+    from pipelines.train_tokenizer import build_parser
+    from transforms.objectives.registry import tokens_needed
+
+    assert tokens_needed().tokens[:6] == ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]")
+    text = " ".join(build_parser().format_help().split())
+    assert ("--no-objective-tokens leave out the registered objectives' own tokens ([R] [S] [X] [NLU] [S2S] "
+            "[NLG]") in text
+    assert "--no-mode-tokens" not in text and "UL2" not in text
+    outputs = {}
+    for flag in ("--no-objective-tokens", "--no-mode-tokens"):
+        out = tmp_path / f"{flag}.json"
+        argv = ["--input", SAMPLE, "--output", str(out), "--vocab-size", "400", "--num-sentinels", "2",
+                "--max-documents", "5", flag]
+        assert main(argv) == 0
+        assert capsys.readouterr().out.strip() == (f"wrote {out}: bpe, vocab 400, 7 special tokens (2 sentinels), "
+                                                   "trained on 5 documents")
+        outputs[flag] = out.read_text(encoding="utf-8")
+        assert Tokenizer.from_file(str(out)).token_to_id("[R]") is None
+    assert outputs["--no-objective-tokens"] == outputs["--no-mode-tokens"]

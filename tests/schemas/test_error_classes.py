@@ -6,11 +6,11 @@ import pytest
 
 from loaders.errors import ShardIntegrityError as LoaderShardIntegrityError
 from schemas.errors import ConfigError, DatasetError, JobFailedError, LmshardsError, ShardIntegrityError, exit_code
-from transforms.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
-from transforms.encoder import EncoderUnavailable
-from transforms.inputs import InputChangedError
-from transforms.output import LockLostError, OutputLockedError
-from transforms.write import ShardRowsError
+from transforms.reading.inputs import InputChangedError
+from transforms.tokenizing.encoder import EncoderUnavailable
+from transforms.writing.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
+from transforms.writing.output import LockLostError, OutputLockedError
+from transforms.writing.write import ShardRowsError
 
 
 @pytest.mark.parametrize(("error", "base", "code"), [

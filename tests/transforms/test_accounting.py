@@ -2,7 +2,7 @@
 
 import pytest
 
-from transforms.accounting import UnreconciledCountsError, check_conservation, check_reconciled, document_counts
+from transforms.writing.accounting import UnreconciledCountsError, check_conservation, check_reconciled, document_counts
 
 
 def _counts(written, duplicates=1, rejected=2):

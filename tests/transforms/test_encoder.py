@@ -11,9 +11,9 @@ import pytest
 from lmshards_testing import TOKENIZER
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from transforms.encoder import EncodedBatch, EncoderUnavailable, load_encoder
-from transforms.encoder_choice import choose_encoder
-from transforms.encoder_probe import first_difference, probe_texts
+from transforms.tokenizing.encoder import EncodedBatch, EncoderUnavailable, load_encoder
+from transforms.tokenizing.encoder_choice import choose_encoder
+from transforms.tokenizing.encoder_probe import first_difference, probe_texts
 
 PROJECT_JSON = open(TOKENIZER, encoding="utf-8").read()
 
@@ -156,8 +156,8 @@ def test_first_difference_names_the_first_text_that_differs():
 
 @pytest.mark.parametrize("backend", ["fastokens", "tokenizers"])
 def test_long_texts_are_encoded_in_bounded_pieces_with_the_ids_of_the_whole(backend, sample_texts):
-    from transforms.encoder import encode_bounded, pieces_are_exact_for
-    from transforms.long_text import PIECE_CHARS
+    from transforms.tokenizing.encoder import encode_bounded, pieces_are_exact_for
+    from transforms.tokenizing.long_text import PIECE_CHARS
 
     long_text = "\n\n".join(sample_texts)[: 3 * PIECE_CHARS + 12345]  # four pieces
     texts = ["a short one", long_text, "another short one"]

@@ -13,7 +13,7 @@ import sys
 import pytest
 from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, tokenized_documents
 
-from transforms.tokenize import _TokenizeBatch
+from transforms.tokenizing.tokenize import _TokenizeBatch
 
 PATHOLOGICAL = "a" * 30 + "!"
 

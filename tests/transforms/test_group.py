@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.elements import DocumentBatch
-from transforms.group import (
+from transforms.packing.group import (
     SUB_BUCKETS,
     AssignGroups,
     PlanGroups,

@@ -1,4 +1,4 @@
-"""Tests of transforms/read.py: formats, compression, rejection reasons, input globs."""
+"""Tests of transforms/reading/read.py: formats, compression, rejection reasons, input globs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transforms.read import (
+from transforms.reading.read import (
     EXCERPT_CHARS,
     ReadCorpus,
     RecordPolicy,

@@ -23,8 +23,8 @@ from lmshards_testing import record_texts as _texts
 from lmshards_testing import rejection_reasons as _reasons
 from lmshards_testing import write_file as _write
 
-from transforms.read import EXCERPT_CHARS, _ReadFile, iter_file_records
-from transforms.record_policy import RecordPolicy, replace_surrogates, split_text
+from transforms.reading.read import EXCERPT_CHARS, _ReadFile, iter_file_records
+from transforms.reading.record_policy import RecordPolicy, replace_surrogates, split_text
 
 REASONS = {
     "malformed_json",

@@ -29,11 +29,11 @@ from lmshards_testing import record_texts as _texts
 from lmshards_testing import rejection_reasons as _reasons
 from lmshards_testing import write_file as _write
 
-from transforms.archives import ZstdFrames, verify_archive
-from transforms.inputs import InputChangedError, InputFile, list_inputs
-from transforms.line_reader import RecordBuffer, cut_point, iter_lines
-from transforms.read import UNVERIFIED_PREFIX, _ReadFile, file_format
-from transforms.record_policy import RecordPolicy
+from transforms.reading.archives import ZstdFrames, verify_archive
+from transforms.reading.inputs import InputChangedError, InputFile, list_inputs
+from transforms.reading.line_reader import RecordBuffer, cut_point, iter_lines
+from transforms.reading.read import UNVERIFIED_PREFIX, _ReadFile, file_format
+from transforms.reading.record_policy import RecordPolicy
 
 # --- line ends and bounded lines -------------------------------------------------------------
 
@@ -138,7 +138,7 @@ def test_long_parquet_values_are_split_or_rejected(tmp_path):
 # (large) test process the child was forked from, which Linux carries across exec.
 _PEAK_RSS = """
 import sys
-from transforms.read import iter_file_records
+from transforms.reading.read import iter_file_records
 counts = {}
 for item in iter_file_records(sys.argv[1], text_mode=sys.argv[2]):
     key = item["reason"] if isinstance(item, dict) else "document"
@@ -246,7 +246,7 @@ def _large_jsonl(n_docs: int) -> tuple[list[str], bytes]:
 def test_a_large_archive_verified_beside_its_reading_yields_what_verifying_first_does(tmp_path):
     """More than HOLD_BYTES of text: the reading holds its records, waits for the verification,
     then yields them all; the same records and counters as a file verified first."""
-    from transforms.file_records import HOLD_BYTES, VERIFY_FIRST_BYTES
+    from transforms.reading.file_records import HOLD_BYTES, VERIFY_FIRST_BYTES
 
     docs, data = _large_jsonl(60_000)
     assert len(data) > HOLD_BYTES

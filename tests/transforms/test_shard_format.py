@@ -1,4 +1,4 @@
-"""Tests of the shard encoders (transforms/shard_format.py, tar_format.py, columns.py, hashing_writer.py)."""
+"""Tests of the shard encoders (transforms/writing/shard_format.py, tar_format.py, columns.py, hashing_writer.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,15 @@ import pyarrow as pa
 import pytest
 
 from schemas.examples import example_schema
-from transforms import shard_format
-from transforms.shard_format import HashingWriter, example_members, examples_to_batch, npy_bytes, write_arrow, write_tar
+from transforms.writing import shard_format
+from transforms.writing.shard_format import (
+    HashingWriter,
+    example_members,
+    examples_to_batch,
+    npy_bytes,
+    write_arrow,
+    write_tar,
+)
 
 DECODER = example_schema("decoder", seq_len=4, prefix_length=True)
 SEQ2SEQ = example_schema("seq2seq", denoiser=True)
@@ -267,7 +274,7 @@ def test_background_hashing_writer_reraises_write_errors():
 
 @pytest.mark.parametrize("max_len", [3, 300])  # short rows: one vectorized gather; long rows: row slices
 def test_example_columns_take_concat_and_encode_round_trip(max_len):
-    from transforms.shard_format import ExampleColumns
+    from transforms.writing.shard_format import ExampleColumns
 
     schema = example_schema("seq2seq", denoiser=True)
     rng = np.random.default_rng(max_len)
@@ -291,7 +298,7 @@ def test_example_columns_take_concat_and_encode_round_trip(max_len):
 
 def _merged_both_ways(parts, schema, rng):
     """MergedColumns of a random order over ``parts``, and concat-then-take of the same order."""
-    from transforms.shard_format import ExampleColumns, MergedColumns
+    from transforms.writing.shard_format import ExampleColumns, MergedColumns
 
     starts = np.cumsum([0] + [p.count for p in parts])
     order = rng.permutation(starts[-1])
@@ -302,7 +309,7 @@ def _merged_both_ways(parts, schema, rng):
 
 def _written(columns) -> tuple[bytes, bytes, list[bytes]]:
     """Arrow and tar bytes of ``columns``, and its Arrow batches of 7 rows serialized."""
-    from transforms.shard_format import write_arrow_columns, write_tar_columns
+    from transforms.writing.shard_format import write_arrow_columns, write_tar_columns
 
     arrow, tar = io.BytesIO(), io.BytesIO()
     write_arrow_columns(arrow, columns)
@@ -313,7 +320,7 @@ def _written(columns) -> tuple[bytes, bytes, list[bytes]]:
 
 @pytest.mark.parametrize("max_len", [3, 300])
 def test_merged_columns_write_what_concat_then_take_writes(max_len):
-    from transforms.shard_format import ExampleColumns
+    from transforms.writing.shard_format import ExampleColumns
 
     schema = example_schema("seq2seq", denoiser=True)
     rng = np.random.default_rng(7 + max_len)
@@ -333,7 +340,7 @@ def test_merged_columns_write_what_concat_then_take_writes(max_len):
 
 
 def test_merged_columns_of_fixed_length_rows_write_what_concat_then_take_writes():
-    from transforms.shard_format import ExampleColumns
+    from transforms.writing.shard_format import ExampleColumns
 
     schema = example_schema("decoder", seq_len=6, prefix_length=True)
     rng = np.random.default_rng(11)
@@ -350,7 +357,7 @@ def test_merged_columns_of_fixed_length_rows_write_what_concat_then_take_writes(
 
 
 def test_merged_columns_of_no_rows():
-    from transforms.shard_format import ExampleColumns, MergedColumns
+    from transforms.writing.shard_format import ExampleColumns, MergedColumns
 
     schema = example_schema("seq2seq")
     empty = MergedColumns([ExampleColumns.from_examples([], schema)], np.zeros(0, np.int64), np.zeros(0, np.int64),
@@ -395,9 +402,9 @@ def test_tar_member_name_too_long_is_a_clear_error():
 def test_columns_travel_narrow_and_write_the_same_bytes(values, dtype):
     """Encoded for the shuffle, array values take the narrowest dtype that holds them all; decoded,
     they are the same integers, and both writers (one part or merged parts) write the same bytes."""
-    from transforms.columns import ExampleColumns, MergedColumns
-    from transforms.shard_format import write_arrow_columns
-    from transforms.tar_format import write_tar_columns
+    from transforms.writing.columns import ExampleColumns, MergedColumns
+    from transforms.writing.shard_format import write_arrow_columns
+    from transforms.writing.tar_format import write_tar_columns
 
     examples = [dict(example, input_ids=np.array(values) if i == 0 else example["input_ids"])
                 for i, example in enumerate(_decoder_examples())]
@@ -417,7 +424,7 @@ def test_columns_travel_narrow_and_write_the_same_bytes(values, dtype):
 
 
 def test_columns_of_an_unknown_travel_dtype_are_refused():
-    from transforms.columns import ExampleColumns
+    from transforms.writing.columns import ExampleColumns
 
     count, arrays, scalars, strings = ExampleColumns.from_examples(_decoder_examples(), DECODER).encode()
     flat, _, offsets = arrays["input_ids"]

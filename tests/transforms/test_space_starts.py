@@ -14,8 +14,8 @@ import numpy as np
 from lmshards_testing import ROOT, SAMPLE_GLOB, tokenized_documents
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from transforms.tokenize import TokenFeatures, _TokenizeBatch
-from transforms.word_starts import space_start_flags
+from transforms.tokenizing.tokenize import TokenFeatures, _TokenizeBatch
+from transforms.tokenizing.word_starts import space_start_flags
 
 PROJECT_TOKENIZER = str(ROOT / "data" / "tokenizer.json")
 REPRO = "The cat sat.\nIt was (very) happy, wasn't it?"

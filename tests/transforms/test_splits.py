@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import transforms.splits as splits
-from transforms.read import _tasks_of, empty_file_rejection, iter_file_records
-from transforms.splits import ReadTask, plan_tasks, record_start
+import transforms.reading.splits as splits
+from transforms.reading.read import _tasks_of, empty_file_rejection, iter_file_records
+from transforms.reading.splits import ReadTask, plan_tasks, record_start
 
 
 def _read_in_tasks(path, split_bytes, **kwargs):

@@ -1,4 +1,4 @@
-"""Tests of transforms/text_rules.py: sentence starts on hand-checked strings."""
+"""Tests of transforms/tokenizing/text_rules.py: sentence starts on hand-checked strings."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
-from transforms.tokenizer_utils import byte_level_lengths
+from transforms.tokenizing.text_rules import byte_positions, sentence_start_chars, token_flags
+from transforms.tokenizing.tokenizer_utils import byte_level_lengths
 
 PROJECT_TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "tokenizer.json"
 

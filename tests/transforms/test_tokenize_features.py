@@ -11,8 +11,8 @@ import pytest
 from lmshards_testing import tokenized_documents
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from transforms.text_rules import sentence_start_chars
-from transforms.tokenize import _TokenizeBatch
+from transforms.tokenizing.text_rules import sentence_start_chars
+from transforms.tokenizing.tokenize import _TokenizeBatch
 
 PROJECT_TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "tokenizer.json"
 TEXTS = [
@@ -147,7 +147,7 @@ def test_encoder_threads_are_set_for_the_worker_unless_the_user_set_them(monkeyp
 
 
 def test_word_start_flags_with_and_without_tokens_outside_words():
-    from transforms.tokenize import word_start_flags
+    from transforms.tokenizing.tokenize import word_start_flags
 
     assert word_start_flags([0, 0, 1, 1, 1, 2]).tolist() == [True, False, True, False, False, True]
     # Tokens of no word (special tokens) each start their own.
@@ -159,7 +159,7 @@ def test_word_start_flags_with_and_without_tokens_outside_words():
     (0, []), (1, [1]), (256, [256]), (257, [128, 129]), (713, [356, 178, 179]), (2048, [1024, 512, 256, 256]),
 ])
 def test_a_bundle_ends_in_batches_that_halve(count, sizes):
-    from transforms.tokenize import FIRST_BATCH, _tail_batches
+    from transforms.tokenizing.tokenize import FIRST_BATCH, _tail_batches
 
     assert FIRST_BATCH == 128
     texts = [f"t{i}" for i in range(count)]

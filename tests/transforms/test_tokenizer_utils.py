@@ -1,4 +1,4 @@
-"""Tests of transforms/tokenizer_utils.py with the project tokenizer and a GPT-2-like one."""
+"""Tests of transforms/tokenizing/tokenizer_utils.py with the project tokenizer and a GPT-2-like one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from transforms.tokenizer_utils import (
+from transforms.tokenizing.tokenizer_utils import (
     DEFAULT_NAMES,
     ROLE_CANDIDATES,
     byte_level_lengths,

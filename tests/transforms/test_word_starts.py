@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.lmshards_testing import ROOT, SAMPLE_GLOB
-from transforms.tokenizer_utils import byte_level_lengths
-from transforms.word_starts import LETTER, NUMBER, OTHER, SPACE_CLASS, ByteLevelWords
+from transforms.tokenizing.tokenizer_utils import byte_level_lengths
+from transforms.tokenizing.word_starts import LETTER, NUMBER, OTHER, SPACE_CLASS, ByteLevelWords
 
 PROJECT_TOKENIZER = str(ROOT / "data" / "tokenizer.json")
 #: Pieces that exercise every rule: contractions (and near misses), plain and other spaces,

@@ -11,7 +11,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from lmshards_testing import file_digests, materialize
 
-from transforms.write import WriteRejected, rejected_file_name
+from transforms.writing.write import WriteRejected, rejected_file_name
 
 
 def _records(count):

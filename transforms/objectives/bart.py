@@ -28,7 +28,7 @@ shared/reference/bart_mlm_megatron.md section 1. ``targets`` is the original fra
 
 Words are fairseq's (``get_whole_word_mask`` with GPT-2's ``is_beginning_of_word``): a word
 starts at a token whose text begins with a space (the ``space_starts`` feature of
-:mod:`transforms.tokenize`: GPT-2's ``Ġ``, or for other tokenizers a token right after a space
+:mod:`transforms.tokenizing.tokenize`: GPT-2's ``Ġ``, or for other tokenizers a token right after a space
 in the text) and at a special token; the framing ``<s>``/``</s>`` never starts a word, so a
 chunk's first token starts one only when it begins with a space (fairseq glues a block's
 first word to ``<s>``, leaving it unmaskable). ``.``, ``,``, ``'t``, ``)`` or a newline do

@@ -8,7 +8,7 @@ noised. Both steps are recovered without the word starts the pipeline had:
 1. Sentence permutation is a pure function of the example's counter-based randoms
    (:func:`transforms.objectives.bart.sentence_permutation`, from ``(seed, example key)``).
    The chunk's sentence starts are recomputed from the text the targets spell, with the
-   pipeline's own rule (:mod:`transforms.text_rules`), per document of the chunk (EOS
+   pipeline's own rule (:mod:`transforms.tokenizing.text_rules`), per document of the chunk (EOS
    ends one); the draw is then replayed.
 2. ``inputs`` is a monotonic edit of the permuted chunk: a masked span becomes one
    ``<mask>`` (or a random token), a zero-length span inserts a ``<mask>``; the optional
@@ -34,7 +34,7 @@ from transforms.objectives.bart_passes import sentence_permutation
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms
 from transforms.objectives.shown import Marks, Segment, Shown, layout_facts, with_markers
-from transforms.text_rules import byte_positions, sentence_start_chars, token_flags
+from transforms.tokenizing.text_rules import byte_positions, sentence_start_chars, token_flags
 
 __all__ = ["BartNoise", "Edit", "bart_shown", "chunk_sentence_starts", "recover_bart_noise"]
 

@@ -197,7 +197,9 @@ class TokenNeeds(NamedTuple):
         sentinels: how many sentinels ``<extra_id_0>``, ``<extra_id_1>``, ... it may use.
         tokens: other token strings it needs as single ids (UL2's mode tokens, a plugin's
             own markers), in order; they reach :meth:`Objective.build` as
-            ``SpecialIds.mode_tokens`` (token -> id) and are never masked or replaced.
+            ``SpecialIds.mode_tokens`` (token -> id) and are never masked or replaced. The
+            name ``mode_tokens`` (there and as the manifest's tokenizer key) is UL2's, kept
+            because the manifest records it; it holds any objective's own tokens.
     """
 
     sentinels: int = 0
@@ -282,7 +284,8 @@ class Objective(ABC):
             flags of ``lmshards materialize``, the others ``--config`` parameters only.
         features: per-token features :meth:`build` needs (from Tokenize: ``word_starts``,
             ``space_starts``, ``sentence_starts``).
-        required_specials: special-token roles the objective needs (``"eos"``, ``"mask"``, ...).
+        required_specials: special-token roles the objective needs (``"eos"``, ``"mask"``, ...);
+            sentinels and tokens of its own are :meth:`token_needs`.
         fixed_raw_length: the raw length of every chunk, or None when :meth:`plan` varies it.
         length_parameter: the config field that sizes an example; the loader's on-the-fly
             objectives fit it to the stored chunks when it is not given (None: never).
@@ -435,10 +438,20 @@ class Objective(ABC):
     def token_needs(self) -> TokenNeeds:
         """The tokens this objective needs beyond its :attr:`required_specials` roles: the
         sentinels it may use and its own token strings, each a single id. What the plan's
-        tokenizer check, ``--add-special-tokens`` and the loader's on-the-fly objectives ask
-        (``lmshards train-tokenizer`` does not yet: it adds UL2's mode tokens by name); by
-        default :meth:`max_sentinels` sentinels and no tokens of its own."""
+        tokenizer check, ``--add-special-tokens`` (which adds what is missing in this order)
+        and the loader's on-the-fly objectives ask; by default :meth:`max_sentinels` sentinels
+        and no tokens of its own."""
         return TokenNeeds(self.max_sentinels(), ())
+
+    @classmethod
+    def preset_token_needs(cls) -> TokenNeeds:
+        """The tokens this objective may need under any configuration a user picks by name (its
+        defaults, and named presets such as UL2's mixtures), at its default lengths: what
+        ``lmshards train-tokenizer`` makes for it (through the registry's ``tokens_needed``),
+        so that a tokenizer trained with its defaults needs no ``--add-special-tokens``. By
+        default the default config's :meth:`token_needs`; an objective with presets that need
+        other tokens gives them all, in the order their ids should have."""
+        return cls(cls.config_class()).token_needs()
 
 
 def build_example(

@@ -84,8 +84,10 @@ class SpecialIds:
         cls: classifier id for BERT-style framing, or None.
         sep: separator id for BERT-style framing, or None.
         sentinels: ids of ``<extra_id_0>``, ``<extra_id_1>``, ... in that order.
-        mode_tokens: the objective's own token string -> id (``TokenNeeds.tokens``; UL2's mode
-            tokens, for example ``"[R]"`` -> 260).
+        mode_tokens: the objective's own tokens (``Objective.token_needs().tokens``), token
+            string -> id: UL2's mode tokens (for example ``"[R]"`` -> 260), a plugin's markers.
+            Named after UL2's, the first objective with tokens of its own, as the manifest's
+            tokenizer key that records them is.
         all_special: every id that must never be masked, selected or produced as a
             random replacement (the ids above plus any other added special token).
     """

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-__all__ = ["FLAG_METADATA", "FlagSpec", "ObjectiveFlag", "config_flags", "flag", "objective_flags"]
+__all__ = ["FLAG_METADATA", "FlagSpec", "ObjectiveFlag", "annotation_name", "config_flags", "flag", "objective_flags"]
 
 #: Key of a field's ``metadata`` holding its :class:`FlagSpec`.
 FLAG_METADATA = "lmshards.flag"
@@ -73,10 +73,16 @@ class ObjectiveFlag(NamedTuple):
     help: str
 
 
+def annotation_name(annotation: Any) -> str:
+    """A field's annotation as written (``int``, ``float | None``): a string in a module with
+    ``from __future__ import annotations``, the type itself in one without (a plugin's, say)."""
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+
+
 def _kind(field: dataclasses.Field, spec: FlagSpec, owner: str) -> type:
     if spec.kind is not None:
         return spec.kind
-    kind = _KINDS.get(str(field.type).replace(" | None", "").strip())
+    kind = _KINDS.get(annotation_name(field.type).replace(" | None", "").strip())
     if kind is None:
         raise TypeError(f"objective {owner}: flag of field {field.name} ({field.type}) needs kind=int/float/bool/str")
     return kind

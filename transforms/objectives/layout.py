@@ -119,7 +119,7 @@ def row_order_key(seed: int, key: str) -> bytes:
 
 
 def chunk_key_of(example_key: str) -> str:
-    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/parallel.py)."""
+    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/building/parallel.py)."""
     return example_key.rsplit("-d", 1)[0]
 
 

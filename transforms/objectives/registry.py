@@ -4,23 +4,32 @@ Every objective is registered here with one line (:func:`register_objective`); t
 line (flags and help), the manifest summary, the loader and the inspection tools find it by
 name through this registry. A class knows its config dataclass, so parameters coming from
 flags or a ``--config`` file are validated the same way (unknown parameters are errors that
-name them). An objective of another package registers itself the same way, best when its
-module is imported, before the pipeline or the inspection tools look it up; the pipeline's
-workers unpickle it by reference, so its module must be importable where they run (an
-installed package, as for any Beam DoFn).
+name them).
+
+An objective of another package (a plugin) is declared in that package's metadata under the
+entry-point group ``lmshards.objectives`` (:data:`ENTRY_POINT_GROUP`), the entry point named
+as the objective and pointing at its class (``fim = "lmshards_fim.objective:FIM"``). The
+registry loads those entry points on the first lookup of any kind (:data:`OBJECTIVES`,
+:func:`objective_class`, :func:`objective_flags`, ...), once per process, after the built-in
+objectives, so the command line, the loader and the inspection tools all see the same set; a
+plugin that cannot be imported, is not an ``Objective`` subclass or takes a name already
+taken is a :class:`schemas.errors.ConfigError` of one line naming its distribution and entry
+point. Beam's workers unpickle an objective by reference to its class, so the plugin's package
+must be installed where they run too (docs/design.md section 4).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+import importlib.metadata
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from transforms.objectives.bart import Bart
-from transforms.objectives.base import Objective
+from transforms.objectives.base import Objective, TokenNeeds
 from transforms.objectives.clm import CLM
-from transforms.objectives.flags import ObjectiveFlag, config_flags
+from transforms.objectives.flags import ObjectiveFlag, annotation_name, config_flags
 from transforms.objectives.flags import objective_flags as _merged_flags
 from transforms.objectives.mlm import MLM
 from transforms.objectives.prefix_lm import PrefixLM
@@ -28,13 +37,44 @@ from transforms.objectives.span_corruption import SpanCorruption
 from transforms.objectives.summary import Counters, Params, common_summary
 from transforms.objectives.ul2 import UL2
 
-__all__ = ["OBJECTIVES", "decoder_start_role", "make_objective", "objective_class", "objective_flags",
-           "objective_from_params", "objective_parameters", "register_objective", "summarize_objective", "summarizer",
-           "unregister_objective"]
+__all__ = ["ENTRY_POINT_GROUP", "OBJECTIVES", "decoder_start_role", "load_entry_points", "make_objective",
+           "objective_class", "objective_flags", "objective_from_params", "objective_parameters",
+           "register_objective", "summarize_objective", "summarizer", "tokens_needed", "unregister_objective"]
+
+#: The entry-point group in which a package declares its objectives (``name = "module:Class"``).
+ENTRY_POINT_GROUP = "lmshards.objectives"
 
 _REGISTERED: dict[str, type[Objective]] = {}
-#: name -> objective class, in registration order (read-only; see :func:`register_objective`)
-OBJECTIVES: Mapping[str, type[Objective]] = MappingProxyType(_REGISTERED)
+#: name -> where a plugin's objective came from (its distribution and entry point), for messages
+_PLUGIN_ORIGINS: dict[str, str] = {}
+#: "unloaded", "loading" (a plugin's module may look objectives up as it is imported) or "loaded"
+_entry_points_state = "unloaded"
+_entry_points_lock = threading.RLock()
+
+
+class _Registered(Mapping):
+    """The registered objectives, read-only; every read first loads the installed plugins
+    (:func:`_load_installed_entry_points`), so that no lookup path can miss them."""
+
+    def __getitem__(self, name: str) -> type[Objective]:
+        _load_installed_entry_points()
+        return _REGISTERED[name]
+
+    def __iter__(self) -> Iterator[str]:
+        _load_installed_entry_points()
+        return iter(list(_REGISTERED))
+
+    def __len__(self) -> int:
+        _load_installed_entry_points()
+        return len(_REGISTERED)
+
+    def __repr__(self) -> str:
+        return f"OBJECTIVES({', '.join(self)})"
+
+
+#: name -> objective class, in registration order: the built-in ones, then the installed plugins
+#: (read-only; see :func:`register_objective` and :data:`ENTRY_POINT_GROUP`)
+OBJECTIVES: Mapping[str, type[Objective]] = _Registered()
 
 
 def register_objective(cls: type[Objective]) -> type[Objective]:
@@ -62,6 +102,77 @@ def register_objective(cls: type[Objective]) -> type[Objective]:
 def unregister_objective(name: str) -> None:
     """Remove a registered objective (a test's own, once it is done)."""
     del _REGISTERED[name]
+    _PLUGIN_ORIGINS.pop(name, None)
+
+
+def _config_error(message: str) -> Exception:
+    # The objectives import numpy and the standard library only (docs/design.md section 1), and
+    # the schemas package imports pyarrow: its error class is imported where a plugin is refused.
+    from schemas.errors import ConfigError
+
+    return ConfigError(message)
+
+
+def load_entry_points(entry_points: Iterable[importlib.metadata.EntryPoint]) -> list[str]:
+    """Register the objective classes ``entry_points`` name (group :data:`ENTRY_POINT_GROUP`), in
+    the order of their names; returns the names registered now. An entry point whose class is
+    registered already under its name is skipped, so loading twice changes nothing.
+
+    Raises:
+        ConfigError: an entry point that cannot be loaded, is not an ``Objective`` subclass, is
+            not named as its objective, takes a name another objective has, or declares flags
+            that clash with a registered objective's (one line naming its distribution).
+    """
+    loaded = []
+    for entry_point in sorted(entry_points, key=lambda e: (e.name, e.value)):
+        dist = entry_point.dist.name if entry_point.dist is not None else "an unknown distribution"
+        origin = f"entry point {entry_point.name} = {entry_point.value} of {dist}"
+        where = f"objective plugin {origin} (group {ENTRY_POINT_GROUP})"
+        try:
+            cls = entry_point.load()
+        except Exception as exc:  # noqa: BLE001 - whatever a plugin's import raises, in one line
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise _config_error(f"{where}: cannot be imported: {type(exc).__name__}: {first}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, Objective)):
+            raise _config_error(f"{where}: {cls!r} is not a subclass of transforms.objectives.base.Objective")
+        name = getattr(cls, "name", None)
+        if name != entry_point.name:
+            raise _config_error(f"{where}: the class names its objective {name!r}; the entry point must be named as "
+                                "the objective (the --objective value)")
+        if _REGISTERED.get(name) is cls:
+            continue
+        if name in _REGISTERED:
+            holder = _PLUGIN_ORIGINS.get(name, f"lmshards' own {_REGISTERED[name].__qualname__}")
+            raise _config_error(f"{where}: objective {name} is registered already (by {holder}); uninstall one of "
+                                "the two")
+        try:
+            register_objective(cls)
+        except TypeError as exc:
+            raise _config_error(f"{where}: {exc}") from exc
+        _PLUGIN_ORIGINS[name] = origin
+        loaded.append(name)
+    return loaded
+
+
+def _load_installed_entry_points() -> None:
+    """Load the installed packages' objectives (:data:`ENTRY_POINT_GROUP`) once per process. A
+    plugin that fails leaves the state unloaded, so every later lookup fails the same way
+    instead of going on without it; those it registered before stay (loading skips them).
+    Another thread's lookup waits for the loading; a lookup made by a plugin's own module as it
+    is imported (this thread, loading) sees what is registered so far."""
+    global _entry_points_state
+    if _entry_points_state == "loaded":
+        return
+    with _entry_points_lock:
+        if _entry_points_state != "unloaded":
+            return
+        _entry_points_state = "loading"
+        try:
+            load_entry_points(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+        except BaseException:
+            _entry_points_state = "unloaded"
+            raise
+        _entry_points_state = "loaded"
 
 
 register_objective(CLM)
@@ -78,20 +189,21 @@ def objective_class(name: str) -> type[Objective]:
     Raises:
         ValueError: unknown objective (naming the registered ones).
     """
-    if name not in _REGISTERED:
-        raise ValueError(f"--objective {name}: unknown objective; choose one of {', '.join(sorted(_REGISTERED))}")
-    return _REGISTERED[name]
+    if name not in OBJECTIVES:
+        raise ValueError(f"--objective {name}: unknown objective; choose one of {', '.join(sorted(OBJECTIVES))} "
+                         f"(an objective of another package is found once that package is installed)")
+    return OBJECTIVES[name]
 
 
 def decoder_start_role(name: str | None) -> str:
     """The special role a seq2seq decoder of objective ``name`` starts with (``pad`` if unknown)."""
-    cls = _REGISTERED.get(name or "")
+    cls = OBJECTIVES.get(name or "")
     return cls.decoder_start if cls else "pad"
 
 
 def objective_flags() -> list[ObjectiveFlag]:
     """The objective flags of ``lmshards materialize``, from every registered objective's config fields."""
-    return _merged_flags((name, cls.config_class) for name, cls in _REGISTERED.items())
+    return _merged_flags((name, cls.config_class) for name, cls in OBJECTIVES.items())
 
 
 def objective_parameters(name: str) -> list[str]:
@@ -111,9 +223,10 @@ def _typed(config_class: type, params: dict[str, Any]) -> dict[str, Any]:
     """
     out = dict(params)
     for field in dataclasses.fields(config_class):
-        if field.name not in params or params[field.name] is None and "None" in str(field.type):
+        written = annotation_name(field.type)
+        if field.name not in params or params[field.name] is None and "None" in written:
             continue
-        expected = _SCALAR_TYPES.get(str(field.type).replace(" | None", ""))
+        expected = _SCALAR_TYPES.get(written.replace(" | None", ""))
         value = params[field.name]
         if expected is None:
             continue
@@ -172,3 +285,17 @@ def _common_only(counters: Counters, params: Params | None = None) -> dict[str, 
 def summarize_objective(name: str, counters: Counters, params: Params | None = None) -> dict[str, Any]:
     """The summary of objective ``name``'s summed counters (:func:`summarizer`)."""
     return summarizer(name)(counters, params)
+
+
+def tokens_needed() -> TokenNeeds:
+    """The tokens every registered objective may need, together: the most sentinels any of them
+    uses and their own tokens in registration order, each objective's under every configuration
+    picked by name (:meth:`~transforms.objectives.base.Objective.preset_token_needs`, UL2's two
+    mixtures included). What ``lmshards train-tokenizer`` makes, and the tokens the inspection
+    tools look for in a dataset's tokenizer."""
+    sentinels, tokens = 0, []
+    for cls in OBJECTIVES.values():
+        needs = cls.preset_token_needs()
+        sentinels = max(sentinels, int(needs.sentinels))
+        tokens += needs.tokens
+    return TokenNeeds(sentinels, tuple(dict.fromkeys(tokens)))

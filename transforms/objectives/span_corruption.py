@@ -142,7 +142,7 @@ class SpanCorruption(Objective):
     name = "span_corruption"
     family = "seq2seq"
     config_class = SpanCorruptionConfig
-    required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels"})
+    required_specials: frozenset[str] = frozenset({"eos", "pad"})  # its sentinels: token_needs
     length_parameter = "inputs_length"
     exact_counters = frozenset({"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens",
                                 "span_len_hist_*"})

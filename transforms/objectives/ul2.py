@@ -164,7 +164,7 @@ class UL2(Objective):
 
     name = "ul2"
     config_class = UL2Config
-    required_specials: frozenset[str] = frozenset({"eos", "pad", "sentinels", "mode_tokens"})
+    required_specials: frozenset[str] = frozenset({"eos", "pad"})  # its sentinels and mode tokens: token_needs
     length_parameter = "inputs_length"
     exact_counters = frozenset({"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens",
                                 "span_len_hist_*"})
@@ -204,6 +204,19 @@ class UL2(Objective):
     def token_needs(self) -> TokenNeeds:
         """The mixture's sentinels and its distinct mode tokens."""
         return TokenNeeds(self.max_sentinels(), self.mode_tokens)
+
+    @classmethod
+    def preset_token_needs(cls) -> TokenNeeds:
+        """Every preset mixture's needs at the default lengths: the most sentinels, and the mode
+        tokens preset by preset, each preset's in the paper's order of paradigms (R, S, X, the
+        first letter of its denoisers' names), which gives trained tokenizers the ids they have
+        always had: ``[R] [S] [X] [NLU] [S2S] [NLG]``."""
+        sentinels, tokens = 0, []
+        for preset in PRESETS:
+            objective = cls(UL2Config(mixture=preset))
+            sentinels = max(sentinels, objective.max_sentinels())
+            tokens += [d.mode_token for d in sorted(objective.denoisers, key=lambda d: d.name[:1])]
+        return TokenNeeds(sentinels, tuple(dict.fromkeys(tokens)))
 
     def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each chunk's denoiser (the first whose cumulative weight exceeds its number) and raw length."""

@@ -284,7 +284,7 @@ def test_the_repro_masks_fairseqs_seven_words():
     from tokenizers import Tokenizer
 
     from tests.lmshards_testing import TOKENIZER
-    from transforms.tokenize import TokenFeatures
+    from transforms.tokenizing.tokenize import TokenFeatures
 
     tokenizer = Tokenizer.from_file(TOKENIZER)
     text = "The cat sat.\nIt was (very) happy, wasn't it?"

@@ -1,10 +1,12 @@
 """Adding an objective: a toy one defined here, not shipped, registered with one line.
 
-``reverse`` is a seq2seq objective: ``inputs`` are the chunk and EOS, ``targets`` the chunk
-reversed in windows of ``window`` tokens and EOS. Its module (this file) declares all there
-is: its config with two flags (``--seq-len``, shared with the built-in objectives, and its own
-``--reverse-window``), its schema, its counters and manifest summary, its decoder start token,
-and its inspection hooks (taking an example apart, its invariant, the counters ``validate``
+``reverse`` is a seq2seq objective: ``inputs`` are a token of its own, ``[REV]``, the chunk and
+EOS, ``targets`` the chunk reversed in windows of ``window`` tokens and EOS. Its module (this
+file) declares all there is: its config with two flags (``--seq-len``, shared with the built-in
+objectives, and its own ``--reverse-window``), its schema, its counters and manifest summary,
+its decoder start token, the token it needs (``token_needs``: ``train-tokenizer`` makes it, the
+plan refuses a tokenizer without it unless ``--add-special-tokens`` adds it), and its
+inspection hooks (taking an example apart, its invariant, the counters ``validate``
 recomputes, its own measured statistic: the tokens the reversal moves, counted in ``inspect``'s
 statistics and shown in its table, the report and ``--json``; how ``show`` and the report show an
 example: its windows and its targets turned back). Every hook gets the same
@@ -29,7 +31,7 @@ import pytest
 from lmshards_testing import ROOT, TOKENIZER, encode_documents, materialize
 
 from pipelines.cli import main as cli
-from transforms.objectives.base import Block, Built, Objective, flat_rows, padded_rows
+from transforms.objectives.base import Block, Built, Objective, TokenNeeds, flat_rows, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.lines import number
@@ -39,9 +41,11 @@ from transforms.objectives.summary import common_summary, ratio
 
 CORPUS = ROOT / "data" / "sample" / "faq.jsonl"
 SEQ, WINDOW, EOS, PAD = 16, 4, 1, 0
+#: reverse's own token, and its id once --add-special-tokens adds it to the project's tokenizer (8,000 ids)
+MARK, MARK_ID = "[REV]", 8000
 ARGS = ["--input", str(CORPUS), "--tokenizer", TOKENIZER, "--objective", "reverse", "--seq-len", str(SEQ),
         "--reverse-window", str(WINDOW), "--last-chunk", "pad", "--validation-fraction", "0.1", "--num-shards", "2",
-        "--formats", "arrow,webdataset"]
+        "--formats", "arrow,webdataset", "--add-special-tokens"]
 
 
 # --- the objective: everything a new one needs, in its own module -------------------------
@@ -79,11 +83,14 @@ class Reverse(Objective):
         self.config = config
         self.fixed_raw_length = config.seq_len
 
+    def token_needs(self) -> TokenNeeds:
+        return TokenNeeds(0, (MARK,))
+
     def build(self, block: Block, special: SpecialIds) -> Built:
         chunks = [block.tokens[block.offsets[i] : block.offsets[i + 1]] for i in range(block.count)]
-        width = self.config.seq_len + 1
-        inputs, in_offsets, in_padding = padded_rows(*flat_rows([np.append(c, special.eos) for c in chunks]),
-                                                     width, special.pad)
+        mark, width = special.mode_tokens[MARK], self.config.seq_len + 1
+        inputs, in_offsets, in_padding = padded_rows(*flat_rows([np.r_[mark, c, special.eos] for c in chunks]),
+                                                     width + 1, special.pad)
         targets, out_offsets, out_padding = padded_rows(
             *flat_rows([np.append(reverse_windows(c, self.config.window), special.eos) for c in chunks]),
             width, special.pad)
@@ -93,7 +100,7 @@ class Reverse(Objective):
         return Built({"inputs": (inputs, in_offsets), "targets": (targets, out_offsets)}, {}, {}, counters)
 
     def schema_kwargs(self) -> dict[str, Any]:
-        return {"inputs_length": self.config.seq_len + 1, "targets_length": self.config.seq_len + 1}
+        return {"inputs_length": self.config.seq_len + 2, "targets_length": self.config.seq_len + 1}
 
     def params(self) -> dict[str, Any]:
         return {"seq_len": self.config.seq_len, "window": self.config.window}
@@ -108,13 +115,15 @@ class Reverse(Objective):
 
     def take_apart(self, ctx) -> None:
         a = ctx.anatomy
+        if a.inputs.size == 0 or a.inputs[0] != ctx.special.mode_tokens.get(MARK):
+            a.issues.append(f"inputs do not start with {MARK}")
         if a.inputs.size == 0 or a.inputs[-1] != ctx.special.eos:
             a.issues.append("inputs do not end with EOS")
-        a.raw_tokens = max(int(a.inputs.size) - 1, 0)
+        a.raw_tokens = max(int(a.inputs.size) - 2, 0)
 
     def example_problems(self, ctx) -> list[str]:
         a = ctx.anatomy
-        if not np.array_equal(a.targets, np.append(reverse_windows(a.inputs[:-1], self.config.window),
+        if not np.array_equal(a.targets, np.append(reverse_windows(a.inputs[1:-1], self.config.window),
                                                    ctx.special.eos)):
             return [f"targets are not the inputs reversed in windows of {self.config.window}"]
         return []
@@ -123,8 +132,8 @@ class Reverse(Objective):
         return {"windows": math.ceil(ctx.anatomy.raw_tokens / self.config.window)}
 
     def count_measured(self, ctx) -> None:
-        a = ctx.anatomy
-        ctx.stats.counts["out_of_place_tokens"] += int((a.targets[:a.raw_tokens] != a.inputs[:a.raw_tokens]).sum())
+        a, raw = ctx.anatomy, ctx.anatomy.raw_tokens
+        ctx.stats.counts["out_of_place_tokens"] += int((a.targets[:raw] != a.inputs[1 : raw + 1]).sum())
 
     def measured_summary(self, ctx) -> dict[str, Any]:
         c = ctx.stats.counts
@@ -223,6 +232,39 @@ def test_its_config_errors_name_the_flag(registered, tmp_path, capsys):
     assert capsys.readouterr().err.strip().endswith("--reverse-window 0: window must be an int >= 1, got 0")
 
 
+def test_its_own_token_is_made_by_train_tokenizer_checked_by_the_plan_and_added_on_request(registered, tmp_path,
+                                                                                           capsys):
+    from tokenizers import Tokenizer
+
+    from pipelines.options import parse_args
+    from pipelines.plan import plan_run
+    from pipelines.train_tokenizer import main as train
+    from transforms.objectives.registry import tokens_needed
+
+    assert tokens_needed().tokens == ("[R]", "[S]", "[X]", "[NLU]", "[S2S]", "[NLG]", MARK)
+    trained = tmp_path / "trained.json"
+    assert train(["--input", str(CORPUS), "--output", str(trained), "--vocab-size", "400", "--num-sentinels", "1",
+                  "--max-documents", "20"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"wrote {trained}: bpe, vocab 400, 13 special tokens (1 sentinel, the objectives' own tokens [R] [S] [X] "
+        f"[NLU] [S2S] [NLG] {MARK}), trained on 20 documents")
+    assert Tokenizer.from_file(str(trained)).token_to_id(MARK) == 12  # 5 roles, 1 sentinel, UL2's 6, then its own
+
+    def plan(tokenizer, *extra):
+        return plan_run(parse_args(["--input", str(CORPUS), "--tokenizer", str(tokenizer), "--output",
+                                    str(tmp_path / "o"), "--objective", "reverse", "--seq-len", str(SEQ), *extra]))
+
+    resolved = plan(trained).resolved
+    assert (resolved.added, resolved.special.mode_tokens) == ([], {MARK: 12})
+    with pytest.raises(ValueError) as refused:
+        plan(TOKENIZER)
+    assert str(refused.value) == (f"--tokenizer {TOKENIZER}: the tokenizer is short of special tokens: tokens "
+                                  f"['{MARK}'] the objective needs as single ids are missing (pass "
+                                  "--add-special-tokens to add what is missing)")
+    resolved = plan(TOKENIZER, "--add-special-tokens").resolved
+    assert (resolved.added, resolved.special.mode_tokens) == ([MARK], {MARK: MARK_ID})
+
+
 @pytest.fixture(scope="module")
 def dataset(registered, tmp_path_factory):
     out = tmp_path_factory.mktemp("reverse") / "data"
@@ -245,7 +287,7 @@ def test_multi_process_workers_write_the_same_bytes(dataset, tmp_path, monkeypat
 
 
 def _examples(out) -> dict[str, list[dict]]:
-    from loaders.reader import open_dataset
+    from loaders.access.reader import open_dataset
 
     reader = open_dataset(str(out))
     return {split: list(reader.iter_examples(split)) for split in reader.manifest.splits}
@@ -262,10 +304,11 @@ def test_materialize_writes_its_examples_counters_and_summary(dataset):
         windows = raw = padding = 0
         for row in rows:
             inputs, targets = [int(t) for t in row["inputs"]], [int(t) for t in row["targets"]]
-            assert len(inputs) == len(targets) == SEQ + 1
-            length = len(inputs) - inputs[::-1].index(EOS) - 1  # tokens before the appended EOS
-            chunk = inputs[:length]
-            assert inputs[length:] == [EOS] + [PAD] * (SEQ - length), row["key"]
+            assert (len(inputs), len(targets), inputs[0]) == (SEQ + 2, SEQ + 1, MARK_ID)
+            end = len(inputs) - inputs[::-1].index(EOS) - 1  # the appended EOS
+            chunk = inputs[1:end]
+            length = len(chunk)
+            assert inputs[end:] == [EOS] + [PAD] * (SEQ - length), row["key"]
             assert targets == _reference(chunk, WINDOW) + [EOS] + [PAD] * (SEQ - length), row["key"]
             windows, raw, padding = windows + -(-length // WINDOW), raw + length, padding + 2 * (SEQ - length)
         counters = manifest.stats[split]["objective"]
@@ -285,8 +328,8 @@ def _out_of_place(rows: list[dict]) -> tuple[int, int]:
     moved = raw = 0
     for row in rows:
         inputs, targets = [int(t) for t in row["inputs"]], [int(t) for t in row["targets"]]
-        length = len(inputs) - inputs[::-1].index(EOS) - 1
-        moved += sum(inputs[i] != targets[i] for i in range(length))
+        length = len(inputs) - inputs[::-1].index(EOS) - 2  # [REV] and the appended EOS are no chunk tokens
+        moved += sum(inputs[1 + i] != targets[i] for i in range(length))
         raw += length
     return moved, raw
 
@@ -317,8 +360,8 @@ def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys)
                 "--no-legend"]) == 0
     first = examples["train"][0]
     header, *body = capsys.readouterr().out.rstrip("\n").split("\n")
-    raw = len(first["inputs"]) - list(first["inputs"])[::-1].index(EOS) - 1
-    assert header == (f"── {first['key']}  split=train  shard=0  row=0  inputs={raw + 1}  targets={raw + 1}  "
+    raw = len(first["inputs"]) - list(first["inputs"])[::-1].index(EOS) - 2  # [REV] and EOS are no chunk tokens
+    assert header == (f"── {first['key']}  split=train  shard=0  row=0  inputs={raw + 2}  targets={raw + 1}  "
                       + (f"padding={2 * (SEQ - raw)}  " if raw < SEQ else "") + f"windows={-(-raw // WINDOW)}")
     shown: dict[str, str] = {}  # line name -> its text, continuation lines joined
     for line in body:
@@ -329,16 +372,22 @@ def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys)
         else:
             shown[name] += "\n" + line[len("turned back: "):]
     assert list(shown) == ["inputs", "targets", "turned back"]
-    assert shown["turned back"] + "</s>" == shown["inputs"] != shown["targets"]  # its own line: the chunk again
+    # its own line: the chunk again, between its own token and EOS in the inputs
+    assert f"{MARK}{shown['turned back']}</s>" == shown["inputs"] != shown["targets"]
+    assert summary["tokenizer"]["mode_tokens"] == {MARK: MARK_ID}  # the manifest's key for an objective's own tokens
     assert cli(["inspect", str(out)]) == 0
     table = capsys.readouterr().out
     assert "reverse" in table and f"{manifest.splits['train']['examples']:,}" in table
+    assert [line for line in table.splitlines() if line.startswith("tokenizer")][0].endswith(
+        f"  sentinels 128  objective tokens {MARK}={MARK_ID}")
     assert [line for line in table.splitlines() if "out of place" in line] == [lines["train"], lines["validation"]]
     assert cli(["report", str(out), "-o", str(out / "report.html"), "--examples", "2"]) == 0
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count('class="example"') == 2 and first["key"] in page
     assert page.count('<span class="name">turned back</span>') == 2  # its example_lines hook, in the report too
+    assert f'<li><span class="seg mode">{MARK}</span> a token of the objective&#x27;s own</li>' in page  # legend
     assert all(line in page for line in lines.values())
+    assert f"[R] [S] [X] [NLU] [S2S] [NLG] {MARK} in the tokenizer; used by the objective: {MARK}={MARK_ID}" in page
 
 
 @pytest.mark.e2e
@@ -398,12 +447,16 @@ def test_validate_reports_its_own_invariant_on_a_bad_example(dataset):
     inputs[inputs == EOS] = 2
     broken = take_apart({**example, "inputs": inputs}, ObjectiveView(view.objective, view.special))
     assert broken.issues == ["inputs do not end with EOS"]
+    inputs = np.array(example["inputs"])
+    inputs[0] = 2
+    unmarked = take_apart({**example, "inputs": inputs}, ObjectiveView(view.objective, view.special))
+    assert unmarked.issues == ["inputs do not start with [REV]"]
 
 
 @pytest.mark.e2e
 def test_the_loader_collates_it_with_its_decoder_start(dataset):
-    from loaders.collate import collator_for
-    from loaders.collate_encoder import Seq2SeqCollator
+    from loaders.collation.collate import collator_for
+    from loaders.collation.collate_encoder import Seq2SeqCollator
     from loaders.dataset import ShardedDataset
 
     out, _ = dataset

@@ -287,7 +287,7 @@ def test_partial_chunk_is_padded_and_counted():
 def test_params_and_protocol_attributes():
     objective = SpanCorruption()
     assert (objective.name, objective.family) == ("span_corruption", "seq2seq")
-    assert {"eos", "sentinels"} <= objective.required_specials
+    assert objective.required_specials == {"eos", "pad"} and objective.token_needs() == (28, ())
     assert objective.params()["raw_length"] == 568
     _, counters = build_example(objective, np.arange(3, 571), SPECIAL, example_randoms(0, ["q"]))
     assert all(type(value) is int for value in counters.values())

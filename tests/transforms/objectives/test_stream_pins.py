@@ -3,7 +3,7 @@
 Datasets already made must stay reproducible: for every objective and several parameter
 sets (defaults, UL2's paper preset and decoder layout, whole-word masks, every BART noise,
 partial chunks, T5's descending sentinel ids), 120 examples are built the way the pipeline's
-builder (:class:`transforms.parallel.ChunkBuilder`) builds them: planned from their chunk keys,
+builder (:class:`transforms.building.parallel.ChunkBuilder`) builds them: planned from their chunk keys,
 in blocks (of 37 rows here), each row's noise keyed by its example key. A blake2b digest of
 every row's columns and dtypes and of the summed counters is compared with the value the code
 produced when it was pinned; building all rows as one block must give the same digest. A

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from transforms.objectives.registry import summarize_objective
+from transforms.objectives.registry import OBJECTIVES, summarize_objective
 from transforms.objectives.summary import (
     counter_histogram,
     denoiser_counters,
@@ -80,7 +80,7 @@ def test_ul2_mix_by_examples_tokens_and_mode_token():
 
 def test_summaries_are_json_and_independent_of_counter_order():
     counters = {"examples": 3, "tokens": 384, "padding_tokens": 0, "documents_segments": 5, "chunk_tokens": 384}
-    for name in ("clm", "prefix_lm", "mlm", "span_corruption", "bart", "ul2", "unknown"):
+    for name in (*OBJECTIVES, "unknown"):  # every registered objective, and one that is not
         shuffled = list(counters.items())
         random.Random(0).shuffle(shuffled)
         first = json.dumps(summarize_objective(name, counters), sort_keys=True)

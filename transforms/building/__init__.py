@@ -1,0 +1,8 @@
+"""Building: chunks -> examples of the objective, in columnar blocks (``BuildExamples``).
+
+Holds the Beam stage (``build``) and its work without Beam (``parallel``: chunks -> encoded
+shard pieces and summed counters).
+
+May import: the standard library, Beam (``build`` only), numpy, :mod:`transforms.objectives`,
+:mod:`transforms.writing`'s shard encoders and the loose modules of :mod:`transforms`; never torch.
+"""

@@ -1,0 +1,133 @@
+"""Which encoder backend a job uses (``--encoder``), decided once when it is planned.
+
+A dataset's bytes never depend on the backend. So ``auto`` (:func:`choose_encoder`) takes
+fastokens only when it loads the tokenizer, the job needs nothing but ids from the encoder,
+and the parity probe passes: the texts of :func:`transforms.tokenizing.encoder_probe.probe_texts`
+(hard strings and the first documents of the corpus) encode to identical ids with both
+backends. Otherwise the job uses ``tokenizers`` and says why (:class:`EncoderChoice`, the
+manifest's ``run.encoder`` entry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from transforms.tokenizing.encoder import (
+    ENCODER_CHOICES,
+    EncoderUnavailable,
+    FastokensEncoder,
+    TokenizersEncoder,
+    error_line,
+    fastokens_version,
+)
+from transforms.tokenizing.encoder_probe import first_difference, probe_texts
+
+__all__ = ["EncoderChoice", "choose_encoder"]
+
+
+@dataclass
+class EncoderChoice:
+    """The backend a job encodes with, decided when it is planned.
+
+    Attributes:
+        requested: the ``--encoder`` value.
+        backend: ``fastokens`` or ``tokenizers``.
+        reason: why ``auto`` did not take fastokens (None when it did, or when asked for tokenizers).
+        probe: the parity probe: ``result`` (``passed``, ``mismatch`` or ``not_run``), the number of
+            ``texts`` and ``characters`` compared, and for a mismatch the ``first_difference``.
+    """
+
+    requested: str
+    backend: str
+    reason: str | None = None
+    probe: dict[str, Any] = field(default_factory=lambda: {"result": "not_run"})
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's ``run.encoder`` entry."""
+        from importlib import metadata
+
+        return {
+            "requested": self.requested,
+            "backend": self.backend,
+            "fastokens_version": fastokens_version(),
+            "tokenizers_version": metadata.version("tokenizers"),
+            "reason": self.reason,
+            "probe": dict(self.probe),
+        }
+
+
+def _excerpt(text: str, limit: int = 60) -> str:
+    shown = text if len(text) <= limit else text[:limit] + "..."
+    return repr(shown)
+
+
+def _fails(encoder, text: str) -> bool:
+    """Whether ``encoder`` cannot encode ``text`` (tokenizers' Rust panics included)."""
+    try:
+        encoder.encode([text])
+    except BaseException as exc:  # pyo3's PanicException is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return True
+    return False
+
+
+def choose_encoder(requested: str, tokenizer_json: str, *, needs_full: bool = False,
+                   documents: list[str] = ()) -> EncoderChoice:
+    """Decide the job's encoder backend (``--encoder``), probing fastokens against tokenizers.
+
+    Args:
+        requested: ``auto``, ``fastokens`` or ``tokenizers``.
+        tokenizer_json: the tokenizer the job encodes with (added tokens included).
+        needs_full: the job needs offsets or word ids from the encoder (its per-token features
+            cannot be derived from the ids and the text for this tokenizer).
+        documents: the corpus sample for the probe.
+
+    Raises:
+        ValueError: ``--encoder fastokens`` where fastokens cannot be used or the probe fails
+            (a configuration error), or an unknown value.
+    """
+    if requested not in ENCODER_CHOICES:
+        raise ValueError(f"--encoder {requested}: expected one of {', '.join(ENCODER_CHOICES)}")
+    if requested == "tokenizers":
+        return EncoderChoice(requested, "tokenizers")
+
+    def refuse(reason: str, probe: dict[str, Any] | None = None) -> EncoderChoice:
+        if requested == "fastokens":
+            raise ValueError(f"--encoder fastokens: {reason} (use --encoder auto or tokenizers)")
+        return EncoderChoice(requested, "tokenizers", reason, probe or {"result": "not_run"})
+
+    if needs_full:
+        return refuse("this tokenizer's word or sentence starts need the offsets and word ids of tokenizers, "
+                      "which fastokens does not give")
+    try:
+        fast = FastokensEncoder(tokenizer_json)
+    except EncoderUnavailable as exc:
+        return refuse(str(exc))
+    reference_tokenizer = Tokenizer.from_str(tokenizer_json)
+    added = [token.content for token in reference_tokenizer.get_added_tokens_decoder().values()]
+    reference = TokenizersEncoder(reference_tokenizer)
+    texts = probe_texts(added, documents)
+    probe: dict[str, Any] = {"texts": len(texts), "characters": sum(map(len, texts))}
+    try:
+        fast_ids = fast.encode(texts)
+    except Exception as exc:
+        # A text that both backends refuse (a Split regex past its engine's limit) is rejected by
+        # either in the run: it tells nothing about parity. One only fastokens refuses does.
+        kept = [text for text in texts if not (_fails(fast, text) and _fails(reference, text))]
+        try:
+            if len(kept) == len(texts):
+                raise
+            fast_ids, texts = fast.encode(kept), kept
+        except Exception:
+            return refuse(f"fastokens failed on the parity probe ({error_line(exc)})", {**probe, "result": "error"})
+    index = first_difference(reference.encode(texts), fast_ids)
+    if index is not None:
+        where = "corpus document" if index >= len(texts) - len(documents) else "probe text"
+        probe.update(result="mismatch", first_difference=_excerpt(texts[index]))
+        return refuse(f"fastokens encodes the {where} {_excerpt(texts[index])} differently from tokenizers", probe)
+    probe["result"] = "passed"
+    return EncoderChoice(requested, "fastokens", None, probe)
