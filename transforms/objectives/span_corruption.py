@@ -56,21 +56,11 @@ from typing import Any
 
 import numpy as np
 
+from transforms.objectives import span_views
 from transforms.objectives.base import Block, Built, InspectionContext, Objective, in_block_order, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.shown import Shown
-from transforms.objectives.span_views import (
-    count_noise,
-    noise_counters,
-    noise_line,
-    noise_stats,
-    replay_problems,
-    span_length_chart,
-    span_problems,
-    span_shown,
-    take_apart_noise,
-)
 from transforms.objectives.spans import (
     check_chunks,
     corrupt_rows,
@@ -152,40 +142,41 @@ class SpanCorruption(Objective):
 
     def take_apart(self, ctx: InspectionContext) -> None:
         """The noise spans of T5's sentinel layout."""
-        ctx.anatomy.parts = take_apart_noise(ctx.anatomy, ctx.special, "span")
+        ctx.anatomy.parts = span_views.take_apart_noise(ctx.anatomy, ctx.special, "span")
 
     def example_problems(self, ctx: InspectionContext) -> list[str]:
         """T5's noise and span counts for the restored chunk length, then the replay."""
         config = self.config
-        out = span_problems(ctx.anatomy, config.noise_density, config.mean_noise_span_length, self.raw_length)
-        return out or replay_problems(self, ctx)
+        out = span_views.span_problems(ctx.anatomy, config.noise_density, config.mean_noise_span_length,
+                                       self.raw_length)
+        return out or span_views.replay_problems(self, ctx)
 
     def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
         """Noise tokens, spans and span lengths, and inputs and targets tokens."""
-        return noise_counters(ctx.anatomy)
+        return span_views.noise_counters(ctx.anatomy)
 
     def count_measured(self, ctx: InspectionContext) -> None:
         """Noise tokens and span lengths."""
-        count_noise(ctx)
+        span_views.count_noise(ctx)
 
     def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
         """Measured noise density and span lengths against the expected composition law."""
-        config, noise = self.config, noise_stats(ctx.stats)
+        config, noise = self.config, span_views.noise_stats(ctx.stats)
         return {"noise": noise.overall.summary(config.noise_density, config.mean_noise_span_length, True)}
 
     def measured_lines(self, ctx: InspectionContext) -> list[str]:
         """Noise density and span lengths, measured beside configured and the manifest's density."""
-        return [noise_line(ctx.measured["noise"], ctx.manifest_summary)]
+        return [span_views.noise_line(ctx.measured["noise"], ctx.manifest_summary)]
 
     def measured_charts(self, ctx: InspectionContext) -> list[Any]:
         """Noise span lengths against T5's law."""
         noise = ctx.measured["noise"]
-        return [span_length_chart(f"{ctx.split}: noise span lengths", noise["span_lengths"],
-                                  noise["expected_span_lengths"])]
+        return [span_views.span_length_chart(f"{ctx.split}: noise span lengths", noise["span_lengths"],
+                                             noise["expected_span_lengths"])]
 
     def example_lines(self, ctx: InspectionContext) -> Shown:
         """Inputs, targets and the restored chunk, each span in its sentinel's colour."""
-        return span_shown(ctx)
+        return span_views.span_shown(ctx)
 
     def __init__(self, config: SpanCorruptionConfig | None = None) -> None:
         self.config = config if config is not None else SpanCorruptionConfig()

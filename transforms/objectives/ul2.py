@@ -43,23 +43,13 @@ from typing import Any
 
 import numpy as np
 
+from transforms.objectives import span_views
 from transforms.objectives.base import Block, Built, InspectionContext, Objective, TokenNeeds, in_block_order
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import chunk_key_of, plan_uniforms
 from transforms.objectives.lines import Chart, ChartSeries, table_rows
 from transforms.objectives.shown import Shown
-from transforms.objectives.span_views import (
-    count_noise,
-    noise_counters,
-    noise_line,
-    noise_stats,
-    replay_problems,
-    span_length_chart,
-    span_problems,
-    span_shown,
-    take_apart_noise,
-)
 from transforms.objectives.spans import SPAN_LENGTH_HISTOGRAM_CAP, check_chunks, corrupt_rows, span_histogram
 from transforms.objectives.summary import ratio, summarize_ul2
 from transforms.objectives.ul2_mixture import PRESETS, Denoiser, DenoiserLengths, denoiser_lengths, parse_mixture
@@ -358,7 +348,7 @@ class UL2(Objective):
         first = modes.get(int(a.inputs[0])) if a.inputs.size else None
         if first != mode:
             a.issues.append(f"inputs start with {first or 'no mode token'}, denoiser {name} uses {mode}")
-        a.parts = take_apart_noise(a, special, kind, lead=1, denoiser=name)
+        a.parts = span_views.take_apart_noise(a, special, kind, lead=1, denoiser=name)
 
     def example_problems(self, ctx: InspectionContext) -> list[str]:
         """The recorded denoiser must be the one the packer planned from the chunk key; then a
@@ -370,20 +360,21 @@ class UL2(Objective):
             return [f"denoiser {a.parts.denoiser} recorded, the packer planned {denoiser.name} for this chunk"]
         out = []
         if a.parts.kind == "span":
-            out += span_problems(a, denoiser.noise_density, denoiser.mean_noise_span_length, lengths.raw_length)
-        return out or replay_problems(self, ctx, planned)
+            out += span_views.span_problems(a, denoiser.noise_density, denoiser.mean_noise_span_length,
+                                            lengths.raw_length)
+        return out or span_views.replay_problems(self, ctx, planned)
 
     def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
         """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
-        return noise_counters(ctx.anatomy)
+        return span_views.noise_counters(ctx.anatomy)
 
     def count_measured(self, ctx: InspectionContext) -> None:
         """Noise tokens and span lengths, overall and per denoiser."""
-        count_noise(ctx)
+        span_views.count_noise(ctx)
 
     def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
         """Overall noise, and per denoiser its noise against its configuration, weight and shares."""
-        c, noise = ctx.stats.counts, noise_stats(ctx.stats)
+        c, noise = ctx.stats.counts, span_views.noise_stats(ctx.stats)
         out: dict[str, Any] = {"noise": noise.overall.summary(None, None, False), "denoisers": {}}
         weights = {d.name: d.weight for d in self.denoisers}
         total_weight = sum(weights.values())
@@ -402,7 +393,7 @@ class UL2(Objective):
         m = ctx.measured
         rows = [[name, d["weight"], d["examples_share"], d["tokens_share"], d["density"], d["configured_density"],
                  d["mean_span_length"], d["configured_mean_span_length"]] for name, d in m["denoisers"].items()]
-        return [noise_line(m["noise"], ctx.manifest_summary),
+        return [span_views.noise_line(m["noise"], ctx.manifest_summary),
                 *table_rows(["denoiser", "weight", "examples", "tokens", "density", "(cfg)", "mean span", "(cfg)"],
                             rows)]
 
@@ -421,13 +412,13 @@ class UL2(Objective):
                                 ], x_label="denoiser", y_label="share", width=1000)]
         for name, d in m["denoisers"].items():
             if d["kind"] == "span" and d["spans"]:
-                out.append(span_length_chart(f"{split}: span lengths of {name}", d["span_lengths"],
-                                             d["expected_span_lengths"]))
+                out.append(span_views.span_length_chart(f"{split}: span lengths of {name}", d["span_lengths"],
+                                                        d["expected_span_lengths"]))
         return out
 
     def example_lines(self, ctx: InspectionContext) -> Shown:
         """The mode token, then a span denoiser's spans and restored chunk, or S's prefix and suffix."""
-        return span_shown(ctx)
+        return span_views.span_shown(ctx)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""
