@@ -181,6 +181,7 @@ def show_main(argv: list[str] | None = None) -> int:
         from loaders.inspection.anatomy import take_apart
         from loaders.inspection.decode import RunDecoder
         from loaders.inspection.render import legend_text, render_example, to_text
+        from loaders.inspection.table import split_context
 
         fmt = args.format
         if fmt and fmt not in dataset.formats:
@@ -203,8 +204,10 @@ def show_main(argv: list[str] | None = None) -> int:
         view, decoder = dataset.view, RunDecoder(dataset.tokenizer)
         color = use_color(args.color)
         width = show_width(args.width)
-        rendered = [render_example(located, take_apart(located.example, view), view, seed=dataset.seed,
-                                   decoder=decoder) for located in found]
+        contexts = {name: split_context(dataset, name) for name in {located.split for located in found}}
+        rendered = [render_example(located, take_apart(located.example, view, contexts[located.split]), view,
+                                   seed=dataset.seed, decoder=decoder, context=contexts[located.split])
+                    for located in found]
         if rendered and not args.no_legend:
             sys.stdout.write(legend_text(rendered, color=color) + "\n")
         for example in rendered:

@@ -122,8 +122,9 @@ def build_report(ds: InspectedDataset, *, limit: int | None = None, examples: in
     summary: dict[str, Any] = inspect_dataset(ds, limit=limit)
     view, decoder = ds.view, RunDecoder(ds.tokenizer)
     split = "train" if "train" in ds.splits else ds.splits[0]
-    rendered = [render_example(located, take_apart(located.example, view), view, seed=ds.seed, decoder=decoder)
-                for located in example_selection(ds, split, examples)]
+    context = split_context(ds, split)
+    rendered = [render_example(located, take_apart(located.example, view, context), view, seed=ds.seed,
+                               decoder=decoder, context=context) for located in example_selection(ds, split, examples)]
     title = f"lmshards report: {ds.path}"
     table = format_table(summary, ds)
     scope = f" (one per {ds.objective.group_label} first)" if ds.objective.example_groups else ""

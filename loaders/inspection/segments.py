@@ -17,6 +17,7 @@ from typing import Any
 
 from loaders.inspection.anatomy import Anatomy, ObjectiveView
 from loaders.inspection.source import Located
+from transforms.objectives.base import InspectionContext
 from transforms.objectives.shown import Segment, family_shown
 
 __all__ = ["RenderedExample", "Segment", "render_example"]
@@ -33,16 +34,19 @@ class RenderedExample:
 
 
 def render_example(located: Located, a: Anatomy, view: ObjectiveView, *, seed: int | None = None,
-                   decoder: Any = None) -> RenderedExample:
+                   decoder: Any = None, context: InspectionContext | None = None) -> RenderedExample:
     """The lines that show one example (see the module docstring).
 
     Args:
-        seed: the dataset's seed (noise is replayed from it; default the view's).
+        seed: the dataset's seed (noise is replayed from it; default the context's).
         decoder: a :class:`~loaders.inspection.decode.RunDecoder` of the dataset's tokenizer, for
             an objective that recovers its noise from the text.
+        context: what the objective's hook gets for the example's split (default the view's).
     """
-    facts = {} if seed is None else {"seed": seed}
-    ctx = view.context(located.split, **facts).known(example=located.example, anatomy=a, decoder=decoder)
+    ctx = context or view.context(located.split)
+    if seed is not None:
+        ctx = ctx.known(seed=seed)
+    ctx = ctx.known(example=located.example, anatomy=a, decoder=decoder)
     objective = view.objective
     shown = objective.example_lines(ctx) if a.complete else family_shown(ctx)
     facts = [f"split={located.split}", f"shard={located.shard}", f"row={located.row}", *shown.facts]

@@ -225,7 +225,7 @@ def family_shown(ctx: Any) -> Shown:
                   ("targets", marks.kinds(a.targets, "text", marks.spans_in_targets(a.targets)))]
     elif a.doc_lengths is not None:
         lines.append(("input_ids", row_line(marks, a, np.asarray(ctx.example["input_ids"]))))
-    elif "input_ids" in ctx.example:
+    elif "input_ids" in a.lengths:  # an encoder row (none of a row whose columns are broken)
         lines.append(("input_ids", marks.kinds(np.asarray(ctx.example["input_ids"])[: a.lengths["input_ids"]],
                                                "text")))
     return Shown(layout_facts(a), lines)
