@@ -26,7 +26,9 @@ Whatever depends on the objective comes from its inspection hooks (docs/design.m
 :class:`transforms.objectives.base.InspectionContext`): this package names no objective.
 
 May import: numpy, pyarrow, tokenizers, :mod:`schemas`, :mod:`transforms.objectives` (whose
-hooks every view asks), :mod:`loaders.access` and :mod:`loaders.errors`; never torch, never Beam.
+hooks every view asks), the sentence rule of :mod:`transforms.tokenizing.text_rules` (a chunk's
+sentence starts from its text, :meth:`~loaders.inspection.decode.RunDecoder.sentence_starts`),
+:mod:`loaders.access` and :mod:`loaders.errors`; never torch, never Beam.
 """
 
 from loaders.inspection.source import InspectedDataset, dataset_files, open_inspected

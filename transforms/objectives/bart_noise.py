@@ -8,8 +8,8 @@ noised. Both steps are recovered without the word starts the pipeline had:
 1. Sentence permutation is a pure function of the example's counter-based randoms
    (:func:`transforms.objectives.bart.sentence_permutation`, from ``(seed, example key)``).
    The chunk's sentence starts are recomputed from the text the targets spell, with the
-   pipeline's own rule (:mod:`transforms.tokenizing.text_rules`), per document of the chunk (EOS
-   ends one); the draw is then replayed.
+   pipeline's own rule, per document of the chunk (EOS ends one: the context's decoder,
+   ``RunDecoder.sentence_starts``, does it); the draw is then replayed.
 2. ``inputs`` is a monotonic edit of the permuted chunk: a masked span becomes one
    ``<mask>`` (or a random token), a zero-length span inserts a ``<mask>``; the optional
    passes mask every token of a word, delete words or insert random tokens. Aligning the two
@@ -34,9 +34,8 @@ from transforms.objectives.bart_passes import sentence_permutation
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms
 from transforms.objectives.shown import Marks, Segment, Shown, layout_facts, with_markers
-from transforms.tokenizing.text_rules import byte_positions, sentence_start_chars, token_flags
 
-__all__ = ["BartNoise", "Edit", "bart_shown", "chunk_sentence_starts", "recover_bart_noise"]
+__all__ = ["BartNoise", "Edit", "bart_shown", "recover_bart_noise"]
 
 #: Longest run of inputs tokens with a random one among them that one edit may explain
 #: (neighbouring spans); sentences left out of place by a wrong replay leave longer runs.
@@ -80,57 +79,6 @@ class BartNoise:
     sentences: int
     order: list[int]
     edits: list[Edit]
-
-
-def _utf8_window(data: bytes) -> tuple[int, int]:
-    """The largest ``[start, stop)`` of ``data`` that holds whole characters: a chunk may cut a
-    character at either end."""
-    start = 0
-    while start < min(len(data), 3) and 0x80 <= data[start] < 0xC0:
-        start += 1
-    stop = len(data)
-    for back in range(1, min(4, stop - start) + 1):
-        byte = data[stop - back]
-        if byte < 0x80:
-            break
-        if byte >= 0xC0:  # a lead byte: is its character complete?
-            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            stop = stop if back >= need else stop - back
-            break
-    return start, stop
-
-
-def chunk_sentence_starts(chunk: np.ndarray, eos: int, decoder: Any) -> list[np.ndarray] | None:
-    """Candidate sentence-start flags of a chunk, recomputed from its text (None when its tokens
-    do not spell bytes; ``decoder.token_bytes(id)`` spells one, a ``RunDecoder`` of the
-    dataset's tokenizer). Two candidates differ only in the chunk's first document: whether
-    its first non-space character starts a sentence (it does when the chunk starts the
-    document; the shards do not say)."""
-    spelled = [None if int(t) == eos else decoder.token_bytes(int(t)) for t in chunk]
-    if any(s is None for t, s in zip(chunk, spelled) if int(t) != eos):
-        return None
-    candidates = []
-    for first_rule in (True, False):
-        flags = np.zeros(chunk.size, dtype=bool)
-        start = 0
-        for stop in [*np.flatnonzero(chunk == eos).tolist(), chunk.size]:
-            pieces = spelled[start:stop]
-            if pieces:
-                data = b"".join(pieces)
-                low, high = _utf8_window(data)
-                try:
-                    text = data[low:high].decode("utf-8")
-                except UnicodeDecodeError:
-                    return None
-                chars = sentence_start_chars(text)
-                if start == 0 and not first_rule:
-                    chars = chars[chars != len(text) - len(text.lstrip())]
-                positions = byte_positions(text, text.encode("utf-8"), chars) + low
-                ends = np.cumsum([len(p) for p in pieces])
-                flags[start:stop] = token_flags(ends, positions)
-            start = stop + 1
-        candidates.append(flags)
-    return candidates if not np.array_equal(*candidates) else candidates[:1]
 
 
 def _difflib_edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: Any,
@@ -257,7 +205,7 @@ def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: 
     chunk = targets[1:-1]
     candidates = [np.zeros(chunk.size, dtype=bool)]
     if config.permute_sentences > 0:
-        candidates = chunk_sentence_starts(chunk, special.eos, decoder)
+        candidates = decoder.sentence_starts(chunk, special.eos)
         if candidates is None:
             return None
     for flags in candidates:

@@ -231,7 +231,8 @@ class InspectionContext:
         anatomy: that example taken apart (``loaders.inspection.anatomy.Anatomy``: ``key``,
             ``lengths``, ``padding``, ``raw_tokens``, ``doc_lengths``, ``prefix_length(s)``,
             ``inputs``, ``targets``, ``issues`` and ``parts``, the objective's own record).
-        decoder: the dataset's tokenizer as a ``RunDecoder`` (``token_bytes``, ``text``), in
+        decoder: the dataset's tokenizer as a ``loaders.inspection.decode.RunDecoder``
+            (``token_bytes``, ``text``, ``sentence_starts``: a chunk's by the pipeline's rule), in
             :meth:`Objective.example_lines`; None where nothing is shown.
     """
 
