@@ -87,7 +87,9 @@ from benchmarks.bench_materialize import (
     objective_args,
 )
 from benchmarks.bench_materialize import _child as materialize_child
-from pipelines.runner_tuning import RunnerTuning
+from pipelines.parallelism import RunnerSetup
+from pipelines.runner_tuning import choose_tuning, tuning_for
+from pipelines.tuned_run import TunedRun
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.elements import Chunk, DocumentBatch
 from transforms.objectives.counters import sum_counters
@@ -405,7 +407,7 @@ class _WriteManifest(beam.DoFn):
 
 def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, list[int]], *, output: str,
                 length: int, columns: tuple[str, ...], features=(), group_tokens: int, shard_bytes: int,
-                tuning: RunnerTuning | None = None) -> None:
+                tuned: TunedRun | None = None) -> None:
     """Add the floor's stages (see the module docstring) to ``pipeline``, writing under ``output``.
 
     Args:
@@ -415,9 +417,9 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
         columns: the objective's token columns (each holds a copy of the chunk's tokens).
         features: the per-token features the objective's Tokenize computes.
         group_tokens, shard_bytes: materialize's ``--pack-group-tokens`` and ``--shard-size-mb`` (in bytes).
-        tuning: materialize's runner tuning for the run's runner (None: none).
+        tuned: materialize's runner tuning for the run's runner (None: the plain graph).
     """
-    tuning = tuning or RunnerTuning(in_one_process=False)
+    tuned = tuned or TunedRun()
     sizing = {"num_shards": None, "tokens_per_example": length, "draws": 1,
               "bytes_per_example": 4 * length * len(columns), "shard_bytes": shard_bytes}
     # ReadCorpus
@@ -436,12 +438,12 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     empty_stats = empty | "ReadCorpus/EmptyFileStats" >> beam.Map(lambda _: {"rejected": 1})
     read_stats = (read.stats, empty_stats) | "ReadCorpus/AllReadStats" >> beam.Flatten()
     # Tokenize, PlanGroups, AssignGroups
-    tokenized = tuning.before_tokenize(read.texts) | "Tokenize/Encode" >> beam.ParDo(
+    tokenized = tuned.before_tokenize(read.texts) | "Tokenize/Encode" >> beam.ParDo(
         _Tokenize(features)).with_outputs("rejected", "sources", main="documents")
     groups = tokenized.documents | "PlanGroups" >> PlanGroups(group_tokens)
-    documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
+    documents = tuned.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
     assigned = documents | "AssignGroups" >> AssignGroups(groups)
-    assigned = tuning.hand_over(assigned, "HandOverBlocks", values_only=True)
+    assigned = tuned.hand_over(assigned, "HandOverBlocks", values_only=True)
     # Pack
     packed = (
         assigned
@@ -461,8 +463,8 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
         | "TokensPerSplit" >> beam.CombinePerKey(sum)
     )
     # BuildExamples over both chunk outputs (as materialize's runner tuning applies it), WriteShards
-    batches, build_stats = tuning.build_examples((packed.chunks, repacked.chunks), split_tokens,
-                                                 lambda separate_ok: _FloorBuild(sizing, tuple(columns)))
+    batches, build_stats = tuned.build_examples((packed.chunks, repacked.chunks), split_tokens,
+                                                lambda separate_ok: _FloorBuild(sizing, tuple(columns)))
     objective_stats = build_stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
     markers = split_tokens | "WriteShards/ShardMarkers" >> beam.FlatMap(_shard_markers, sizing=sizing)
     shards = (
@@ -542,16 +544,17 @@ def compare_graphs(corpus: str, tokenizer: str, objective: str, seq_len: int, mo
     from pipelines.plan import plan_run
 
     options = parse_args(materialize_args(corpus, tokenizer, "/nonexistent-floor-output", objective, seq_len, mode))
+    plan = plan_run(options)
     graphs = []
     for build in ("materialize", "floor"):
         pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *MODES[mode]]))
-        tuning = RunnerTuning(in_one_process=options.in_one_process, local_workers=options.local_workers)
+        tuned = TunedRun(tuning_for(options, plan.files))
         if build == "materialize":
-            build_pipeline(pipeline, plan_run(options), tuning=tuning)
+            build_pipeline(pipeline, plan, tuned=tuned)
         else:
-            build_floor(pipeline, sorted(glob.glob(corpus)), {}, output="/nonexistent-floor-output", tuning=tuning,
+            build_floor(pipeline, sorted(glob.glob(corpus)), {}, output="/nonexistent-floor-output", tuned=tuned,
                         **objective_shape(objective, seq_len))
-        tuning.release()
+        tuned.release()
         graphs.append(graph_counts(pipeline))
     theirs, ours = graphs
     return [f"{kind}: floor {ours[kind]}, materialize {theirs[kind]}" for kind in sorted(set(ours) | set(theirs))
@@ -573,13 +576,12 @@ def run_floor(spec: dict) -> dict:
     options = PipelineOptions(["--runner=FnApiRunner", *MODES[spec["mode"]]])
     options.view_as(TypeOptions).pipeline_type_check = False  # as materialize sets it
     pipeline = beam.Pipeline(options=options)
-    tuning = RunnerTuning(in_one_process=spec["mode"] == "in_process",
-                          local_workers=spec["mode"] == "multi_processing")
-    build_floor(pipeline, files, counts, output=output, tuning=tuning, **shape)
+    tuned = TunedRun(choose_tuning(RunnerSetup.from_beam_args(["--runner=FnApiRunner", *MODES[spec["mode"]]])))
+    build_floor(pipeline, files, counts, output=output, tuned=tuned, **shape)
     try:
         pipeline.run().wait_until_finish()
     finally:
-        tuning.release()
+        tuned.release()
     with open(os.path.join(output, "manifest.json"), encoding="utf-8") as handle:
         manifest = json.load(handle)
     return {"wall": time.perf_counter() - start, "tokens": manifest["doc_tokens"], "bytes": manifest["bytes"]}

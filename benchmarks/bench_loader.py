@@ -85,7 +85,7 @@ def prepare(args) -> str:
     """Write every format once per (sequences, seq_len, shards, seed); return the directory."""
     from schemas.examples import example_schema
     from schemas.manifest import Manifest, shard_name
-    from transforms.writing.shard_format import write_arrow, write_tar
+    from transforms.writing.shard_format import ExampleColumns, write_arrow_columns, write_tar_columns
 
     tag = f"n{args.sequences}-l{args.seq_len}-s{args.shards}-seed{args.seed}"
     root = os.path.join(args.data_dir, tag)
@@ -104,12 +104,13 @@ def prepare(args) -> str:
                      "doc_lengths": np.array([first[r], args.seq_len - first[r]], np.int32)}
                     for r in range(len(tokens))]
         files = {}
-        for fmt, write in (("arrow", write_arrow), ("webdataset", write_tar)):
+        columns = ExampleColumns.from_examples(examples, schema)
+        for fmt, write in (("arrow", write_arrow_columns), ("webdataset", write_tar_columns)):
             rel = shard_name("train", fmt, index, args.shards)
             path = os.path.join(root, "lmshards", rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as handle:
-                write(handle, examples, schema)
+                write(handle, columns)
             digest = hashlib.sha256()
             with open(path, "rb") as handle:
                 while chunk := handle.read(1 << 22):
@@ -141,7 +142,7 @@ def prepare_prefix(root: str, args) -> str:
     """The same rows as a prefix-LM dataset (Arrow): each of a row's two documents split in half."""
     from schemas.examples import example_schema
     from schemas.manifest import Manifest, shard_name
-    from transforms.writing.shard_format import write_arrow
+    from transforms.writing.shard_format import ExampleColumns, write_arrow_columns
 
     out = os.path.join(root, "prefix")
     if os.path.exists(os.path.join(out, "ready")):
@@ -159,7 +160,7 @@ def prepare_prefix(root: str, args) -> str:
         path = os.path.join(out, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as handle:
-            write_arrow(handle, examples, schema)
+            write_arrow_columns(handle, ExampleColumns.from_examples(examples, schema))
         with open(path, "rb") as handle:
             digest = hashlib.sha256(handle.read()).hexdigest()
         files = {"arrow": {"path": rel, "bytes": os.path.getsize(path), "sha256": digest}}

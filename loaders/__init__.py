@@ -15,6 +15,11 @@
 
 torch is optional: ``import loaders`` and the numpy modules work without it; the
 torch-backed names below are imported on first use.
+
+The modules beside the subpackages (``dataset``, ``mixture``, ``dynamic``, ``errors``) may import
+:mod:`loaders.access`, :mod:`loaders.collation`, :mod:`loaders.streaming`, :mod:`schemas`,
+:mod:`transforms.objectives`, numpy, torch and tokenizers; never :mod:`loaders.inspection` or
+:mod:`loaders.integrations`, never Beam.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from loaders.errors import UnsupportedSchemaError
 from loaders.streaming.order import EpochOrder
 from loaders.streaming.state import RankSchedule
 from loaders.streaming.stream import ResumableStream
+from schemas.examples import example_schema
 from transforms.objectives.common import SpecialIds
 
 __all__ = ["ShardedDataset"]
@@ -182,8 +183,6 @@ class ShardedDataset(ResumableStream):
         """Columns of the examples this dataset yields."""
         if self.objective is None:
             return tuple(self.columns or self.shards.columns)
-        from schemas.examples import example_schema
-
         return tuple(example_schema(self.objective.family, **self.objective.schema_kwargs()).schema.names)
 
     @property

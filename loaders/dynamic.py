@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 
 from loaders.errors import UnsupportedSchemaError
+from schemas.errors import ConfigError
 from transforms.objectives.base import build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms, plan_uniforms
+from transforms.objectives.registry import make_objective, objective_class
 
 __all__ = ["DynamicObjective", "fit_length", "max_raw_length", "resolve_objective",
            "special_ids_from_tokenizer"]
@@ -41,8 +43,6 @@ def length_parameter(name: str) -> str | None:
     Raises:
         ValueError: unknown objective.
     """
-    from transforms.objectives.registry import objective_class  # imports every objective: only when named
-
     return objective_class(name).length_parameter
 
 
@@ -61,8 +61,6 @@ def fit_length(name: str, params: dict[str, Any], chunk_length: int) -> int:
     Raises:
         ValueError: no valid value fits (chunks too short for the objective).
     """
-    from transforms.objectives.registry import make_objective
-
     parameter = length_parameter(name)
     if parameter is None:
         raise ValueError(f"dynamic objective {name}: it declares no length parameter to fit to the stored chunks")
@@ -98,8 +96,6 @@ def resolve_objective(objective: Any, params: dict[str, Any] | None = None, chun
     are padding.
     """
     if isinstance(objective, str):
-        from transforms.objectives.registry import make_objective  # imports every objective: only when named
-
         params = dict(params or {})
         parameter = length_parameter(objective)
         if chunk_length and parameter and parameter not in params:
@@ -118,7 +114,7 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
     up in the tokenizer; ``all_special`` holds every added special token.
 
     Raises:
-        ValueError: a role, sentinel or own token the objective needs is missing.
+        ConfigError: a role, sentinel or own token the objective needs is missing (a ``ValueError``).
     """
     from tokenizers import Tokenizer
 
@@ -129,21 +125,21 @@ def special_ids_from_tokenizer(tokenizer_path: str, manifest_tokenizer: dict[str
     needed = set(objective.required_specials)
     missing = sorted(needed - set(roles))
     if missing:
-        raise ValueError(f"objective {objective.name} needs special tokens {missing}; the tokenizer has {roles}")
+        raise ConfigError(f"objective {objective.name} needs special tokens {missing}; the tokenizer has {roles}")
     needs = objective.token_needs()
     num_sentinels = int(needs.sentinels)
     sentinels = [tokenizer.token_to_id(f"<extra_id_{k}>") for k in range(num_sentinels)]
     if None in sentinels:
         have = sentinels.index(None)
-        raise ValueError(
+        raise ConfigError(
             f"objective {objective.name} needs {num_sentinels} sentinels <extra_id_0..{num_sentinels - 1}>, "
             f"the dataset's tokenizer has {have}; materialize with --add-special-tokens or pass special="
         )
     modes = {token: tokenizer.token_to_id(token) for token in needs.tokens}
     missing_modes = sorted(t for t, i in modes.items() if i is None)
     if missing_modes:
-        raise ValueError(f"objective {objective.name} needs the tokens {missing_modes} as single ids; "
-                         "the tokenizer lacks them")
+        raise ConfigError(f"objective {objective.name} needs the tokens {missing_modes} as single ids; "
+                          "the tokenizer lacks them")
     all_special = {tokenizer.token_to_id(t.content) for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     all_special.discard(None)
     return SpecialIds(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from pipelines import __version__
+
 __all__ = ["main"]
 
 COMMANDS = {
@@ -28,8 +30,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command in ("--version", "version"):
-        from pipelines import __version__
-
         print(f"lmshards {__version__}")
         return 0
     if command not in COMMANDS:

@@ -37,10 +37,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pipelines.engines import Engine, last_error_line
+import pipelines
+from pipelines.engines import ENGINES, Engine, fetch, last_error_line
+from pipelines.failures import job_error
+from pipelines.parallelism import RunnerSetup, usable_cores
 from schemas.errors import ConfigError, JobFailedError
 
-__all__ = ["EngineStartError", "LocalEngine"]
+__all__ = ["EngineStartError", "LocalEngine", "local_engine"]
 
 _STARTUP_SECONDS = 180
 _CANCEL_SECONDS = 30
@@ -116,14 +119,14 @@ class LocalEngine:
                 self._master = "[local]"
             parallelism = options.view_as(FlinkRunnerOptions).parallelism
             if parallelism is None or parallelism < 1:
-                parallelism = _usable_cores()
+                parallelism = usable_cores()
                 added.append(f"--parallelism={parallelism}")
             if not given("--sdk_worker_parallelism"):  # an SDK worker per task slot, not one shared by all
                 added.append(f"--sdk_worker_parallelism={parallelism}")
         if engine.name == "spark":
             self._master = options.view_as(SparkRunnerOptions).spark_master_url
             if not given("--spark_master_url"):
-                self._master = f"local[{_usable_cores()}]"
+                self._master = f"local[{usable_cores()}]"
             if not given("--sdk_worker_parallelism"):
                 match = re.fullmatch(r"local\[(\d+)\]", self._master)
                 added.append(f"--sdk_worker_parallelism={match.group(1) if match else 1}")
@@ -152,8 +155,6 @@ class LocalEngine:
 
     def _worker_env(self) -> dict[str, str]:
         """The pool starts each SDK worker as ``python``: this interpreter, importing this lmshards."""
-        import pipelines
-
         env = dict(os.environ)
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         root = os.path.dirname(os.path.dirname(os.path.abspath(pipelines.__file__)))
@@ -301,8 +302,6 @@ class LocalEngine:
         the runner's traceback. A failure of the job's own checks (too many rejected records, an
         input that changed) is its one line, which names no logs: the logs are removed, as after
         a run that succeeded (the line says what to fix; nothing of the engine's is to be read)."""
-        from pipelines.failures import job_error
-
         if isinstance(exc, EngineStartError):
             return exc, False
         if self.worker_death is not None and isinstance(exc, Exception):
@@ -316,6 +315,17 @@ class LocalEngine:
         first = text.splitlines()[0] if text else type(exc).__name__
         return JobFailedError(f"the pipeline failed on {self.engine.runner}: {first[:500]}; "
                               f"the engine's logs: {self._logs}"), False
+
+
+def local_engine(beam_args: list[str]) -> LocalEngine | None:
+    """The engine that runs ``beam_args``' runner here, fetched if need be; None for a runner that is
+    not one of :data:`~pipelines.engines.ENGINES`, or when ``--job_endpoint`` names an engine the user runs."""
+    engine = ENGINES.get(RunnerSetup.from_beam_args(beam_args).runner)
+    if engine is None or any(a.split("=", 1)[0] == "--job_endpoint" for a in beam_args):
+        return None
+    if engine.name == "prism" and any(a.split("=", 1)[0] == "--prism_location" for a in beam_args):
+        return LocalEngine(engine, beam_args, "")
+    return LocalEngine(engine, beam_args, fetch(engine.name))
 
 
 def _dead_children(parent: int) -> list[tuple[int, int]]:
@@ -342,9 +352,3 @@ def _drop_job_messages(record: logging.LogRecord) -> bool:
 def _read(path: str) -> str:
     with open(path, errors="replace") as handle:
         return handle.read()
-
-
-def _usable_cores() -> int:
-    from pipelines.parallelism import _usable_cores as cores
-
-    return cores()

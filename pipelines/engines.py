@@ -15,7 +15,8 @@ fetched or built once, by :func:`fetch`, into the cache (``$LMSHARDS_CACHE/engin
   run as ``java -cp 'lib/*' <the runner's JobServerDriver>``. Beam publishes that job server
   as one shaded jar too; the library and its dependencies are the same classes.
 
-A run on one of these engines is :class:`pipelines.engine_run.LocalEngine`.
+A run on one of these engines is :class:`pipelines.engine_run.LocalEngine`
+(:func:`pipelines.engine_run.local_engine` makes it for Beam's flags).
 """
 
 from __future__ import annotations
@@ -27,14 +28,10 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from schemas.errors import ConfigError
 
-if TYPE_CHECKING:
-    from pipelines.engine_run import LocalEngine
-
-__all__ = ["ENGINES", "JOB_SERVER_BEAM_VERSION", "Engine", "cache_root", "fetch", "local_engine", "main"]
+__all__ = ["ENGINES", "JOB_SERVER_BEAM_VERSION", "Engine", "cache_root", "fetch", "main"]
 
 #: Beam's Java runner libraries the Flink and Spark job servers are made of. The Python SDK
 #: speaks to them through Beam's portable job API; the newest version whose dependencies every
@@ -249,20 +246,6 @@ def fetch(name: str) -> str:
     engine = _BY_NAME[name]
     builder = _build_prism if name == "prism" else _build_job_server
     return _install(engine, lambda directory: builder(engine, directory))
-
-
-def local_engine(beam_args: list[str]) -> LocalEngine | None:
-    """The engine that runs ``beam_args``' runner here, fetched if need be; None for a runner that is
-    not one of :data:`ENGINES`, or when ``--job_endpoint`` names an engine the user runs."""
-    from pipelines.engine_run import LocalEngine
-    from pipelines.parallelism import RunnerSetup
-
-    engine = ENGINES.get(RunnerSetup.from_beam_args(beam_args).runner)
-    if engine is None or any(a.split("=", 1)[0] == "--job_endpoint" for a in beam_args):
-        return None
-    if engine.name == "prism" and any(a.split("=", 1)[0] == "--prism_location" for a in beam_args):
-        return LocalEngine(engine, beam_args, "")
-    return LocalEngine(engine, beam_args, fetch(engine.name))
 
 
 def main(argv: list[str] | None = None) -> int:

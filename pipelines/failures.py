@@ -1,19 +1,23 @@
-"""How a failed materialize pipeline is reported: one line for the failures the job checks itself.
+"""How a failed materialize pipeline is reported: one line for lmshards' own errors, a traceback for a bug.
 
 The job's own checks (too many rejected records, counts that do not add up, an empty split,
-an input that changed, a lost lock, a file that cannot be written) fail inside a DoFn. The
-user gets one line (:func:`job_error`) and exit status 1; any other failure is reported as
-``the pipeline failed: <type>: <first line>`` with the runner's error chained, so its
-traceback is printed too (:func:`pipelines.materialize.main`).
+an input that changed, a lost lock, a file that cannot be written) and every other error of
+lmshards' hierarchy (:mod:`schemas.errors`) fail inside a DoFn. The user gets one line
+(:func:`job_error`), with the exit status of the error's class; an I/O error (``OSError``) is
+one line too, exit status 1. Any other exception is a bug: it is raised as it is, and the CLI
+prints its traceback (exit status 3, :func:`pipelines.terminal.report_failure`).
 
 What Beam lacks, so that this module parses text: the in-process runner re-raises the DoFn's
-exception (chained, so :func:`job_error` finds it by type), but the portable runners
-(``--direct_running_mode=multi_processing``, Dataflow) report a DoFn's failure as a
-``RuntimeError`` whose message holds the worker's traceback as text: the exception's type is
-lost at the process boundary, and Beam offers no structured error. So the message is searched
-for ``<ClassName>: <the start of its message>``; each check's message starts with a fixed
-prefix (the flag it names), which keeps the search from matching anything else, and Beam's
-``[while running ...]`` suffix is dropped.
+exception as a copy of its class with the step named (``... [while running 'Step']``), and
+where that copy cannot be made, as a ``RuntimeError`` whose message is ``<ClassName>:
+<message>``; the portable runners (``--direct_running_mode=multi_processing``, Dataflow) report
+a DoFn's failure as a ``RuntimeError`` whose message holds the worker's traceback as text: the
+exception's type is lost at the process boundary, and Beam offers no structured error. So the
+last line of that text that starts ``<ClassName>: `` names the error that ended the work (the
+lines of a traceback's frames are indented, and each error's message is one line); its class is
+looked up among lmshards' errors by name, and Beam's ``[while running ...]`` suffix is dropped.
+An error of the hierarchy found only in the context of another exception (a bug raised while
+one was handled) does not count: the bug is what stopped the run.
 
 While the pipeline runs, Beam logs every failed bundle with its traceback (several loggers, one
 per runner layer) before it raises. :func:`quiet_beam` keeps those logs out through logger
@@ -41,51 +45,70 @@ import re
 
 from pipelines.beam_logging import WORKER_RELAY_LOGGER
 from pipelines.terminal import hidden_stderr
-from schemas.errors import JobFailedError
-from transforms.reading.inputs import InputChangedError
-from transforms.writing.accounting import EmptySplitError, RejectedFractionError, UnreconciledCountsError
-from transforms.writing.output import LockLostError
+from schemas.errors import JobFailedError, LmshardsError
+
+# Imported for the classes they define: the errors workers raise, found by name in a portable
+# runner's text (:func:`_own_classes`).
+from transforms.reading.inputs import InputChangedError  # noqa: F401
+from transforms.writing.accounting import EmptySplitError, RejectedFractionError  # noqa: F401
+from transforms.writing.output import LockLostError  # noqa: F401
+from transforms.writing.write import ShardRowsError  # noqa: F401
 
 __all__ = ["hidden_stderr", "job_error", "quiet_beam"]
 
-#: The job's own checks: ``(error type, the fixed start of its message)``, most specific first.
-_CHECKS = (
-    (RejectedFractionError, "--max-rejected-fraction "),
-    (UnreconciledCountsError, ""),
-    (EmptySplitError, "split "),
-    (InputChangedError, "--input "),
-    (LockLostError, "--output "),
-    (OSError, "[Errno "),
-)
-
 _BEAM_SUFFIX = re.compile(r"\s*\[while running [^\]]*\]\s*$")
+#: A line of a traceback's text that names an exception: ``package.module.ClassName: message``.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*): (.*)$", re.MULTILINE)
 
 
 def job_error(exc: BaseException) -> tuple[BaseException, bool]:
-    """``(the error a failed pipeline is reported as, whether it chains exc)``: one line, with no
-    chained traceback, for the failures the job checks itself."""
+    """``(the error a failed pipeline is reported as, whether it is not one of lmshards' errors)``:
+    lmshards' own error (its class kept) or an I/O error (a :class:`JobFailedError`) in one line,
+    its message without Beam's step suffix; any other exception (a bug) as it is, or, where a
+    portable runner gave only its text, as a ``RuntimeError`` naming its type and message."""
     if not isinstance(exc, Exception):
         return exc, False  # KeyboardInterrupt, SystemExit
-    for error_type, start in _CHECKS:
-        message = _check_message(exc, error_type, start)
-        if message is not None:
-            if error_type is RejectedFractionError:
-                return RejectedFractionError(message), False
-            return JobFailedError(message), False
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return JobFailedError(f"the pipeline failed: {type(exc).__name__}: {first}"), True
+    seen: BaseException | None = exc
+    while seen is not None:  # Beam's errors name the DoFn's as their cause, or hold its text
+        if isinstance(seen, LmshardsError):
+            return type(seen)(_one_line(str(seen))), False
+        if isinstance(seen, OSError):
+            return JobFailedError(_one_line(str(seen))), False
+        named = _ERROR_LINE.findall(str(seen))
+        if named:
+            name, message = named[-1]
+            own = _own_classes().get(name)
+            if own is not None:
+                return own(_one_line(message)), False
+            if name in _io_error_names():
+                return JobFailedError(_one_line(message)), False
+            if "\n" in str(seen).strip():  # a worker's traceback as text: name the bug's type and message
+                return RuntimeError(f"{name}: {_one_line(message)}"), True
+            return exc, True
+        seen = seen.__cause__
+    return exc, True
 
 
-def _check_message(exc: BaseException, error_type: type[BaseException], start: str) -> str | None:
-    """The one-line message of an ``error_type`` behind a failed pipeline: found by type in the
-    exception's chain, else in the text of a portable runner's error (see the module docstring)."""
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, error_type):
-            return _BEAM_SUFFIX.sub("", str(seen).splitlines()[0])
-        seen = seen.__cause__ or seen.__context__
-    found = re.search(rf"{error_type.__name__}: ({re.escape(start)}[^\n]*)", str(exc))
-    return _BEAM_SUFFIX.sub("", found.group(1)) if found else None
+def _one_line(message: str) -> str:
+    lines = message.strip().splitlines()
+    return _BEAM_SUFFIX.sub("", lines[0]) if lines else ""
+
+
+def _subclasses(cls: type) -> dict[str, type]:
+    found = {}
+    for sub in cls.__subclasses__():
+        found[sub.__name__] = sub
+        found.update(_subclasses(sub))
+    return found
+
+
+def _own_classes() -> dict[str, type[LmshardsError]]:
+    """lmshards' error classes defined so far, by name (the base class included)."""
+    return {"LmshardsError": LmshardsError, **_subclasses(LmshardsError)}
+
+
+def _io_error_names() -> set[str]:
+    return {"OSError", "IOError", *_subclasses(OSError)}
 
 
 @contextlib.contextmanager

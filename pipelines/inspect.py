@@ -19,10 +19,10 @@ Exit codes: 0 success; 1 validation failed, a key not found, (``diff --exit-code
 datasets differ, or a damaged or incomplete dataset (a manifest, shard or tokenizer that
 cannot be used: one line naming the file and the problem, never a traceback); 2 bad usage
 (flags, a path where nothing exists, or an installed objective plugin that cannot be loaded,
-in one line naming it); 3 (:data:`INTERNAL_ERROR`) an unexpected exception
-once the dataset is open, outside lmshards' errors (:mod:`schemas.errors`) and I/O errors: a
-bug, in lmshards or in an objective's inspection hook, not the dataset's fault, so it prints
-its traceback.
+in one line naming it); 3 (:data:`schemas.errors.INTERNAL_ERROR`) an unexpected exception,
+outside lmshards' errors (:mod:`schemas.errors`) and I/O errors: a bug, in lmshards or in an
+objective's inspection hook, not the dataset's fault, so it prints its traceback
+(:func:`pipelines.terminal.report_failure`, as every command).
 The logic lives in :mod:`loaders.inspection` (no Beam, no torch).
 """
 
@@ -33,18 +33,17 @@ import json
 import os
 import shutil
 import sys
-import traceback
 from collections.abc import Callable
 
-from schemas.errors import ConfigError, LmshardsError
+from pipelines.terminal import report_failure
+from schemas.errors import INTERNAL_ERROR, ConfigError, exit_code
 from schemas.names import shown_name
 
-__all__ = ["INTERNAL_ERROR", "diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color",
+__all__ = ["diff_main", "inspect_main", "report_main", "show_main", "show_width", "use_color",
            "validate_main"]
 
-
-#: Exit status of an unexpected exception (a bug), which prints its traceback.
-INTERNAL_ERROR = 3
+# Each command imports the modules of loaders.inspection it uses once its flags are parsed: --help
+# answers without them, and inspect does not load the report's.
 
 
 def _dataset_argument(parser: argparse.ArgumentParser) -> None:
@@ -62,31 +61,38 @@ def _error_line(exc: BaseException) -> str:
 
 def _open_failure_code(path: str, exc: BaseException) -> int:
     """Exit status of a dataset that cannot be opened: 2 for a local path where nothing exists
-    (a usage error), an lmshards error's own (2 for a configuration error, such as an objective
-    plugin that cannot be loaded), 1 for a damaged or incomplete dataset."""
-    if isinstance(exc, LmshardsError):
-        return exc.exit_code
+    (a usage error), else that of the error (2 for a configuration error, such as an objective
+    plugin that cannot be loaded; 1 for a damaged or incomplete dataset)."""
     if isinstance(exc, FileNotFoundError):
         local = "://" not in path or path.startswith("file://")
         where = path[len("file://"):] if path.startswith("file://") else path
         if local and not os.path.exists(where):
             return 2
-    return 1
+    return exit_code(exc)
+
+
+def _open(prog: str, path: str, label: str = ""):
+    """``(the dataset at path opened for inspection, None)``, or ``(None, exit status)`` once the
+    failure is reported: a damaged manifest in one line, a bug with its traceback."""
+    from loaders.inspection.source import open_inspected
+
+    try:
+        return open_inspected(path), None
+    except Exception as exc:  # noqa: BLE001 - reported by its class (pipelines.terminal.report_failure)
+        code = report_failure(prog, exc, f"{label}{_error_line(exc)}")
+        return None, (_open_failure_code(path, exc) if code != INTERNAL_ERROR else code)
 
 
 def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable) -> int:
-    """Parse, open the dataset, run ``body``; every failure ends in one line (see the module docstring)."""
+    """Parse, open the dataset, run ``body``; every failure ends in one line, or a bug in its
+    traceback (see the module docstring)."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    from loaders.inspection.source import open_inspected
-
-    try:
-        dataset = open_inspected(args.dataset)
-    except Exception as exc:  # noqa: BLE001 - a damaged manifest: one line, never a traceback
-        print(f"lmshards {prog}: error: {_error_line(exc)}", file=sys.stderr)
-        return _open_failure_code(args.dataset, exc)
+    dataset, code = _open(prog, args.dataset)
+    if dataset is None:
+        return code
     try:
         return body(args, dataset)
     except BrokenPipeError:  # `lmshards show ... | head`
@@ -94,18 +100,18 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None, bod
         return 0
     except KeyboardInterrupt:
         return 130
-    except ConfigError as exc:  # not the dataset's fault: an objective plugin that cannot be loaded, say
-        print(f"lmshards {prog}: error: {_error_line(exc)}", file=sys.stderr)
-        return exc.exit_code
-    except (LmshardsError, OSError) as exc:  # a damaged shard or tokenizer: one line naming it
-        hint = "" if prog == "validate" else f" (run 'lmshards validate {shown_name(args.dataset)}')"
-        print(f"lmshards {prog}: error: {_error_line(exc)}{hint}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # noqa: BLE001 - a bug (in an objective's hook, say), not the dataset's fault
-        print(f"lmshards {prog}: internal error: {type(exc).__name__}: {exc} (a bug in lmshards or in the "
-              f"objective {dataset.objective.name!r}, not a damaged dataset); traceback:", file=sys.stderr)
-        traceback.print_exc(file=sys.stderr)
-        return INTERNAL_ERROR
+    except Exception as exc:  # noqa: BLE001 - a damaged shard or tokenizer in one line naming it; a bug in its traceback
+        # validate's hint for a damaged dataset (an objective plugin that cannot be loaded is none)
+        damaged = prog != "validate" and not isinstance(exc, ConfigError)
+        hint = f" (run 'lmshards validate {shown_name(args.dataset)}')" if damaged else ""
+        return report_failure(prog, exc, f"{_error_line(exc)}{hint}",
+                              bug=f"a bug in lmshards or in the objective {_objective_name(dataset)!r}, "
+                                  "not a damaged dataset")
+
+
+def _objective_name(dataset) -> str:
+    """The dataset's objective as its manifest names it (the objective may be what failed)."""
+    return str(dataset.manifest.objective.get("name", "?"))
 
 
 def inspect_main(argv: list[str] | None = None) -> int:
@@ -291,20 +297,17 @@ def diff_main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     from loaders.inspection.diff import RUN_SECTION, diff_datasets, format_diff
-    from loaders.inspection.source import open_inspected
 
     datasets = []
     for label, path in (("A", args.a), ("B", args.b)):
-        try:
-            datasets.append(open_inspected(path))
-        except Exception as exc:  # noqa: BLE001 - one line, never a traceback (as the other commands)
-            print(f"lmshards diff: error: {label}: {_error_line(exc)}", file=sys.stderr)
-            return _open_failure_code(path, exc)
+        dataset, code = _open("diff", path, f"{label}: ")
+        if dataset is None:
+            return code
+        datasets.append(dataset)
     try:
         rows = diff_datasets(*datasets)
-    except ConfigError as exc:  # an objective plugin that cannot be loaded
-        print(f"lmshards diff: error: {_error_line(exc)}", file=sys.stderr)
-        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - an objective plugin that cannot be loaded (one line), or a bug
+        return report_failure("diff", exc)
     if args.json:
         sys.stdout.write(json.dumps({"a": args.a, "b": args.b, "rows": [r.to_json() for r in rows]}, indent=2) + "\n")
     else:

@@ -11,15 +11,16 @@ WriteManifest checks the run's conservation laws (documents, tokens, examples, r
 Before the graph is built, :mod:`pipelines.plan` checks everything it can (one line naming
 the flag) and :mod:`pipelines.output_dir` checks the output; only then does the run take the
 output's lock and, with ``--overwrite``, delete the old dataset. A run that fails afterwards
-removes what it wrote and reports the failure in one line (:mod:`pipelines.failures`); the
-runner tuning of the in-process runner is chosen in :func:`build_pipeline`
-(:mod:`pipelines.runner_tuning`). Run as ``lmshards materialize ...`` or
-``python -m pipelines.materialize ...``.
+removes what it wrote and reports the failure in one line (:mod:`pipelines.failures`). What
+differs by runner is chosen once, before the graph is built (:mod:`pipelines.runner_tuning`),
+and applied by :func:`build_pipeline` (:mod:`pipelines.tuned_run`). Run as
+``lmshards materialize ...`` or ``python -m pipelines.materialize ...``.
 
 Exit status: 0 done; 1 the job failed (for example ``--max-rejected-fraction`` exceeded:
 one line naming the flag, the measured fraction and the counts, and no manifest; or an
 input that changed while it was read); 2 a configuration error, before any work (a live
-run holding the output's lock included).
+run holding the output's lock included); 3 a bug (an exception outside lmshards' errors and
+I/O errors), printed with its traceback.
 """
 
 from __future__ import annotations
@@ -29,17 +30,20 @@ import logging
 import os
 import sys
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from pipelines.beam_logging import set_beam_verbosity
 from pipelines.interrupts import interruptible, quiet_exit_on_interrupt
 from pipelines.options import parse_args
-from pipelines.terminal import hidden_stderr
-from schemas.errors import ConfigError, JobFailedError, LmshardsError, exit_code
+from pipelines.runner_tuning import tuning_for
+from pipelines.terminal import hidden_stderr, report_failure
+from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest
 from schemas.names import shown_name
+from transforms.objectives.counters import sum_counters
 from transforms.objectives.registry import objective_flags
+from transforms.progress import PROGRESS, ProgressRelay
+from transforms.writing.accounting import RejectedFractionError
 from transforms.writing.process_info import process_age
 
 if TYPE_CHECKING:
@@ -47,12 +51,13 @@ if TYPE_CHECKING:
 
     from pipelines.engine_run import LocalEngine
     from pipelines.plan import Plan
-    from pipelines.runner_tuning import RunnerTuning
+    from pipelines.tuned_run import TunedRun
     from transforms.writing.output import RunLock
 
 # Apache Beam, and every module that imports it, is imported inside the functions below, once
 # lmshards' own flags are parsed (pipelines.options.parse_args): a mistyped flag or --help is
-# answered without the seconds Beam's import takes.
+# answered without the seconds Beam's import takes. So is pipelines.dataflow, which needs no
+# Beam but loads importlib.metadata (and the email package with it).
 
 _LOG = logging.getLogger("lmshards")
 _IMPORTED = time.monotonic()
@@ -60,21 +65,18 @@ _IMPORTED = time.monotonic()
 __all__ = ["build_pipeline", "run", "run_job", "main", "summary_lines"]
 
 def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None = None,
-                   tuning: RunnerTuning | None = None, lock: RunLock | None = None) -> None:
+                   tuned: TunedRun | None = None, lock: RunLock | None = None) -> None:
     """Add the materialize steps to ``pipeline``.
 
-    ``tuning``: what differs for the run's runner (:mod:`pipelines.runner_tuning`: on
-    FnApiRunner in-process, values handed over by reference; with its local workers, the
-    objective applied to each chunk output apart and the workers' heaps frozen); None: the
-    plain graph of every other runner.
+    ``tuned``: the run's runner tuning (:mod:`pipelines.runner_tuning`), applied where the graph
+    differs by runner; None: the plain graph, with the tokenizer's own encoder threads.
     ``lock``: the run's lock, checked by every writer before it renames a file into place.
     """
     import apache_beam as beam
 
     from pipelines.plan import shard_sizing, static_manifest
-    from pipelines.runner_tuning import RunnerTuning
+    from pipelines.tuned_run import TunedRun
     from transforms.building.build import BuildExamples
-    from transforms.objectives.counters import sum_counters
     from transforms.packing.group import SUB_BUCKETS, AssignGroups, PlanGroups, split_tokens
     from transforms.packing.pack import Pack
     from transforms.reading.read import ReadCorpus
@@ -82,7 +84,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     from transforms.writing.manifest import WriteManifest
     from transforms.writing.write import WriteRejected, WriteShards, join_path
 
-    tuning = tuning or RunnerTuning(in_one_process=False)
+    tuned = tuned or TunedRun()
     o = plan.options
     tokenizer_out = join_path(o.output, "tokenizer.json")
     read = pipeline | "ReadCorpus" >> ReadCorpus(
@@ -90,24 +92,24 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         text_field=o.text_field, policy=o.record_policy, split_bytes=max(1, int(o.input_split_mb * 2**20)),
         source_field=o.source_field,
     )
-    tokenized = tuning.before_tokenize(read["texts"]) | "Tokenize" >> Tokenize(
+    tokenized = tuned.before_tokenize(read["texts"]) | "Tokenize" >> Tokenize(
         tokenizer_out,
         features=plan.objective.features,
         validation_fraction=o.validation_fraction,
         num_buckets=o.num_buckets or SUB_BUCKETS,
         batch_size=o.batch_size,
         progress_seconds=o.progress_seconds,
-        encoder_threads=o.encoder_threads,
+        encoder_threads=tuned.tuning.encoder_threads,
         encoder=plan.encoder.backend,
     )
     # Pack groups are planned from every document's tokens; each batch of documents is then split
     # by group (with --num-buckets its bucket is its group) into blocks, and in each group exact
     # duplicates, which share a key and so a group, are dropped.
     groups = tokenized.documents | "PlanGroups" >> PlanGroups(o.pack_group_tokens)
-    documents = tuning.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
+    documents = tuned.hand_over(tokenized.documents, "HandOverDocuments", values_only=True)
     # (named apart with --num-buckets: a fixed key space, not groups sized by tokens)
     blocks = documents | ("AssignGroups" if o.num_buckets is None else "AssignBuckets") >> AssignGroups(groups)
-    blocks = tuning.hand_over(blocks, "HandOverBlocks", values_only=True)
+    blocks = tuned.hand_over(blocks, "HandOverBlocks", values_only=True)
     chunks, packing_stats = blocks | "Pack" >> Pack(
         plan.objective, mode=o.packing, seed=o.seed, last_chunk=o.last_chunk,
         eos=plan.resolved.special.eos if o.document_separator == "eos" else None,
@@ -124,10 +126,10 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
 
     def make_build(separate_ok: bool) -> BuildExamples:
         return BuildExamples(plan.objective, plan.resolved.special, plan.schema, seed=o.seed, draws=o.draws,
-                             sizing=sizing, separate=separate_ok and o.build_stage == "separate",
+                             sizing=sizing, separate=separate_ok and tuned.tuning.build_stage == "separate",
                              block_rows=o.block_rows)
 
-    batches, build_stats = tuning.build_examples(chunks, split_tokens, make_build)
+    batches, build_stats = tuned.build_examples(chunks, split_tokens, make_build)
     objective_stats = build_stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
     shards = (*batches, split_tokens) | "WriteShards" >> WriteShards(
         o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
@@ -154,50 +156,49 @@ def run(argv: list[str] | None = None) -> Manifest | None:
 
 def _prepare(argv: list[str] | None):
     """Parse, plan and check everything before any work; ``(options, plan, dry run, pipeline,
-    the local engine of PrismRunner, FlinkRunner and SparkRunner or None)``.
+    the local engine of PrismRunner, FlinkRunner and SparkRunner or None, the runner tuning)``.
 
     Raises:
-        ConfigError: any problem found here (a ``ValueError`` of a check becomes one).
+        ConfigError: any problem found here.
     """
+    options = parse_args(argv)  # imports Beam quietly (RunnerSetup.from_beam_args)
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
+
+    from pipelines.dataflow import stage_installed_package
+    from pipelines.engine_run import local_engine
+    from pipelines.output_dir import check_output
+    from pipelines.plan import check_beam_args, plan_run, serial_encoder_warning
+
+    set_beam_verbosity(options.verbose)
+    # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
+    # (and its pinned dependencies) goes to the workers.
+    options.beam_args = stage_installed_package(options.beam_args)
+    # Beam's flags are checked (one line each) before an engine is fetched or started for them.
+    check_beam_args(options.beam_args)
+    # Prism, Flink and Spark: the engine is fetched into the cache (once) and Beam pointed at it.
+    engine = local_engine(options.beam_args)
+    if engine is not None:
+        options.beam_args = engine.beam_args
+    pipeline_options = PipelineOptions(options.beam_args)
+    if not options.pipeline_type_check:
+        # Beam type-checks every transform's hints while the graph is built, for a graph that is
+        # fixed and run by the tests.
+        pipeline_options.view_as(TypeOptions).pipeline_type_check = False
+    FileSystems.set_options(pipeline_options)
+    plan = plan_run(options)
+    dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
+    tuning = tuning_for(options, plan.files, dry_run=dry_run)  # everything that differs by runner
+    warning = serial_encoder_warning(options, tuning) if plan.encoder.backend == "tokenizers" else None
+    if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
+        _LOG.warning(warning)
+    check_output(options, inputs=[path for path, _ in plan.files])  # before anything else: it changes nothing
     try:
-        options = parse_args(argv)  # imports Beam quietly (RunnerSetup.from_beam_args)
-        import apache_beam as beam
-        from apache_beam.io.filesystems import FileSystems
-        from apache_beam.options.pipeline_options import PipelineOptions, TestOptions, TypeOptions
-
-        from pipelines.dataflow import stage_installed_package
-        from pipelines.engines import local_engine
-        from pipelines.output_dir import check_output
-        from pipelines.plan import check_beam_args, plan_run, serial_encoder_warning
-
-        set_beam_verbosity(options.verbose)
-        # On Dataflow, unless the user ships the code some way of their own, a wheel of this lmshards
-        # (and its pinned dependencies) goes to the workers.
-        options.beam_args = stage_installed_package(options.beam_args)
-        # Beam's flags are checked (one line each) before an engine is fetched or started for them.
-        check_beam_args(options.beam_args)
-        # Prism, Flink and Spark: the engine is fetched into the cache (once) and Beam pointed at it.
-        engine = local_engine(options.beam_args)
-        if engine is not None:
-            options.beam_args = engine.beam_args
-        pipeline_options = PipelineOptions(options.beam_args)
-        if not options.pipeline_type_check:
-            # Beam type-checks every transform's hints while the graph is built, for a graph that is
-            # fixed and run by the tests.
-            pipeline_options.view_as(TypeOptions).pipeline_type_check = False
-        FileSystems.set_options(pipeline_options)
-        plan = plan_run(options)
-        warning = serial_encoder_warning(options) if plan.encoder.backend == "tokenizers" else None
-        if warning:  # fastokens does not read TOKENIZERS_PARALLELISM
-            _LOG.warning(warning)
-        dry_run = bool(pipeline_options.view_as(TestOptions).dry_run)
-        check_output(options, inputs=[path for path, _ in plan.files])  # before anything else: it changes nothing
         pipeline = beam.Pipeline(options=pipeline_options)  # an unknown runner fails here, before the output changes
-    except LmshardsError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    return options, plan, dry_run, pipeline, engine
+    except ValueError as exc:  # Beam's refusal of a --runner it does not know
+        raise ConfigError(str(exc)) from None
+    return options, plan, dry_run, pipeline, engine, tuning
 
 
 def _running(engine: LocalEngine | None, dry_run: bool, verbose: bool):
@@ -208,32 +209,25 @@ def _running(engine: LocalEngine | None, dry_run: bool, verbose: bool):
 def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runners.runner.PipelineResult]:
     """Like :func:`run`, also returning Beam's ``PipelineResult`` (metrics, a dry run's ``job``)."""
     start = time.monotonic()
-    options, plan, dry_run, pipeline, engine = _prepare(argv)
+    options, plan, dry_run, pipeline, engine, tuning = _prepare(argv)
     from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import DirectOptions
 
     from pipelines.failures import job_error, quiet_beam
     from pipelines.output_dir import clean_failed_run, prepare_output
-    from pipelines.runner_tuning import RunnerTuning
-    from transforms.progress import PROGRESS, ProgressRelay
-    from transforms.writing.accounting import RejectedFractionError
+    from pipelines.tuned_run import TunedRun
     from transforms.writing.output import RunLock
     from transforms.writing.write import join_path, write_atomic
 
     local_workers = options.local_workers or engine is not None  # processes of this machine, not this one
-    tuning = RunnerTuning(in_one_process=options.in_one_process and not dry_run,
-                          local_workers=options.local_workers, output=None if dry_run else options.output,
-                          replays=pipeline.options.view_as(DirectOptions).direct_runner_bundle_repeat > 0)
+    tuned = TunedRun(tuning, output=None if dry_run else options.output)
     lock = None if dry_run else RunLock.new(options.output)
-    build_pipeline(pipeline, plan, argv, tuning, lock)
+    build_pipeline(pipeline, plan, argv, tuned, lock)
     if lock is not None:
         # Everything that can be checked has passed: only now is the output locked and the old dataset removed.
         try:
             prepare_output(options, plan.splits, lock, [path for path, _ in plan.files])
-        except BaseException as exc:
-            tuning.release()
-            if isinstance(exc, ValueError) and not isinstance(exc, LmshardsError):
-                raise ConfigError(str(exc)) from exc
+        except BaseException:
+            tuned.release()
             raise
     failure: tuple[BaseException, bool] | None = None
     # Every stage runs here, or in local worker processes that report to this one: the whole
@@ -248,7 +242,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
             tokenizer_bytes = plan.resolved.to_json_bytes()
             write_atomic(options.output, "tokenizer.json", lambda handle: handle.write(tokenizer_bytes), lock)
         with interruptible(options.local_workers) as interrupt, quiet_beam(options.verbose), relay, \
-                tuning.running(), _running(engine, dry_run, options.verbose):
+                tuned.running(), _running(engine, dry_run, options.verbose):
             pipeline_start = time.monotonic()
             result = pipeline.run()
             result.wait_until_finish()
@@ -264,7 +258,7 @@ def run_job(argv: list[str] | None = None) -> tuple[Manifest | None, beam.runner
         raise error from (exc if chained else None)
     finally:
         PROGRESS.close()
-        tuning.release()
+        tuned.release()
         if lock is not None and failure is not None:
             clean_failed_run(options.output, lock, keep_rejected=isinstance(failure[0], RejectedFractionError))
     if dry_run:
@@ -396,9 +390,9 @@ def encoder_summary(encoder: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: run and print the summary; an error is one line, its exit status that of its
-    class (:func:`schemas.errors.exit_code`: 2 a configuration error, 1 a job that failed; 130
-    interrupted, Ctrl-C)."""
+    """CLI entry: run and print the summary. An error of lmshards' (a configuration error, 2; a job
+    that failed, 1) or an I/O error (1) is one line; any other exception is a bug, printed with its
+    traceback (3); 130 interrupted, Ctrl-C (:func:`pipelines.terminal.report_failure`)."""
     try:
         with hidden_stderr(verbose="--verbose" in (sys.argv[1:] if argv is None else argv)):
             manifest = run(argv)
@@ -408,11 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         print("lmshards materialize: interrupted; no manifest written, what the run wrote is removed",
               file=sys.stderr)
         return 130
-    except (LmshardsError, OSError) as exc:  # OSError: a file that cannot be read or written, outside the pipeline
-        if isinstance(exc, JobFailedError) and exc.__cause__ is not None:  # not one of the job's checks
-            traceback.print_exception(exc.__cause__, file=sys.stderr)
-        print(f"lmshards materialize: error: {shown_name(exc)}", file=sys.stderr)
-        return exit_code(exc)
+    except Exception as exc:  # noqa: BLE001 - one line for lmshards' errors and I/O errors, else a traceback
+        return report_failure("materialize", exc)
     finally:
         quiet_exit_on_interrupt()
     if manifest is None:

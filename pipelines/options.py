@@ -7,7 +7,7 @@ Our flags (:mod:`pipelines.parser`) are parsed with
 ``PipelineOptions`` unchanged (``--runner``, ``--direct_num_workers``, Dataflow flags), as in
 Beam's wordcount example. Objective parameters can also come from ``--config FILE`` (JSON or
 YAML); flags given on the command line win over the file. What ``auto`` values become on the
-runner is :mod:`pipelines.parallelism`'s.
+runner is :mod:`pipelines.runner_tuning`'s.
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.parallelism import RunnerSetup, resolve_encoder_threads, worker_flags
+from pipelines.parallelism import RunnerSetup, worker_flags
 from pipelines.parser import build_parser, refuse_mistyped_flags
+from schemas.errors import ConfigError
 from schemas.names import shown_name
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, REJECTED_PER_SHARD
+from transforms.objectives.registry import objective_flags, objective_parameters
+from transforms.reading.flag_files import MAX_CONFIG_BYTES, read_flag_file
 from transforms.reading.record_policy import MAX_RECORD_BYTES, RecordPolicy
 from transforms.writing.accounting import DEFAULT_MAX_REJECTED_FRACTION
 
@@ -72,11 +75,12 @@ class MaterializeOptions:
     input_split_mb: float = 64.0
     #: most tokens of a pack group (None with ``--num-buckets``)
     pack_group_tokens: int | None = DEFAULT_PACK_GROUP_TOKENS
-    #: ``fused`` (the objective runs where chunks are packed), ``separate`` (a stage of its own) or
-    #: ``auto`` (until :func:`pipelines.parallelism.resolve_build_stage` decides)
+    #: ``--build-stage`` as given: ``fused`` (the objective runs where chunks are packed),
+    #: ``separate`` (a stage of its own) or ``auto`` (the runner tuning decides)
     build_stage: str = "auto"
-    #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
-    encoder_threads: int | None = None
+    #: ``--encoder-threads`` as given: threads of each worker's Rust encoder, or ``auto`` (the
+    #: runner tuning decides: :attr:`pipelines.runner_tuning.RunnerTuning.encoder_threads`)
+    encoder_threads: int | str = "auto"
     #: the encoder backend asked for: auto, fastokens or tokenizers (:mod:`transforms.tokenizing.encoder`)
     encoder: str = "auto"
     #: show the warnings Beam's workers relay (``--verbose``)
@@ -87,9 +91,11 @@ class MaterializeOptions:
     pipeline_type_check: bool = False
     #: what ends each document in the packed stream: "eos" or "none" (T5's join)
     document_separator: str = "eos"
-    #: the runner runs every stage in this process (large values cross its shuffles by reference)
+    #: the runner runs every stage in this process (where the run's progress is counted; what
+    #: the graph does for that runner is :mod:`pipelines.runner_tuning`'s)
     in_one_process: bool = False
-    #: FnApiRunner with ``--direct_running_mode=multi_processing`` (local SDK worker processes)
+    #: FnApiRunner with ``--direct_running_mode=multi_processing``: local SDK worker processes,
+    #: which report progress to this one and are ended on Ctrl-C
     local_workers: bool = False
     #: objective parameter -> where the user set it (``--seq-len 1``, ``--config params.yaml``)
     param_sources: dict[str, str] = field(default_factory=dict)
@@ -108,13 +114,11 @@ class MaterializeOptions:
 
 
 def _load_config(path: str) -> dict[str, Any]:
-    from transforms.reading.flag_files import MAX_CONFIG_BYTES, read_flag_file
-
     data = read_flag_file("--config", path, MAX_CONFIG_BYTES)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"--config {shown_name(path)}: not UTF-8 text") from None
+        raise ConfigError(f"--config {shown_name(path)}: not UTF-8 text") from None
     try:
         if path.endswith((".yaml", ".yml")):
             import yaml
@@ -124,9 +128,9 @@ def _load_config(path: str) -> dict[str, Any]:
             data = json.loads(text)
     except Exception as exc:
         kind = "YAML" if path.endswith((".yaml", ".yml")) else "JSON"
-        raise ValueError(f"--config {shown_name(path)}: not valid {kind} ({exc})") from exc
+        raise ConfigError(f"--config {shown_name(path)}: not valid {kind} ({exc})") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"--config {shown_name(path)}: expected a mapping of parameter names to values")
+        raise ConfigError(f"--config {shown_name(path)}: expected a mapping of parameter names to values")
     return data
 
 
@@ -135,7 +139,8 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
 
     Raises:
         SystemExit: argparse errors (one line, naming the flag).
-        ValueError: a bad ``--config`` file.
+        ConfigError: a bad ``--config`` file, an unknown objective or a flag it does not take, flags
+            that contradict each other.
     """
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
@@ -149,20 +154,21 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
             args.objective = objective
         sources = {name: f"--config {args.config_file}" for name in params}
     if args.max_record_bytes < 1024:
-        raise ValueError(f"--max-record-bytes {args.max_record_bytes}: must be at least 1024")
+        raise ConfigError(f"--max-record-bytes {args.max_record_bytes}: must be at least 1024")
     if args.num_buckets is not None and args.pack_group_tokens is not None:
-        raise ValueError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
-                         "choose one (fixed hash buckets, or groups sized by tokens)")
-    from transforms.objectives.registry import objective_flags, objective_parameters
-
-    objective_parameters(args.objective)  # unknown objective: fail first, naming it
+        raise ConfigError(f"--num-buckets {args.num_buckets} and --pack-group-tokens {args.pack_group_tokens}: "
+                          "choose one (fixed hash buckets, or groups sized by tokens)")
+    try:
+        objective_parameters(args.objective)  # unknown objective: fail first, naming it
+    except ValueError as exc:  # the registry's (objectives import no schemas): the user's --objective
+        raise ConfigError(str(exc)) from None
     for flag, dest, _, objectives, _ in objective_flags():
         value = getattr(args, dest)
         if value is None:
             continue
         if args.objective not in objectives:
-            raise ValueError(f"{flag} is not a parameter of objective {args.objective} "
-                             f"(it is for {', '.join(objectives)})")
+            raise ConfigError(f"{flag} is not a parameter of objective {args.objective} "
+                              f"(it is for {', '.join(objectives)})")
         params[dest] = value
         sources[dest] = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
     if not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):
@@ -208,13 +214,13 @@ def parse_args(argv: list[str] | None) -> MaterializeOptions:
         block_rows=args.block_rows,
         max_record_bytes=args.max_record_bytes,
         unverified_zstd=args.unverified_zstd,
-        build_stage=args.build_stage,  # resolved once the inputs are listed (materialize.plan_run)
-        encoder_threads=resolve_encoder_threads(args.encoder_threads, runner_setup),
+        build_stage=args.build_stage,
+        encoder_threads=args.encoder_threads,
         encoder=args.encoder,
         verbose=args.verbose,
         source_field=args.source_field,
         in_one_process=runner_setup.in_one_process,
-        local_workers=runner_setup.runner == "FnApiRunner" and runner_setup.multi_processing,
+        local_workers=runner_setup.local_workers,
         pipeline_type_check=args.pipeline_type_check,
         param_sources=sources,
     )

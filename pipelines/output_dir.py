@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines.options import (
     MaterializeOptions,
 )
+from schemas.errors import ConfigError
 from schemas.manifest import FORMAT_DIRS
 from schemas.names import shown_name
 from transforms.writing.output import (
@@ -80,18 +81,18 @@ def check_output(options: MaterializeOptions, own: RunLock | None = None, inputs
     ``own``: the lock this run holds (not another run's). ``inputs``: the run's input files.
 
     Raises:
-        ValueError: the output is a file; it holds a link or a special file; it is not empty
+        ConfigError: the output is a file; it holds a link or a special file; it is not empty
             (without ``--overwrite``); with ``--overwrite``, it holds a file that is not part of
             an lmshards dataset; an input is inside it.
         OutputLockedError: a live run holds its lock.
     """
     output = options.output
     if _is_file(output):
-        raise ValueError(f"--output {shown_name(output)}: is a file, not a directory")
+        raise ConfigError(f"--output {shown_name(output)}: is a file, not a directory")
     for path in inputs:
         if _inside(path, output):
-            raise ValueError(f"--input {shown_name(path)}: is inside --output {shown_name(output)}, which the run "
-                             "replaces; move the input out of the output, or choose another --output")
+            raise ConfigError(f"--input {shown_name(path)}: is inside --output {shown_name(output)}, which the run "
+                              "replaces; move the input out of the output, or choose another --output")
     existing = list_output(output)
     held = read_lock(output) if LOCK_NAME in existing else None
     if held is not None and (own is None or held.run_id != own.run_id) and not held.stale():
@@ -101,18 +102,18 @@ def check_output(options: MaterializeOptions, own: RunLock | None = None, inputs
     if odd:
         relative, kind = odd[0]
         more = f" and {len(odd) - 1} more" if len(odd) > 1 else ""
-        raise ValueError(f"--output {shown_name(output)}: {shown_name(relative)} is a {shown_name(kind)}{more}; "
-                         "lmshards never writes or deletes through one inside its output: move it away or choose "
-                         "another --output")
+        raise ConfigError(f"--output {shown_name(output)}: {shown_name(relative)} is a {shown_name(kind)}{more}; "
+                          "lmshards never writes or deletes through one inside its output: move it away or choose "
+                          "another --output")
     others = [r for r in existing if own is None or r != LOCK_NAME]
     if (others or [n for n in _top_level(output) if own is None or n != LOCK_NAME]) and not options.overwrite:
-        raise ValueError(f"--output {shown_name(output)}: directory is not empty (pass --overwrite to replace it)")
+        raise ConfigError(f"--output {shown_name(output)}: directory is not empty (pass --overwrite to replace it)")
     foreign = foreign_files(existing) + [f"{r}/" for r, _ in unexpected_entries(output)]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise ValueError(f"--output {shown_name(output)}: --overwrite replaces only an lmshards dataset or its "
-                         f"debris, and {shown_name(foreign[0])}{more} is not part of one; move it away or choose "
-                         "another --output")
+        raise ConfigError(f"--output {shown_name(output)}: --overwrite replaces only an lmshards dataset or its "
+                          f"debris, and {shown_name(foreign[0])}{more} is not part of one; move it away or choose "
+                          "another --output")
     return existing
 
 
@@ -122,7 +123,7 @@ def prepare_output(options: MaterializeOptions, splits: list[str], lock: RunLock
     ``--overwrite``) and create the directory layout; return the lock.
 
     Raises:
-        ValueError: as :func:`check_output`, or an output that cannot be written.
+        ConfigError: as :func:`check_output`, or an output that cannot be written.
         OutputLockedError: another run holds (or just took) the lock.
     """
     output = options.output
@@ -130,7 +131,7 @@ def prepare_output(options: MaterializeOptions, splits: list[str], lock: RunLock
     try:
         lock = acquire_lock(output, lock)
     except OSError as exc:
-        raise ValueError(f"--output {output}: cannot write there ({exc.strerror or exc})") from exc
+        raise ConfigError(f"--output {output}: cannot write there ({exc.strerror or exc})") from exc
     try:
         existing = [r for r in check_output(options, lock, inputs) if r != LOCK_NAME]  # again: none can start now
         remove_output_files(output, existing)
@@ -141,7 +142,7 @@ def prepare_output(options: MaterializeOptions, splits: list[str], lock: RunLock
                 FileSystems.mkdirs(path)
     except OSError as exc:
         lock.release()
-        raise ValueError(f"--output {output}: cannot write there ({exc.strerror or exc})") from exc
+        raise ConfigError(f"--output {output}: cannot write there ({exc.strerror or exc})") from exc
     except BaseException:
         lock.release()
         raise

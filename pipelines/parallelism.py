@@ -1,9 +1,9 @@
-"""What ``lmshards materialize``'s parallelism flags resolve to on the runner the job uses.
+"""The runner a materialize job uses, read once from Beam's flags, and ``--workers N`` in its flags.
 
-The Beam flags are read once (:class:`RunnerSetup`); from them come the Beam flags of
-``--workers N`` (:func:`worker_flags`), the threads of each worker's encoder
-(:func:`resolve_encoder_threads`) and where the objective runs (:func:`resolve_build_stage`).
-None of these choices changes the output bytes.
+:class:`RunnerSetup` is what the runner is (its name, its local worker processes, its
+experiments); :func:`worker_flags` writes ``--workers N`` as the runner's own flags. What
+lmshards does differently for the runner is chosen from the :class:`RunnerSetup` in one place,
+:mod:`pipelines.runner_tuning`.
 """
 
 from __future__ import annotations
@@ -11,29 +11,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["BUILD_STAGES", "IN_PROCESS_RUNNERS", "SEPARATE_BELOW_GROUPS", "RunnerSetup", "estimated_groups",
-           "resolve_build_stage", "resolve_encoder_threads", "worker_flags"]
+from pipelines.beam_logging import import_beam_quietly
+from schemas.errors import ConfigError
 
-#: Runners that run the pipeline in this process (unless --direct_running_mode=multi_processing).
-IN_PROCESS_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+__all__ = ["RunnerSetup", "usable_cores", "worker_flags"]
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on."""
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
     return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
-def _copies_chunks(objective: str | None) -> bool:
-    """The objective's examples are copies of its chunks (``Objective.copies_chunks``: sending a
-    chunk to a build worker and its example back costs as much as building it)."""
-    from transforms.objectives.registry import OBJECTIVES
-
-    return objective in OBJECTIVES and OBJECTIVES[objective].copies_chunks
-
-
 @dataclass(frozen=True)
 class RunnerSetup:
-    """What the parallelism defaults depend on, read once from the Beam flags."""
+    """The runner of a job and the settings of it that lmshards reads, from the Beam flags once."""
 
     runner: str  #: the runner's class name (``FnApiRunner``, ``DataflowRunner``, ...)
     multi_processing: bool  #: ``--direct_running_mode=multi_processing``
@@ -41,16 +33,22 @@ class RunnerSetup:
     experiments: tuple[str, ...]  #: ``--experiments``
     #: SDK worker processes side by side on Flink and Spark here (0: one per core, their default)
     engine_workers: int = 0
+    #: the runner replays bundles (``--direct_runner_bundle_repeat`` above 0)
+    replays_bundles: bool = False
 
     @property
     def in_one_process(self) -> bool:
         """The runner runs every stage in this process: FnApiRunner, not multi_processing."""
         return self.runner == "FnApiRunner" and not self.multi_processing
 
+    @property
+    def local_workers(self) -> bool:
+        """The runner runs the stages in SDK worker processes of this machine that it starts itself:
+        FnApiRunner with multi_processing."""
+        return self.runner == "FnApiRunner" and self.multi_processing
+
     @classmethod
     def from_beam_args(cls, beam_args: list[str]) -> RunnerSetup:
-        from pipelines.beam_logging import import_beam_quietly
-
         import_beam_quietly()  # the first import of Beam in a materialize run: its warnings stay unseen
         from apache_beam.options.pipeline_options import (
             DebugOptions,
@@ -67,7 +65,8 @@ class RunnerSetup:
                    multi_processing=direct.direct_running_mode == "multi_processing",
                    num_workers=direct.direct_num_workers or 0,
                    experiments=tuple(options.view_as(DebugOptions).experiments or ()),
-                   engine_workers=_engine_workers(runner, beam_args))
+                   engine_workers=_engine_workers(runner, beam_args),
+                   replays_bundles=(direct.direct_runner_bundle_repeat or 0) > 0)
 
 
 def _engine_workers(runner: str, beam_args: list[str]) -> int:
@@ -82,27 +81,6 @@ def _engine_workers(runner: str, beam_args: list[str]) -> int:
     return int(explicit) if explicit and explicit.isdigit() and int(explicit) > 0 else 0
 
 
-def resolve_encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
-    """``--encoder-threads``: ``auto`` shares the cores among the worker processes of
-    ``--direct_running_mode=multi_processing`` (each worker's encoder would otherwise start a
-    thread per core, and the workers' threads would contend for the cores), and so among Flink's and
-    Spark's SDK workers (:mod:`pipelines.engines`), and is 1 on Dataflow,
-    whose workers run one SDK process per core (unless the ``no_use_multiple_sdk_containers``
-    experiment makes it one process); elsewhere None, the tokenizer's own default (every
-    core; one in-process encoder). A number is taken as given."""
-    if value != "auto":
-        return int(value)
-    if setup.runner == "DataflowRunner":
-        return None if "no_use_multiple_sdk_containers" in setup.experiments else 1
-    if setup.runner in ("FlinkRunner", "SparkRunner"):  # their SDK workers share the cores, as local ones do
-        cores = _usable_cores()
-        return max(1, cores // (setup.engine_workers or cores))
-    if not setup.multi_processing:
-        return None
-    cores = _usable_cores()
-    return max(1, cores // (setup.num_workers or cores))  # Beam: 0 workers means one per core
-
-
 #: Beam flags that --workers sets, which the user must not also give.
 _WORKER_FLAGS = ("--direct_running_mode", "--direct_num_workers", "--num_workers", "--parallelism",
                  "--spark_master_url", "--sdk_worker_parallelism")
@@ -115,11 +93,11 @@ def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
     only ``--workers 1``.
 
     Raises:
-        ValueError: the user also gave one of those flags, or the runner has no such setting.
+        ConfigError: the user also gave one of those flags, or the runner has no such setting.
     """
     given = [a.split("=", 1)[0] for a in beam_args if a.split("=", 1)[0] in _WORKER_FLAGS]
     if given:
-        raise ValueError(f"--workers {workers}: also given {given[0]}; use one or the other")
+        raise ConfigError(f"--workers {workers}: also given {given[0]}; use one or the other")
     runner = RunnerSetup.from_beam_args(beam_args).runner
     if runner in ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner"):
         if workers == 1:
@@ -134,42 +112,7 @@ def worker_flags(workers: int, beam_args: list[str]) -> list[str]:
     if runner == "PrismRunner":
         if workers == 1:
             return []
-        raise ValueError(f"--workers {workers}: PrismRunner runs one SDK worker process (it runs bundles on "
-                         "threads inside it); leave --workers out")
-    raise ValueError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
-                     "its parallelism")
-
-
-#: Values of ``--build-stage``.
-BUILD_STAGES = ("auto", "fused", "separate")
-#: ``--build-stage auto`` on a distributed runner builds in a stage of its own below this many
-#: estimated pack groups: fused, building has only as many workers as there are groups.
-SEPARATE_BELOW_GROUPS = 64
-#: Bytes of text per token, and of text per byte of a compressed file, to estimate groups with.
-_TEXT_BYTES_PER_TOKEN, _COMPRESSION_RATIO = 4, 4
-
-
-def estimated_groups(files: list[tuple[str, int]], pack_group_tokens: int | None, num_buckets: int | None) -> int:
-    """About how many pack groups per split the inputs make (from their sizes alone)."""
-    if num_buckets:
-        return num_buckets
-    text_bytes = sum(size * (_COMPRESSION_RATIO if path.lower().endswith((".gz", ".zst", ".zstd", ".gzip")) else 1)
-                     for path, size in files)
-    return -(-text_bytes // (_TEXT_BYTES_PER_TOKEN * (pack_group_tokens or 1)))
-
-
-def resolve_build_stage(value: str, setup: RunnerSetup, objective: str | None = None, groups: int = 0) -> str:
-    """``--build-stage``: ``auto`` runs the objective in a stage of its own (``separate``) only
-    where that buys parallelism: on a distributed runner (Dataflow, ...) when the corpus makes
-    fewer than :data:`SEPARATE_BELOW_GROUPS` pack groups (``groups``, estimated from the input
-    sizes), so that building is spread over every worker instead of one per group; not for clm
-    (its examples are copies of its chunks). Everywhere else it runs where the chunks are packed
-    (``fused``): on Beam's local multi-processing runner, spreading the chunks over its workers
-    cost more than the building it spread (README, Runners). Either way the output is the same;
-    the choice depends on file sizes and the runner, never the bytes."""
-    if value != "auto":
-        return value
-    if _copies_chunks(objective) or setup.runner in IN_PROCESS_RUNNERS:
-        return "fused"
-    return "separate" if groups < SEPARATE_BELOW_GROUPS else "fused"
-
+        raise ConfigError(f"--workers {workers}: PrismRunner runs one SDK worker process (it runs bundles on "
+                          "threads inside it); leave --workers out")
+    raise ConfigError(f"--workers {workers}: not supported with --runner {runner}; use that runner's own flag for "
+                      "its parallelism")

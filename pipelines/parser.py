@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import difflib
 
-from pipelines.parallelism import BUILD_STAGES, SEPARATE_BELOW_GROUPS
+from pipelines.runner_tuning import BUILD_STAGES, SEPARATE_BELOW_GROUPS
+from schemas.errors import ConfigError
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.flag_values import DEFAULT_PACK_GROUP_TOKENS, LAST_CHUNK_MODES, REJECTED_PER_SHARD, TEXT_MODES
 from transforms.objectives.packing import PACKING_MODES
+from transforms.objectives.registry import OBJECTIVES, objective_flags
 from transforms.reading.record_policy import (
     INVALID_UTF8_POLICIES,
     LONG_DOC_POLICIES,
@@ -149,7 +151,7 @@ def refuse_mistyped_flags(unknown: list[str], parser: argparse.ArgumentParser) -
     is left to :func:`pipelines.plan.check_beam_args`, which knows Beam's and the runner's.
 
     Raises:
-        ValueError: the flag and the suggestion, in one line.
+        ConfigError: the flag and the suggestion, in one line.
     """
     ours = own_flags(parser)
     for argument in unknown:
@@ -158,7 +160,7 @@ def refuse_mistyped_flags(unknown: list[str], parser: argparse.ArgumentParser) -
             continue
         suggestion = did_you_mean(flag, ours)
         if suggestion:
-            raise ValueError(f"unknown option {flag} (not an lmshards or Apache Beam flag){suggestion}")
+            raise ConfigError(f"unknown option {flag} (not an lmshards or Apache Beam flag){suggestion}")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -224,8 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
     bad.add_argument("--rejected-per-file", type=_positive_int("--rejected-per-file"), default=REJECTED_PER_SHARD,
                      metavar="N", help="about N rejected records per file of OUT/rejected/ (default "
                      f"{REJECTED_PER_SHARD:,}): they are spread over ceil(rejected / N) files by a digest of each")
-    from transforms.objectives.registry import OBJECTIVES, objective_flags
-
     obj = parser.add_argument_group("objective")
     others = [name for name in OBJECTIVES if name != "clm"]
     obj.add_argument("--objective", default="clm",

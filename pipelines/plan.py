@@ -31,8 +31,9 @@ from apache_beam.options.pipeline_options import (
 from pipelines import __version__
 from pipelines.input_checks import check_text_field, check_text_flags
 from pipelines.options import MaterializeOptions
-from pipelines.parallelism import RunnerSetup, estimated_groups, resolve_build_stage
 from pipelines.parser import build_parser, did_you_mean, own_flags
+from pipelines.runner_tuning import RunnerTuning
+from schemas.errors import ConfigError
 from schemas.examples import example_schema
 from schemas.manifest import LENGTH_PARAMETERS, MAX_EXAMPLE_TOKENS
 from transforms.objectives.registry import make_objective
@@ -102,17 +103,17 @@ def _load_runner(runner: str, path: str) -> None:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         extra = next((extra for word, extra in _RUNNER_EXTRAS.items() if word in module_name.split(".")), None)
-        raise ValueError(f"--runner {runner}: cannot import {module_name} ({exc})"
-                         + (f"; pip install '{extra}'" if extra else "")) from exc
+        raise ConfigError(f"--runner {runner}: cannot import {module_name} ({exc})"
+                          + (f"; pip install '{extra}'" if extra else "")) from exc
     if not hasattr(module, class_name):
-        raise ValueError(f"--runner {runner}: {module_name} has no {class_name}")
+        raise ConfigError(f"--runner {runner}: {module_name} has no {class_name}")
 
 
 class _CheckingParser(_BeamArgumentParser):
     """Beam's flag parser, whose errors (a value a flag does not take) are one line, not its usage."""
 
     def error(self, message):
-        raise ValueError(message)
+        raise ConfigError(message)
 
 
 def _beam_parser() -> argparse.ArgumentParser:
@@ -146,7 +147,7 @@ def check_beam_args(beam_args: list[str]) -> None:
             _load_runner(runner or StandardOptions.DEFAULT_RUNNER, path)
         except ValueError:
             if path == DASK_RUNNER:  # refused whether dask is installed or not
-                raise ValueError(_dask_refusal()) from None
+                raise ConfigError(_dask_refusal()) from None
             raise
     parser = _beam_parser()
     _, unknown = parser.parse_known_args(beam_args)
@@ -154,16 +155,16 @@ def check_beam_args(beam_args: list[str]) -> None:
     if flags:
         flag = flags[0].split("=", 1)[0]
         beam_flags = [option for option in parser._option_string_actions if option.startswith("--")]
-        raise ValueError(f"unknown option {flag} (not an lmshards or Apache Beam flag){_suggestion(flag, beam_flags)}")
+        raise ConfigError(f"unknown option {flag} (not an lmshards or Apache Beam flag){_suggestion(flag, beam_flags)}")
     if unknown:
         shown = " ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else "")
-        raise ValueError(f"unexpected argument{'s' if len(unknown) > 1 else ''} {shown}: an unquoted glob? The shell "
-                         "expands --input data/*.jsonl into several names and only the first is read; quote it "
-                         "(--input 'data/*.jsonl') or repeat --input for each file")
+        raise ConfigError(f"unexpected argument{'s' if len(unknown) > 1 else ''} {shown}: an unquoted glob? The shell "
+                          "expands --input data/*.jsonl into several names and only the first is read; quote it "
+                          "(--input 'data/*.jsonl') or repeat --input for each file")
     if path == DASK_RUNNER:
-        raise ValueError(_dask_refusal())
+        raise ConfigError(_dask_refusal())
     if PipelineOptions(beam_args).view_as(DirectOptions).direct_running_mode == "multi_threading":
-        raise ValueError(
+        raise ConfigError(
             "--direct_running_mode=multi_threading: not supported: Beam's multi-threading mode drops elements "
             "of long bundles (reproduced with a plain Beam pipeline, Beam 2.77); use in_memory (the default) "
             "or multi_processing"
@@ -195,32 +196,32 @@ def plan_run(options: MaterializeOptions) -> Plan:
     for name in LENGTH_PARAMETERS:
         value = options.objective_params.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_EXAMPLE_TOKENS:
-            raise ValueError(_naming_the_flag(f"{name} {value} is more than {MAX_EXAMPLE_TOKENS:,} tokens per "
-                                              "example", options))
+            raise ConfigError(_naming_the_flag(f"{name} {value} is more than {MAX_EXAMPLE_TOKENS:,} tokens per "
+                                               "example", options))
     try:
         objective = make_objective(options.objective, options.objective_params)
     except ValueError as exc:
-        raise ValueError(_naming_the_flag(str(exc), options)) from exc
+        raise ConfigError(_naming_the_flag(str(exc), options)) from exc
     if options.seed < 0:
-        raise ValueError(f"--seed {options.seed}: must be >= 0")
+        raise ConfigError(f"--seed {options.seed}: must be >= 0")
     if options.packing != "concat" and objective.fixed_raw_length is None:
-        raise ValueError(f"--packing {options.packing}: needs a fixed chunk length, and {objective.name} varies it "
-                         "from example to example; use --packing concat")
+        raise ConfigError(f"--packing {options.packing}: needs a fixed chunk length, and {objective.name} varies it "
+                          "from example to example; use --packing concat")
     try:
         data = read_flag_file("--tokenizer", options.tokenizer, MAX_TOKENIZER_BYTES)
     except ValueError as exc:
         if "://" in options.tokenizer or os.path.lexists(options.tokenizer):
             raise
         # a hub name, most likely: say that it is not fetched, and how to get the file
-        raise ValueError(f"{exc}; names on the Hugging Face hub (gpt2, t5-base) are not fetched: pass a "
-                         "tokenizer.json file, trained with python -m pipelines.train_tokenizer or saved from HF "
-                         "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR) writes DIR/tokenizer.json)"
-                         ) from None
+        raise ConfigError(f"{exc}; names on the Hugging Face hub (gpt2, t5-base) are not fetched: pass a "
+                          "tokenizer.json file, trained with python -m pipelines.train_tokenizer or saved from HF "
+                          "(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR) writes DIR/tokenizer.json)"
+                          ) from None
     tokenizer = tokenizer_from_bytes(data, options.tokenizer)
     dropout = json.loads(tokenizer.to_str()).get("model", {}).get("dropout")
     if dropout:
-        raise ValueError(f"--tokenizer {options.tokenizer}: BPE dropout (model.dropout {dropout}) makes every encoding "
-                         "random, so the dataset could not be reproduced; remove it from the tokenizer.json")
+        raise ConfigError(f"--tokenizer {options.tokenizer}: BPE dropout (model.dropout {dropout}) makes every "
+                          "encoding random, so the dataset could not be reproduced; remove it from the tokenizer.json")
     required = set(objective.required_specials)
     if options.packing != "concat" or options.last_chunk == "pad":
         required.add("pad")
@@ -235,12 +236,9 @@ def plan_run(options: MaterializeOptions) -> Plan:
         )
     except ValueError as exc:
         message = str(exc)
-        raise ValueError(message if message.startswith("-") else f"--tokenizer {options.tokenizer}: {message}") from exc
+        raise ConfigError(message if message.startswith("-")
+                          else f"--tokenizer {options.tokenizer}: {message}") from exc
     listing = list_inputs(options.inputs, file_format)
-    groups = estimated_groups([(f.path, f.size) for f in listing.files], options.pack_group_tokens,
-                              options.num_buckets)
-    options.build_stage = resolve_build_stage(options.build_stage, RunnerSetup.from_beam_args(options.beam_args),
-                                              options.objective, groups)
     schema = example_schema(objective.family, **objective.schema_kwargs())
     files = [(f.path, f.size) for f in listing.files]
     text_mode, text_field = options.text_flags_given
@@ -293,7 +291,7 @@ def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, featu
     one-line warning when fastokens is not importable or its parity probe fails.
 
     Raises:
-        ValueError: ``--encoder fastokens`` where it cannot be used (:func:`choose_encoder`).
+        ConfigError: ``--encoder fastokens`` where it cannot be used (:func:`choose_encoder`).
     """
     if options.encoder == "tokenizers":
         return EncoderChoice(options.encoder, "tokenizers")
@@ -310,15 +308,16 @@ def plan_encoder(options: MaterializeOptions, resolved: ResolvedTokenizer, featu
 _SERIAL_TOKENIZERS = frozenset({"", "off", "false", "f", "no", "n", "0"})
 
 
-def serial_encoder_warning(options: MaterializeOptions, environ=None) -> str | None:
+def serial_encoder_warning(options: MaterializeOptions, tuning: RunnerTuning, environ=None) -> str | None:
     """The warning to give when ``TOKENIZERS_PARALLELISM`` keeps the encoder on one thread
     where it would use several (set by training scripts to quiet the tokenizer's fork warning,
-    and by the tokenizer itself in a process that forked after encoding in parallel); else None."""
+    and by the tokenizer itself in a process that forked after encoding in parallel); else None.
+    ``tuning``: the run's, which says how many threads each worker's encoder gets."""
     environ = os.environ if environ is None else environ
     value = environ.get("TOKENIZERS_PARALLELISM")
     if value is None or value.strip().lower() not in _SERIAL_TOKENIZERS:
         return None
-    if not options.in_one_process and (options.encoder_threads or 1) <= 1:
+    if not options.in_one_process and (tuning.encoder_threads or 1) <= 1:
         return None  # workers of one encoder thread each: nothing is lost
     return (f"TOKENIZERS_PARALLELISM={value} in the environment: the Rust encoder runs on one thread "
             "(unset it to encode on every core)")

@@ -1,261 +1,183 @@
-"""Runner tuning: the one place where the materialize job differs by runner.
+"""Runner tuning: every choice of the materialize job that depends on its runner, made in one place.
 
-:func:`pipelines.materialize.build_pipeline` asks :class:`RunnerTuning` what to do; no
-transform takes an argument for a runner, and nothing here patches a library. What is in
-this module was measured to pay at least 5 % of a whole run on the benchmark corpus, as the
-median of at least five interleaved pairs of runs with and without it, every pair gaining, on
-the runner it is active for (``benchmarks/bench_tuning.py``; the figures are in
-``benchmarks/README.md``, "Runner tuning, measured"). Dataflow and every other
-runner get the plain graph: nothing here is active there.
+The graph and the options are the same on every runner but for the fields of a
+:class:`RunnerTuning`. :func:`choose_tuning` makes it from the runner (read once from Beam's
+flags: :class:`~pipelines.parallelism.RunnerSetup`), when the pipeline is built
+(:func:`pipelines.materialize.run_job`, through :func:`tuning_for`), and
+:func:`pipelines.materialize.build_pipeline` applies it (:class:`pipelines.tuned_run.TunedRun`).
+No transform takes an argument for a runner, no other module of the job looks at the runner to
+change the graph or an option, and nothing patches a library. No field changes the output
+bytes: the tests compare them across runners, worker counts and both build stages.
 
-**By-reference handoff (FnApiRunner in-process only).** That runner runs every stage in
-this process, yet moves each element between stages as encoded bytes: the producing bundle
-encodes it, the runner decodes it to group it and encodes it again per group, the consuming
-bundle decodes it once more. For the token arrays of a corpus, its chunks and its example
-batches, that is much of a run. :meth:`RunnerTuning.hand_over` turns each value into an
-instance of a subclass of its own tuple type (:func:`shared`), which every transform reads
-as the tuple it is. Beam's default coder (``FastPrimitivesCoder``) encodes a type it does
-not know by pickling it, and pickling such a value stores it in this process (under the
-run's scope) and writes only a token; unpickling the token gives the very object back, so
-no bytes are copied on the way. A token read in another process, or after its run released
-it, fails with :class:`HandoffError` rather than yield wrong data. Each value is stored once,
-under a number of its own, however often Beam encodes it (Beam also encodes a sample of
-elements only to estimate their size, a grouped element with all its values, and those bytes
-are never read), and stays until the transform that reads it last lets go of it
-(:func:`transforms.handoff.let_go`: Pack for a document, the builders for a chunk, the writers
-for an example batch, dedup for a copy it drops); so a run holds about one copy of the corpus
-at a time (its documents, then its chunks, then its examples), not all three to the end. What
-no transform let go of goes at :meth:`RunnerTuning.release`, the end of the run. Where the
-runner replays bundles (``--direct_runner_bundle_repeat``, which decodes an input again after
-its reader let go of it), values stay until that release. A value read after it was let go of
-fails with :class:`HandoffError` ("no longer stored"), never yields another value.
+The fields, where each is on and why:
 
-**The frozen heap of the run (FnApiRunner in-process only).** That runner holds its stages'
-data in this process, so full garbage collections come during the run, and each walked every
-object of the process, Beam's modules and the pipeline graph included. :meth:`RunnerTuning.running`
-freezes the objects that exist when the pipeline starts (:func:`gc.freeze`, CPython's public
-API) and unfreezes them when it ends; what the run makes is collected as usual. A process that
-froze objects itself is left alone (a freeze has no undo of one caller's part).
+- ``encoder_threads`` (``--encoder-threads auto``; every runner): threads of each worker's
+  Rust encoder. Each worker's encoder would start a thread per core, and the workers' threads
+  would contend for the cores; so the cores are shared among the local SDK workers of
+  ``multi_processing`` and of Flink and Spark here, and Dataflow, whose workers run one SDK
+  process per core, gets 1 (unless the ``no_use_multiple_sdk_containers`` experiment makes it
+  one process). In one process: the tokenizer's default, every core.
+- ``build_stage`` (``--build-stage auto``; distributed runners): ``separate`` runs the objective
+  in a stage of its own, spread over every worker, where the corpus makes fewer than
+  :data:`SEPARATE_BELOW_GROUPS` pack groups (estimated from the input sizes): fused, building has
+  only as many workers as there are groups. Not for an objective whose examples are copies of
+  its chunks (a copy is not worth a shuffle), and never on Beam's local runners, where spreading
+  the chunks over the workers cost more than the building it spread (README, Runners).
+- ``build_apart`` (FnApiRunner, in-process or with local workers): the objective applied to
+  each of Pack's two chunk outputs apart, not to their ``Flatten``. FnApiRunner materializes a
+  ``Flatten``: every chunk would be encoded into a buffer and decoded out of it, which between
+  worker processes is slow, and in one process that buffer holds every chunk of the corpus
+  until the whole Pack stage has run. Apart, a chunk lives only until its block is built; the
+  two example streams meet in the writers' shuffle, which exists anyway. On a runner that fuses
+  a ``Flatten`` (Dataflow), the plain graph is the same work.
+- ``by_reference`` (FnApiRunner in-process): documents and example batches cross the runner's
+  shuffles by reference instead of as encoded bytes, each stored once and let go of by the
+  transform that reads it last (:mod:`pipelines.reference_handoff`), so a run holds about one
+  form of the corpus at a time. ``keep_references``: the runner replays bundles
+  (``--direct_runner_bundle_repeat``), so values stay until the run ends.
+- ``through_files`` (FnApiRunner with local workers): documents, their blocks and example
+  batches are written once to a file of the run by the worker that made them, and only their
+  place crosses the runner (:mod:`pipelines.file_handoff`): that runner's data streams drop
+  parts of a large stage input written during their timed flush.
+- ``freeze_workers`` (FnApiRunner with local workers): each worker process freezes its heap
+  (:func:`gc.freeze`) before its first Tokenize, so full garbage collections no longer walk
+  Beam's hundreds of thousands of objects (:mod:`pipelines.tuned_run`). Not on Dataflow, where
+  it was not measured.
+- ``freeze_run`` (FnApiRunner in-process): the objects that exist when the pipeline starts stay
+  out of the garbage collector's full passes until it ends; the runner holds its stages' data in
+  this process, so full collections come during the run, and each walked Beam and the graph.
 
-**The objective applied to each chunk output apart (FnApiRunner, in-process or with local
-workers).** Pack has two chunk outputs (the groups' chunks, and the re-packed remainders).
-FnApiRunner materializes a ``Flatten``: every chunk would be encoded into a buffer and decoded
-out of it, which between worker processes is slow; in-process, where the handoff makes it
-cheap, the buffer holds every chunk of the corpus (int32 tokens: 1.3 bytes per byte of text)
-until the whole Pack stage has run, beside the documents not yet packed. Applying
-BuildExamples to each output keeps each in the fused stage that made it, so a chunk lives only
-until its block is built; the two example streams meet in the writers' shuffle, which exists
-anyway. On a runner that fuses a Flatten (Dataflow), the plain graph is the same work.
+Each of the last five was measured to pay at least 5 % of a whole run on the benchmark corpus,
+as the median of at least five interleaved pairs of runs with and without it, on the runner it
+is on for (``benchmarks/bench_tuning.py``; the figures are in ``benchmarks/README.md``, "Runner
+tuning, measured"); every other runner gets the plain graph (:data:`PLAIN`). A dry run
+(``--dry_run``: built and validated, never run) in one process is built without the in-process
+pieces (``build_apart``, ``by_reference``, ``freeze_run``).
 
-**Documents and example batches through files (FnApiRunner with local workers only).** Beam's
-FnApiRunner can drop parts of a large stage input it sends to an SDK worker process (a race in
-its timed data-stream flush, :mod:`pipelines.file_handoff`); the documents before AssignGroups
-(materialized while the plan is made), a pack group, and the writers' Flatten of example
-batches are such inputs. With local workers every document and every batch is written once to
-a file of the run by the worker that made it, and only its place crosses the runner
-(:meth:`RunnerTuning.hand_over`, :meth:`RunnerTuning.build_examples`).
-Applying the objective to each chunk output apart (above) also keeps the chunks, which are as
-large, out of a Flatten.
+What the run's processes do around the pipeline (progress counted here or relayed from local
+workers, Ctrl-C passed on to them) follows from where the runner runs the stages
+(:class:`pipelines.options.MaterializeOptions`' ``in_one_process`` and ``local_workers``), not from
+a choice; the local engines (:mod:`pipelines.engines`), Dataflow's staging
+(:mod:`pipelines.dataflow`), ``--workers`` in each runner's flags
+(:func:`pipelines.parallelism.worker_flags`) and the runners refused (:mod:`pipelines.plan`) set
+the runner up and change nothing of the graph.
 
-**Frozen heap of local SDK workers (FnApiRunner multi-processing only).** A worker process
-of ``--direct_running_mode=multi_processing`` holds Beam's modules and its machinery, hundreds
-of thousands of objects that every full garbage collection walks. A pass-through stage before
-Tokenize freezes them (:func:`gc.freeze`, CPython's public API) once, when the worker starts
-its first bundle of it; what the run makes is collected as usual. The worker lives as long as
-the job. Not on Dataflow, where it was not measured.
+Nothing here imports Beam (the parser reads :data:`BUILD_STAGES` and :data:`SEPARATE_BELOW_GROUPS`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import itertools
-import os
-import sys
-import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import apache_beam as beam
+from pipelines.parallelism import RunnerSetup, usable_cores
+from transforms.objectives.registry import OBJECTIVES
 
-from pipelines.file_handoff import FileHandoff, spill_value
-from schemas.errors import JobFailedError
+if TYPE_CHECKING:
+    from pipelines.options import MaterializeOptions
 
-__all__ = ["SDK_WORKER_MAIN", "HandoffError", "RunnerTuning", "freeze_worker_heap", "shared"]
+__all__ = ["BUILD_STAGES", "PLAIN", "SEPARATE_BELOW_GROUPS", "RunnerTuning", "choose_tuning", "estimated_groups",
+           "tuning_for"]
 
-_STORE: dict[str, dict[int, Any]] = {}  # scope -> token -> value
-_KEEP: set[str] = set()  # scopes whose values stay until release (the runner replays bundles)
-_NUMBERS = itertools.count()  # each handed-over value's number in its run's store
-_LOCK = threading.Lock()
-_COUNTER = itertools.count()
-_SHARED_TYPES: dict[type, type] = {}
-
-
-class HandoffError(JobFailedError):
-    """A by-reference value was read where it is not stored (another process, or after release)."""
+#: Values of ``--build-stage``.
+BUILD_STAGES = ("auto", "fused", "separate")
+#: ``--build-stage auto`` on a distributed runner builds in a stage of its own below this many
+#: estimated pack groups: fused, building has only as many workers as there are groups.
+SEPARATE_BELOW_GROUPS = 64
+#: Bytes of text per token, and of text per byte of a compressed file, to estimate groups with.
+_TEXT_BYTES_PER_TOKEN, _COMPRESSION_RATIO = 4, 4
+#: Beam's local runners: ``--build-stage auto`` builds where it packs on them.
+_LOCAL_BEAM_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
 
 
-def _resolve(pid: int, scope: str, token: int) -> Any:
-    if pid != os.getpid():
-        raise HandoffError(
-            f"a value handed over by reference in process {pid} was read in process {os.getpid()}: "
-            "by-reference handoff only works with Beam's in-process runner"
-        )
-    try:
-        return _STORE[scope][token]
-    except KeyError:
-        raise HandoffError(f"by-reference value {token} of run {scope} is no longer stored") from None
-
-
-def _reduce_by_reference(self):
-    token = self.handoff_number
-    values = _STORE.get(self.handoff_scope)
-    if values is None:
-        raise HandoffError(f"by-reference values of run {self.handoff_scope} were released")
-    values[token] = self  # the same entry however often it is encoded
-    return _resolve, (os.getpid(), self.handoff_scope, token)
-
-
-def _let_go(self):
-    """The run will not read this value again (:func:`transforms.handoff.let_go`)."""
-    if self.handoff_scope not in _KEEP:
-        values = _STORE.get(self.handoff_scope)
-        if values is not None:
-            values.pop(self.handoff_number, None)
-
-
-def _shared_type(cls: type) -> type:
-    """The subclass of tuple type ``cls`` (a plain tuple or a NamedTuple) that pickles by reference."""
-    shared_type = _SHARED_TYPES.get(cls)
-    if shared_type is None:
-        # No __slots__: an instance carries its run's scope in its __dict__.
-        shared_type = _SHARED_TYPES[cls] = type(f"Shared{cls.__name__.capitalize()}", (cls,),
-                                                {"__reduce__": _reduce_by_reference, "let_go_of_handoff": _let_go,
-                                                 "__module__": __name__})
-    return shared_type
-
-
-def shared(value: tuple, scope: str) -> tuple:
-    """``value`` (a tuple, or a NamedTuple) as an equal tuple of a subclass of its type that
-    pickles by reference under ``scope`` (an open :class:`RunnerTuning` scope)."""
-    if not isinstance(value, tuple):
-        raise TypeError(f"only tuples are handed over by reference, not {type(value).__name__}")
-    handed = tuple.__new__(_shared_type(type(value)), value)
-    handed.handoff_scope = scope
-    handed.handoff_number = next(_NUMBERS)
-    return handed
-
-
-def _share_value(element: tuple, scope: str) -> tuple:
-    key, value = element
-    return key, shared(value, scope)
-
-
-#: The module a Beam SDK worker process runs as ``__main__``.
-SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
-
-
-def freeze_worker_heap() -> bool:
-    """In a Beam SDK worker process, freeze its objects as they are now, once; return whether it
-    froze them. Any other process (the one that runs the job, a test's) is left alone."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if getattr(spec, "name", None) != SDK_WORKER_MAIN or gc.get_freeze_count():
-        return False
-    gc.freeze()
-    return True
-
-
-class _FreezeWorkerHeap(beam.DoFn):
-    def setup(self):
-        freeze_worker_heap()
-
-    def process(self, element):
-        yield element
-
-
+@dataclass(frozen=True)
 class RunnerTuning:
-    """What :func:`~pipelines.materialize.build_pipeline` does for the runner of a run.
+    """What the materialize job does for its runner (the module docstring says why each field is
+    where it is); the defaults are the plain graph of every other runner."""
 
-    Args:
-        in_one_process: the runner runs every stage in this process (FnApiRunner in_memory:
-            :attr:`pipelines.options.MaterializeOptions.in_one_process`); only then are values
-            handed over by reference.
-        local_workers: FnApiRunner with ``--direct_running_mode=multi_processing``: its worker
-            processes freeze their heap, and example batches pass between them through files.
-        output: the run's output directory (a local one holds the handoff files under ``.tmp/``).
-        replays: the runner decodes bundles' inputs more than once (``--direct_runner_bundle_repeat``):
-            values handed over by reference then stay until :meth:`release`, not until read.
-    """
+    #: threads of each worker's Rust encoder (None: the tokenizer's default, every core)
+    encoder_threads: int | None = None
+    #: where the objective runs: ``fused`` (where the chunks are packed) or ``separate``
+    build_stage: str = "fused"
+    #: the objective applied to each of Pack's chunk outputs apart, not to their ``Flatten``
+    build_apart: bool = False
+    #: documents and example batches cross the shuffles by reference (one process only)
+    by_reference: bool = False
+    #: values handed over by reference stay until the run ends (the runner replays bundles)
+    keep_references: bool = False
+    #: documents and example batches cross between worker processes through files of the run
+    through_files: bool = False
+    #: local worker processes freeze their heap before their first Tokenize
+    freeze_workers: bool = False
+    #: the run's own heap is frozen while the pipeline runs
+    freeze_run: bool = False
 
-    def __init__(self, in_one_process: bool, local_workers: bool = False, output: str | None = None,
-                 replays: bool = False):
-        self.build_apart = local_workers or in_one_process
-        self.freeze_workers = local_workers
-        self.freeze_run = in_one_process
-        self.files = FileHandoff(output) if local_workers else None
-        self.scope: str | None = None
-        if in_one_process:
-            self.scope = f"{os.getpid()}-{next(_COUNTER)}"
-            with _LOCK:
-                _STORE[self.scope] = {}
-                if replays:
-                    _KEEP.add(self.scope)
 
-    def hand_over(self, elements: beam.PCollection, label: str, *, values_only: bool = False) -> beam.PCollection:
-        """``elements`` (tuples; with ``values_only``, ``(key, tuple)`` pairs whose keys the runner
-        groups by and must see as they are), handed over by reference where this run does that;
-        with local workers, ``(key, tuple)`` pairs' values through files of the run."""
-        # Output typed Any, as an unannotated Map's is: the functions' ``-> tuple`` would make the
-        # elements Tuple[Any, ...], which Beam's type check (--pipeline-type-check, from Beam 2.78)
-        # refuses as a GroupByKey input; the coder (FastPrimitivesCoder) is the same for both.
-        if self.files is not None and values_only:  # local workers: through files of the run
-            return elements | label >> beam.Map(spill_value, self.files.directory).with_output_types(Any)
-        if self.scope is None:
-            return elements
-        return elements | label >> beam.Map(_share_value if values_only else shared, self.scope).with_output_types(Any)
+#: The plain graph: every runner but Beam's FnApiRunner, the tokenizer's own encoder threads.
+PLAIN = RunnerTuning()
 
-    def before_tokenize(self, texts: beam.PCollection) -> beam.PCollection:
-        """The texts Tokenize reads: on local workers through the stage that freezes their heap."""
-        if not self.freeze_workers:
-            return texts
-        return texts | "FreezeWorkerHeap" >> beam.ParDo(_FreezeWorkerHeap())
 
-    def build_examples(self, chunk_outputs: tuple, split_tokens: beam.PCollection, make_build) -> tuple:
-        """Apply the objective (``make_build(separate_ok)``: a BuildExamples) to Pack's chunk
-        outputs; return ``(example batch PCollections, objective statistics)``.
+def choose_tuning(setup: RunnerSetup, *, encoder_threads: int | str = "auto", build_stage: str = "auto",
+                  objective: str | None = None, groups: int = 0, dry_run: bool = False) -> RunnerTuning:
+    """The tuning of a run on ``setup``'s runner. ``encoder_threads`` and ``build_stage`` are the
+    flags as given (``auto`` is decided here, a value is taken as it is); ``objective`` and
+    ``groups`` (the pack groups the inputs make, :func:`estimated_groups`) decide ``auto``'s build
+    stage; ``dry_run``: the pipeline is built and never run."""
+    in_process = setup.in_one_process and not dry_run
+    local_workers = setup.local_workers
+    return RunnerTuning(
+        encoder_threads=_encoder_threads(encoder_threads, setup),
+        build_stage=_build_stage(build_stage, setup, objective, groups),
+        build_apart=in_process or local_workers,
+        by_reference=in_process,
+        keep_references=in_process and setup.replays_bundles,
+        through_files=local_workers,
+        freeze_workers=local_workers,
+        freeze_run=in_process,
+    )
 
-        FnApiRunner (in-process or local workers): one BuildExamples per output (``separate_ok``
-        only for the first, as the groups' chunks are the many), each batch handed over (by
-        reference, or through a file), their statistics flattened. Elsewhere: one over the
-        outputs' Flatten."""
-        if self.build_apart:
-            batches, stats = [], []
-            for index, (label, chunks) in enumerate(zip(("BuildExamples", "BuildRepackedExamples"), chunk_outputs)):
-                built, built_stats = (chunks, split_tokens) | label >> make_build(index == 0)
-                batches.append(self.hand_over(built, f"HandOver{label[5:]}", values_only=True))
-                stats.append(built_stats)
-            return tuple(batches), tuple(stats) | "AllObjectiveStats" >> beam.Flatten()
-        all_chunks = tuple(chunk_outputs) | "AllChunks" >> beam.Flatten()
-        built, built_stats = (all_chunks, split_tokens) | "BuildExamples" >> make_build(True)
-        return (built,), built_stats
 
-    @contextlib.contextmanager
-    def running(self):
-        """Around the pipeline's run: in-process, the objects that exist now stay out of the
-        garbage collector's full passes until it ends."""
-        if not self.freeze_run or gc.get_freeze_count():
-            yield
-            return
-        gc.freeze()
-        try:
-            yield
-        finally:
-            gc.unfreeze()
+def tuning_for(options: MaterializeOptions, files: list[tuple[str, int]], *, dry_run: bool = False) -> RunnerTuning:
+    """:func:`choose_tuning` for a materialize run: its runner (``options.beam_args``), its flags,
+    and the pack groups its input files (``(path, bytes)``) make."""
+    return choose_tuning(RunnerSetup.from_beam_args(options.beam_args), encoder_threads=options.encoder_threads,
+                         build_stage=options.build_stage, objective=options.objective,
+                         groups=estimated_groups(files, options.pack_group_tokens, options.num_buckets),
+                         dry_run=dry_run)
 
-    def release(self) -> None:
-        """Drop every value this run handed over (the run is over: nothing reads them again)."""
-        if self.files is not None:
-            self.files.release()
-        if self.scope is not None:
-            with _LOCK:
-                _STORE.pop(self.scope, None)
-                _KEEP.discard(self.scope)
+
+def _encoder_threads(value: int | str, setup: RunnerSetup) -> int | None:
+    if value != "auto":
+        return int(value)
+    if setup.runner == "DataflowRunner":
+        return None if "no_use_multiple_sdk_containers" in setup.experiments else 1
+    if setup.runner in ("FlinkRunner", "SparkRunner"):  # their SDK workers share the cores, as local ones do
+        cores = usable_cores()
+        return max(1, cores // (setup.engine_workers or cores))
+    if not setup.multi_processing:
+        return None
+    cores = usable_cores()
+    return max(1, cores // (setup.num_workers or cores))  # Beam: 0 workers means one per core
+
+
+def _copies_chunks(objective: str | None) -> bool:
+    """The objective's examples are copies of its chunks (``Objective.copies_chunks``: sending a
+    chunk to a build worker and its example back costs as much as building it)."""
+    return objective in OBJECTIVES and OBJECTIVES[objective].copies_chunks
+
+
+def _build_stage(value: str, setup: RunnerSetup, objective: str | None, groups: int) -> str:
+    if value != "auto":
+        return value
+    if _copies_chunks(objective) or setup.runner in _LOCAL_BEAM_RUNNERS:
+        return "fused"
+    return "separate" if groups < SEPARATE_BELOW_GROUPS else "fused"
+
+
+def estimated_groups(files: list[tuple[str, int]], pack_group_tokens: int | None, num_buckets: int | None) -> int:
+    """About how many pack groups per split the inputs make (from their sizes alone)."""
+    if num_buckets:
+        return num_buckets
+    text_bytes = sum(size * (_COMPRESSION_RATIO if path.lower().endswith((".gz", ".zst", ".zstd", ".gzip")) else 1)
+                     for path, size in files)
+    return -(-text_bytes // (_TEXT_BYTES_PER_TOKEN * (pack_group_tokens or 1)))

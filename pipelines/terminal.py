@@ -1,5 +1,10 @@
 """The terminal of the command line, with no Beam import (the CLI uses it before Beam is imported).
 
+:func:`report_failure`: how every command ends in an error, in one place. lmshards' own errors
+(:mod:`schemas.errors`: bad input, a damaged dataset, a job that failed) and I/O errors are one
+line with the exit status of their class; any other exception is a bug, printed with its
+traceback, exit status 3 (:data:`schemas.errors.INTERNAL_ERROR`).
+
 :func:`hidden_stderr`: while a run goes, file descriptor 2 (which worker processes inherit and
 native code writes to) goes to a log of the run, and Python's ``sys.stderr`` keeps the
 terminal, so that what a worker prints before it dies never buries lmshards' one-line error
@@ -13,8 +18,35 @@ import io
 import os
 import sys
 import tempfile
+import traceback
 
-__all__ = ["hidden_stderr"]
+from schemas.errors import INTERNAL_ERROR, exit_code
+from schemas.names import shown_name
+
+__all__ = ["hidden_stderr", "report_failure"]
+
+
+def report_failure(command: str, error: BaseException, line: str | None = None, *,
+                   bug: str = "a bug in lmshards, not bad input") -> int:
+    """Say on ``sys.stderr`` why ``lmshards <command>`` ended in ``error``; return its exit status
+    (:func:`schemas.errors.exit_code`).
+
+    - lmshards' errors and I/O errors (``OSError``: a missing file, a permission): one line,
+      ``lmshards <command>: error: <line>`` (``line``: the error's message, names in it escaped),
+      no traceback;
+    - any other exception is a bug, in lmshards or in code it runs (an objective's hook): a line
+      ``lmshards <command>: internal error: <type>: <first line of its message> (<bug>); traceback:``,
+      then its traceback (its causes included), exit status :data:`~schemas.errors.INTERNAL_ERROR`.
+    """
+    code = exit_code(error)
+    if code != INTERNAL_ERROR:
+        print(f"lmshards {command}: error: {shown_name(error) if line is None else line}", file=sys.stderr)
+        return code
+    text = str(error).strip()
+    first = f": {shown_name(text.splitlines()[0])}" if text else ""
+    print(f"lmshards {command}: internal error: {type(error).__name__}{first} ({bug}); traceback:", file=sys.stderr)
+    traceback.print_exception(error, file=sys.stderr)
+    return code
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ Metaspace) and ``wordpiece`` (BERT style). Training runs in-process on one machi
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from pipelines.beam_logging import import_beam_quietly
 from pipelines.parser import OneLineParser
+from pipelines.terminal import report_failure
 from schemas.errors import ConfigError
 from transforms.flag_values import TEXT_MODES
 from transforms.objectives.registry import tokens_needed
@@ -33,6 +33,9 @@ from transforms.progress import Progress
 from transforms.tokenizing.tokenizer_utils import sentinel_token
 
 __all__ = ["SPECIAL_TOKENS", "build_parser", "main", "train_tokenizer"]
+
+# transforms.reading.read and pipelines.input_checks import Apache Beam: they are imported inside
+# the functions, after the flags are parsed, so that a mistyped flag or --help answers at once.
 
 SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>", "<mask>"]
 MODELS = ("bpe", "unigram", "wordpiece")
@@ -98,16 +101,17 @@ def train_tokenizer(
     :func:`~transforms.objectives.registry.tokens_needed`) at the lowest ids, in that order.
 
     Raises:
-        ValueError: unknown model or a vocabulary too small for the special tokens.
+        ConfigError: unknown model or a vocabulary too small for the special tokens (a ``ValueError``).
     """
     if model not in MODELS:
-        raise ValueError(f"--model {model}: choose one of {', '.join(MODELS)}")
+        raise ConfigError(f"--model {model}: choose one of {', '.join(MODELS)}")
     if extra_tokens is None:
         extra_tokens = tokens_needed().tokens
     special = list(dict.fromkeys(SPECIAL_TOKENS + [sentinel_token(k) for k in range(num_sentinels)]
                                  + list(extra_tokens)))
     if vocab_size <= len(special) + 256 and model == "bpe":
-        raise ValueError(f"--vocab-size {vocab_size}: must exceed {len(special) + 256} (special tokens + 256 bytes)")
+        raise ConfigError(f"--vocab-size {vocab_size}: must exceed {len(special) + 256} (special tokens + 256 "
+                          "bytes)")
     if model == "bpe":
         tokenizer = Tokenizer(models.BPE(unk_token=None))
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -166,10 +170,9 @@ def build_parser() -> OneLineParser:
                         help=f"<extra_id_k> tokens (default {sentinels}: enough for every registered objective at its "
                         "default lengths; T5 has 100)")
     own = " ".join(needs.tokens) or "none"
-    parser.add_argument("--no-objective-tokens", dest="objective_tokens", action="store_false",
+    # --no-mode-tokens: the flag's name from before objectives of any package could have tokens of their own.
+    parser.add_argument("--no-objective-tokens", "--no-mode-tokens", dest="objective_tokens", action="store_false",
                         help=f"leave out the registered objectives' own tokens ({own}; made by default)")
-    # The flag's name before objectives of any package could have tokens of their own (UL2's mode tokens).
-    parser.add_argument("--no-mode-tokens", dest="objective_tokens", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--extra-token", action="append", default=[], metavar="TOKEN",
                         help="additional special token; repeatable (default: none)")
     parser.add_argument("--min-frequency", type=int, default=2, metavar="N",
@@ -203,14 +206,14 @@ def _first_records(path: str, text_mode: str, text_field: str, limit: int = 1000
 def main(argv: list[str] | None = None) -> int:
     """CLI entry. Flags are parsed before Beam is imported (a typo answers at once); the inputs
     are checked as materialize checks them (:mod:`pipelines.input_checks`) before any reading,
-    and a run that read no document writes nothing."""
+    and a run that read no document writes nothing. Exit status: 2 a configuration error, 1 an
+    I/O error, in one line; 3 a bug, with its traceback (:func:`pipelines.terminal.report_failure`)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed its one-line error, or the help
         return int(exc.code or 0)
-    except ConfigError as exc:  # an objective plugin that cannot be loaded
-        print(f"lmshards train-tokenizer: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - a plugin that cannot be loaded (one line), or a bug in one (its traceback)
+        return report_failure("train-tokenizer", exc)
     import_beam_quietly()
     from apache_beam.io.filesystems import FileSystems
 
@@ -224,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = _ReadProgress()
     try:
         if FileSystems.exists(args.output) and not args.overwrite:
-            raise ValueError(f"--output {args.output}: the file exists (pass --overwrite to replace it)")
+            raise ConfigError(f"--output {args.output}: the file exists (pass --overwrite to replace it)")
         files = expand_inputs(args.input)
         check_text_flags([path for path, _ in files], text_mode=args.text_mode, text_field=args.text_field)
         texts, rejected = _first_records(files[0][0], text_mode, text_field)
@@ -241,15 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         if not seen.get("documents"):
             reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(seen.items()))
-            raise ValueError(f"--input {' '.join(args.input)}: no document to train on"
-                             f"{f' (rejected: {reasons})' if reasons else ''}; nothing written")
-    except ValueError as exc:
-        print(f"lmshards train-tokenizer: error: {exc}", file=sys.stderr)
-        return 2
+            raise ConfigError(f"--input {' '.join(args.input)}: no document to train on"
+                              f"{f' (rejected: {reasons})' if reasons else ''}; nothing written")
+        with FileSystems.create(args.output) as handle:
+            handle.write(tokenizer.to_str().encode("utf-8"))
+    except Exception as exc:  # noqa: BLE001 - one line for lmshards' errors and I/O errors, else a traceback
+        return report_failure("train-tokenizer", exc)
     finally:
         progress.close()
-    with FileSystems.create(args.output) as handle:
-        handle.write(tokenizer.to_str().encode("utf-8"))
     special = sum(1 for token in tokenizer.get_added_tokens_decoder().values() if token.special)
     tokens = f", the objectives' own tokens {' '.join(own)}" if own else ""
     size = tokenizer.get_vocab_size()

@@ -5,6 +5,13 @@ so the CLI maps errors to exit codes in one place (:func:`exit_code`), and every
 one line naming the flag, file or value at fault. Errors that also subclass a builtin
 (``ValueError``, ``RuntimeError``) do so for callers that caught the builtin before.
 
+A user's bad input (a flag, a ``--config`` file, a tokenizer or corpus file, a loader state)
+and a damaged dataset raise these classes; a plain ``ValueError`` is left for a Python caller
+that passed a bad argument to one of lmshards' functions, and any other exception (a
+``ValueError``, ``TypeError`` or ``KeyError`` of lmshards' own code included) is a bug, which the
+CLI prints with its traceback (exit :data:`INTERNAL_ERROR`). I/O errors (``OSError``: a missing
+file, a permission) are the user's to fix and stay one line.
+
 - :class:`ConfigError` (exit 2): a configuration or usage error, found before any work.
 - :class:`JobFailedError` (exit 1): the job ran and failed (a check of its own results, an
   input that changed, a lost lock); it wrote no manifest.
@@ -14,8 +21,12 @@ one line naming the flag, file or value at fault. Errors that also subclass a bu
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DatasetError", "JobFailedError", "LmshardsError", "ShardIntegrityError",
+__all__ = ["INTERNAL_ERROR", "ConfigError", "DatasetError", "JobFailedError", "LmshardsError", "ShardIntegrityError",
            "UnsupportedSchemaError", "exit_code"]
+
+#: Exit status of an exception outside this hierarchy and I/O errors: a bug, which the CLI prints
+#: with its traceback.
+INTERNAL_ERROR = 3
 
 
 class LmshardsError(Exception):
@@ -48,7 +59,8 @@ class UnsupportedSchemaError(DatasetError):
 
 def exit_code(error: BaseException) -> int:
     """The exit status of a command that ended in ``error``: the error's own for lmshards'
-    errors, 2 for a ``ValueError`` (a bad value), else 1."""
+    errors, 1 for an I/O error (``OSError``), else :data:`INTERNAL_ERROR` (a bug: a plain
+    ``ValueError`` too)."""
     if isinstance(error, LmshardsError):
         return error.exit_code
-    return 2 if isinstance(error, ValueError) else 1
+    return 1 if isinstance(error, OSError) else INTERNAL_ERROR

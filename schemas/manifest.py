@@ -15,6 +15,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from schemas.errors import DatasetError, ShardIntegrityError
+
 __all__ = ["LENGTH_PARAMETERS", "MANIFEST_NAME", "MANIFEST_VERSION", "MAX_EXAMPLE_TOKENS", "Manifest", "ShardFile",
            "ShardInfo", "min_row_bytes", "shard_name"]
 
@@ -118,18 +120,19 @@ def min_row_bytes(columns: list[dict[str, str]], fmt: str) -> int:
 
 
 def _refuse_constant(name: str) -> None:
-    raise ValueError(f"damaged manifest: the number {name} (a manifest holds finite numbers only)")
+    raise ShardIntegrityError(f"damaged manifest: the number {name} (a manifest holds finite numbers only)")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"damaged manifest: the number {text} is out of range (a manifest holds finite numbers only)")
+        raise ShardIntegrityError(f"damaged manifest: the number {text} is out of range (a manifest holds finite "
+                                  "numbers only)")
     return value
 
 
 def _fail(where: str, what: str) -> None:
-    raise ValueError(f"damaged manifest: {where} {what}")
+    raise ShardIntegrityError(f"damaged manifest: {where} {what}")
 
 
 def _check_structure(data: dict[str, Any]) -> None:
@@ -270,20 +273,24 @@ class Manifest:
         """Parse manifest JSON text.
 
         Raises:
-            ValueError: not an lmshards manifest, a newer format version, or a missing block.
+            ShardIntegrityError: not JSON, not an lmshards manifest, a missing or damaged block.
+            DatasetError: a newer format version.
         """
-        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        try:
+            data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        except json.JSONDecodeError as exc:
+            raise ShardIntegrityError(str(exc)) from None
         if not isinstance(data, dict) or data.get("format") != "lmshards":
-            raise ValueError("not an lmshards manifest (missing \"format\": \"lmshards\")")
+            raise ShardIntegrityError("not an lmshards manifest (missing \"format\": \"lmshards\")")
         version = data.get("format_version")
         if not isinstance(version, int) or version > MANIFEST_VERSION:
-            raise ValueError(
+            raise DatasetError(
                 f"unsupported manifest format_version {version!r}; this lmshards reads <= {MANIFEST_VERSION}"
             )
         required = ("objective", "config", "tokenizer", "schema", "counts", "splits")
         missing = [name for name in required if name not in data]
         if missing:
-            raise ValueError(f"lmshards manifest is missing {missing}")
+            raise ShardIntegrityError(f"lmshards manifest is missing {missing}")
         _check_structure(data)
         return cls(
             objective=data["objective"],

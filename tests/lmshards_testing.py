@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import io
@@ -136,3 +137,30 @@ def record_texts(items: list) -> list:
 def rejection_reasons(items: list) -> list:
     """``(position, reason)`` of the rejected entries among ``items``."""
     return [(r["position"], r["reason"]) for r in items if isinstance(r, dict)]
+
+
+# --- shards from example dicts (the pipeline writes columns; tests and fixtures write rows) ---
+
+
+def write_arrow(handle, examples, schema, *, batch_rows: int | None = None) -> None:
+    """Write ``examples`` (dicts of column -> value) as one Arrow IPC stream, as a shard's
+    writer writes their columns."""
+    from transforms.writing.shard_format import ARROW_BATCH_ROWS, ExampleColumns, write_arrow_columns
+
+    write_arrow_columns(handle, ExampleColumns.from_examples(examples, schema),
+                        batch_rows=ARROW_BATCH_ROWS if batch_rows is None else batch_rows)
+
+
+def write_tar(handle, examples, schema) -> None:
+    """Write ``examples`` (dicts of column -> value) as a WebDataset tar stream, as a shard's
+    writer writes their columns."""
+    from transforms.writing.shard_format import ExampleColumns, write_tar_columns
+
+    write_tar_columns(handle, ExampleColumns.from_examples(examples, schema))
+
+
+def group_of(split_plan: dict, bucket: int) -> int:
+    """The group of one (sub-)bucket in a split's plan of pack groups (``plan_groups``): the
+    scalar oracle of ``transforms.packing.group.groups_of``."""
+    starts = split_plan["starts"]
+    return bucket if starts is None else bisect.bisect_right(starts, bucket) - 1

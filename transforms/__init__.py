@@ -9,9 +9,12 @@
 - :mod:`transforms.objectives`: the objectives, pure numpy, shared with the loader.
 
 The modules beside them are what several stages share: ``elements`` (what flows between the
-stages), ``handoff``, ``free_memory``, ``progress`` and ``flag_values``. A stage's subpackage may
-import those, :mod:`transforms.objectives`, :mod:`schemas` and the stages before it, never a
-later stage (each subpackage's docstring names what it uses).
+stages), ``handoff``, ``free_memory``, ``progress`` and ``flag_values``; they may import
+:mod:`transforms.objectives`, :mod:`schemas` and :mod:`transforms.writing.columns` (the examples
+stored by column that a ``ShardPiece`` carries from building to writing), numpy and tqdm. A
+stage's subpackage may import those, :mod:`transforms.objectives`, :mod:`schemas` and the stages
+before it, never a later stage, :mod:`transforms.writing.columns` apart (each subpackage's
+docstring names what it uses; tests/test_layering.py checks it).
 
 This package file imports nothing heavy on purpose: the loader imports
 ``transforms.objectives`` (pure numpy), which runs this file first, and a training job

@@ -25,8 +25,7 @@ import numpy as np
 
 from schemas.examples import ExampleSchema
 from transforms.objectives.packing import Piece
-from transforms.writing.columns import narrowest
-from transforms.writing.shard_format import ExampleColumns, MergedColumns
+from transforms.writing.columns import ExampleColumns, MergedColumns, narrowest
 
 __all__ = ["ID_DTYPES", "Chunk", "Document", "DocumentBatch", "ShardPiece", "key_order", "narrow_ids"]
 
@@ -188,7 +187,7 @@ class ShardPiece:
         orders: ``(n, 16)`` uint8 row-order keys (:func:`transforms.objectives.layout.row_order_key`).
         shard_hashes: ``(n,)`` uint64; a row's shard is ``shard_hashes % num_shards``.
         chunk_tokens: ``(n,)`` int64 source tokens of each row.
-        columns: the rows' :class:`~transforms.writing.shard_format.ExampleColumns`.
+        columns: the rows' :class:`~transforms.writing.columns.ExampleColumns`.
     """
 
     __slots__ = ("orders", "shard_hashes", "chunk_tokens", "columns")

@@ -1,11 +1,11 @@
 """The last reader of a value lets go of it: :func:`let_go`.
 
-A runner may hand values between stages by reference (:mod:`pipelines.runner_tuning`, Beam's
-in-process runner): the value then stays stored in the process from its first encoding until
-the stage that reads it last says it is done. The transforms that are a value's last reader
-(Pack for a document, the builders for a chunk, the writers for an example batch, dedup for a
-copy it drops) call :func:`let_go` on it; on any other value, and on every other runner, it
-does nothing. Nothing here imports Beam.
+A runner may hand values between stages by reference (:mod:`pipelines.reference_handoff`, on
+Beam's in-process runner): the value then stays stored in the process from its first encoding
+until the stage that reads it last says it is done. The transforms that are a value's last
+reader (AssignGroups for Tokenize's batches of documents, Pack for the blocks of a group, the
+writers for an example batch) call :func:`let_go` on it; on any other value, and on every other
+runner, it does nothing. Nothing here imports Beam.
 """
 
 from __future__ import annotations

@@ -5,6 +5,6 @@ size-bounded cache for a URL, ``cache``, ``prefetch``), the opener of each shard
 (``arrow_shard``, ``tar_shard``), the shards of a split read in batches (``shards``,
 ``segment_table``) and the minimal numpy reader (``reader``).
 
-May import: the standard library, numpy, pyarrow, fsspec (optional), :mod:`schemas`,
+May import: the standard library, numpy, pyarrow, fsspec and gcsfs (optional), :mod:`schemas`,
 :mod:`loaders.errors` and :mod:`loaders.collation`'s columnar batch; never torch, never Beam.
 """

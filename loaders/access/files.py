@@ -198,7 +198,10 @@ class DatasetLocation:
             return fs, fs._strip_protocol(self.root)
         import fsspec
 
-        return fsspec.core.url_to_fs(self.root, **options)
+        try:
+            return fsspec.core.url_to_fs(self.root, **options)
+        except (ValueError, ImportError) as exc:  # a URL scheme fsspec does not know, or its package is missing
+            raise ConfigError(f"{self.path}: {exc}") from exc
 
     def read_manifest(self) -> Manifest:
         """The dataset's manifest.

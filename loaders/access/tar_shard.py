@@ -56,8 +56,8 @@ def decode_npy(payload: bytes) -> np.ndarray:
             dtype, shape, fortran = parsed
             count = math.prod(shape)
             if len(payload) - size != count * dtype.itemsize:
-                raise ValueError(f"{len(payload) - size} bytes of array data, the header {shape} {dtype} "
-                                 f"needs {count * dtype.itemsize}")
+                raise ShardIntegrityError(f"{len(payload) - size} bytes of array data, the header {shape} {dtype} "
+                                          f"needs {count * dtype.itemsize}")
             value = np.frombuffer(payload, dtype=dtype, count=count, offset=size)
             return value.reshape(shape, order="F" if fortran else "C")
     return np.lib.format.read_array(io.BytesIO(payload), allow_pickle=False)

@@ -170,6 +170,7 @@ def collator_for(dataset: Any, *, model: Any = None, **kwargs: Any):
         return MLMCollator(pad, **kwargs)
     if family == "seq2seq":
         if "decoder_start_id" not in kwargs:
+            # Imported here: the registry imports every objective, and ``import loaders`` imports this module.
             from transforms.objectives.registry import decoder_start_role
 
             role = decoder_start_role(dataset.objective_name)

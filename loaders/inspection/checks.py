@@ -22,14 +22,8 @@ import numpy as np
 from loaders.inspection.anatomy import Anatomy, ObjectiveView
 from transforms.objectives.base import InspectionContext
 from transforms.objectives.common import IGNORE_INDEX
-from transforms.objectives.layout import chunk_key_of
 
-__all__ = ["chunk_key", "example_problems"]
-
-
-def chunk_key(example_key: str) -> str:
-    """The chunk key an example key derives from (``<chunk>-d<draw>``, transforms/building/parallel.py)."""
-    return chunk_key_of(example_key)
+__all__ = ["example_problems"]
 
 
 def _ids_in_range(example: dict[str, Any], view: ObjectiveView) -> list[str]:

@@ -29,6 +29,7 @@ from typing import Any
 from loaders.access.files import DatasetLocation
 from loaders.access.reader import read_arrow_shard, read_tar_shard
 from loaders.errors import ShardIntegrityError
+from loaders.inspection.anatomy import ObjectiveView
 from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from transforms.objectives.common import SpecialIds
@@ -192,8 +193,6 @@ class InspectedDataset:
     @property
     def view(self) -> Any:
         """The :class:`~loaders.inspection.anatomy.ObjectiveView` examples are taken apart with."""
-        from loaders.inspection.anatomy import ObjectiveView
-
         config = self.manifest.config
         # documents joined without a separator (--document-separator none) end with no EOS to check
         packing = config.get("packing", "concat") if config.get("document_separator", "eos") == "eos" else "joined"

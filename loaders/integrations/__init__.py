@@ -2,6 +2,6 @@
 
 - :mod:`loaders.integrations.hf`: Hugging Face transformers ``Trainer``.
 
-May import: everything in :mod:`loaders`, torch, and its framework only inside the functions
-that use it; never Beam.
+May import: everything in :mod:`loaders`, :mod:`schemas`, :mod:`transforms.objectives`, torch,
+and its framework only inside the functions that use it; never Beam.
 """

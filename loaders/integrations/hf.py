@@ -34,7 +34,7 @@ What the plain ``Trainer`` would do with such a dataset, and what the mixin does
 
 The plain ``Trainer`` is refused when it first asks an lmshards dataset for its length (in
 its ``__init__``) or iterates it: one line naming :class:`LMShardsTrainer`
-(:func:`refuse_plain_trainer`).
+(:func:`loaders.streaming.stream.refuse_plain_trainer`).
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import warnings
 from typing import Any
 
+from loaders.streaming.dataloader import make_dataloader
 from loaders.streaming.stream import ResumableStream
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, ShardIntegrityError
+from transforms.objectives.registry import decoder_start_role
 
 __all__ = [  # noqa: F822 (LMShardsTrainer: lazy)
-    "LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin", "model_config_kwargs", "refuse_plain_trainer"]
+    "LOADER_STATE_NAME", "LMShardsTrainer", "LMShardsTrainerMixin", "model_config_kwargs"]
 
 #: File of a checkpoint directory holding the training loader's state.
 LOADER_STATE_NAME = "lmshards_loader_state.json"
@@ -109,8 +110,6 @@ class LMShardsTrainerMixin:
                              "build the dataset with the per-device batch size")
 
     def _lmshards_loader(self, dataset: ResumableStream):
-        from loaders.streaming.dataloader import make_dataloader
-
         options = dict(self._lmshards_loader_kwargs)
         loader_options = {k: options.pop(k) for k in _LOADER_OPTIONS if k in options}
         args = self.args
@@ -203,7 +202,7 @@ class LMShardsTrainerMixin:
         per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
         epoch = state.global_step // per_epoch
         if saved["epoch"] != epoch:
-            raise ValueError(
+            raise ConfigError(
                 f"{path} is at epoch {saved['epoch']} but the Trainer resumes epoch {epoch} (global step "
                 f"{state.global_step}, {per_epoch} steps per epoch): the checkpoint was saved with other data or "
                 "batch sizes"
@@ -216,38 +215,6 @@ class LMShardsTrainerMixin:
         self._lmshards_resume = None
 
 
-def refuse_plain_trainer(dataset: ResumableStream) -> None:
-    """Refuse a plain ``transformers.Trainer`` (one not mixing in :class:`LMShardsTrainerMixin`)
-    that is asking ``dataset`` for its length or its examples.
-
-    That Trainer trains wrongly without a sign: accelerate re-shards the iterable dataset so that
-    under DDP every rank trains on rank 0's stream (or on half of its own), and
-    ``remove_unused_columns`` strips ``doc_lengths``, so positions never restart and document
-    starts are not masked. The calling Trainer is found on the call stack (a frame whose
-    ``self`` is one); transformers is not imported.
-
-    Raises:
-        ConfigError: a plain Trainer is the caller (a ValueError: ``Trainer`` takes a TypeError from
-            ``len()`` for "no length" and would go on).
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if owner is not None and owner is not dataset and _is_plain_trainer(owner):
-            raise ConfigError(
-                f"{type(owner).__name__} cannot train from an lmshards dataset correctly (DDP ranks would share "
-                "rank 0's stream, remove_unused_columns strips doc_lengths): use "
-                "loaders.integrations.hf.LMShardsTrainer (or mix LMShardsTrainerMixin into your Trainer)")
-        frame = frame.f_back
-
-
-def _is_plain_trainer(owner: Any) -> bool:
-    if isinstance(owner, LMShardsTrainerMixin):
-        return False
-    return any(cls.__name__ == "Trainer" and cls.__module__.startswith("transformers")
-               for cls in type(owner).__mro__)
-
-
 def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:
     """The arguments of an HF model config that must match the dataset's tokenizer.
 
@@ -258,21 +225,19 @@ def model_config_kwargs(dataset: ResumableStream) -> dict[str, int]:
     ``BartConfig(d_model=256, ..., **model_config_kwargs(dataset))``.
 
     Raises:
-        ValueError: the manifest records no vocabulary size.
+        ShardIntegrityError: the manifest records no vocabulary size.
     """
     sources = getattr(dataset, "sources", None) or [dataset]  # a mixture: its sources share a tokenizer
     tokenizer = sources[0].manifest.tokenizer
     vocab_size = tokenizer.get("vocab_size")
     if not vocab_size:
-        raise ValueError("the dataset's manifest records no tokenizer vocab_size")
+        raise ShardIntegrityError("the dataset's manifest records no tokenizer vocab_size")
     special = dataset.special_ids
     out = {"vocab_size": int(vocab_size)}
     for role in ("pad", "bos", "eos"):
         if special.get(role) is not None:
             out[f"{role}_token_id"] = int(special[role])
     if dataset.family == "seq2seq":
-        from transforms.objectives.registry import decoder_start_role
-
         start = special.get(decoder_start_role(dataset.objective_name))
         if start is not None:
             out["decoder_start_token_id"] = int(start)

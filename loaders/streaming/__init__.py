@@ -5,6 +5,7 @@ Holds the epoch's global order (``order``), the rank/worker split and the resuma
 ``IterableDataset`` base (``stream``) and the DataLoader that keeps its state
 (``dataloader``).
 
-May import: the standard library, numpy, torch (``stream`` and ``dataloader``),
-:mod:`loaders.collation`; never Beam.
+May import: the standard library, numpy, torch (``progress``, ``stream`` and ``dataloader``),
+:mod:`loaders.collation`, :mod:`schemas`; never Beam, never :mod:`loaders.integrations` (the
+stream refuses a plain HF ``Trainer`` by its classes' names).
 """

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from loaders.collation.batch import accepts_example_batch
+from loaders.collation.collate import collator_for
 from loaders.collation.collate_arrays import _GROUPED
 from loaders.streaming.stream import ResumableStream
 
@@ -246,8 +247,6 @@ def make_dataloader(
     if not isinstance(dataset, ResumableStream):
         raise ValueError(f"make_dataloader needs a ShardedDataset or MixtureDataset, got {type(dataset).__name__}")
     if collate_fn == "auto":
-        from loaders.collation.collate import collator_for
-
         collate_fn = collator_for(dataset, model=model, **collator_kwargs)
     elif collator_kwargs or model is not None:
         options = sorted([*collator_kwargs, *(["model"] if model is not None else [])])

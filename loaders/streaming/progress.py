@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from schemas.errors import ConfigError
+
 __all__ = ["SharedProgress", "WorkerPass"]
 
 EPOCH, SAMPLES, PENDING, GENERATION, KEY, PASS_EPOCH, PASS_START, PASS_WORKERS, PASS_DONE = range(9)
@@ -110,7 +112,7 @@ class SharedProgress:
                 v[EPOCH], v[SAMPLES], v[PENDING] = epoch, start, 0
             epoch, start = int(v[PASS_EPOCH]), int(v[PASS_START])
         if restore is not None and (restore[0], restore[1]) != (epoch, start):
-            raise ValueError(
+            raise ConfigError(
                 f"DataLoader workers were restored from states of different passes ({restore[:2]} and "
                 f"{(epoch, start)}); load one checkpoint's state into all of them"
             )

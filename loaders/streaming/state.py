@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from schemas.errors import ConfigError
+
 __all__ = ["STATE_VERSION", "UNEVEN_MODES", "LoaderState", "RankSchedule", "samples_per_rank"]
 
 UNEVEN_MODES = ("drop", "wrap")
@@ -83,7 +85,7 @@ class RankSchedule:
         if self.group < 1:
             raise ValueError(f"group must be >= 1, got {self.group}")
         if self.start < 0 or self.start % self.world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"cannot resume at global sample {self.start} with world_size {self.world_size}: it is not a multiple "
                 "of the world size; resume with the same global batch size (world_size * batch_size)"
             )
@@ -196,14 +198,14 @@ class LoaderState:
         """Parse a state dict.
 
         Raises:
-            ValueError: missing fields or an unknown version.
+            ConfigError: missing fields or an unknown version (a ``ValueError``).
         """
         if not isinstance(data, dict):
-            raise ValueError(f"state must be a dict, got {type(data).__name__}")
+            raise ConfigError(f"state must be a dict, got {type(data).__name__}")
         version = data.get("version")
         if version != STATE_VERSION:
-            raise ValueError(f"unsupported loader state version {version!r}; expected {STATE_VERSION}")
+            raise ConfigError(f"unsupported loader state version {version!r}; expected {STATE_VERSION}")
         missing = sorted(set(cls.__dataclass_fields__) - set(data))
         if missing:
-            raise ValueError(f"loader state is missing {missing}")
+            raise ConfigError(f"loader state is missing {missing}")
         return cls(**{name: data[name] for name in cls.__dataclass_fields__})

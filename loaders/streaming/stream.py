@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -32,8 +33,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from loaders.streaming.progress import SharedProgress, WorkerPass
 from loaders.streaming.state import UNEVEN_MODES, LoaderState, RankSchedule
+from schemas.errors import ConfigError
 
-__all__ = ["ResumableStream", "resolve_topology"]
+__all__ = ["ResumableStream", "refuse_plain_trainer", "resolve_topology"]
 
 
 def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -51,6 +53,41 @@ def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} out of range for world_size {world_size}")
     return rank, world_size
+
+
+def refuse_plain_trainer(dataset: ResumableStream) -> None:
+    """Refuse a plain ``transformers.Trainer`` (one not mixing in
+    :class:`~loaders.integrations.hf.LMShardsTrainerMixin`) that is asking ``dataset`` for its
+    length or its examples.
+
+    That Trainer trains wrongly without a sign: accelerate re-shards the iterable dataset so that
+    under DDP every rank trains on rank 0's stream (or on half of its own), and
+    ``remove_unused_columns`` strips ``doc_lengths``, so positions never restart and document
+    starts are not masked. The calling Trainer is found on the call stack (a frame whose
+    ``self`` is one); transformers is not imported.
+
+    Raises:
+        ConfigError: a plain Trainer is the caller (a ValueError: ``Trainer`` takes a TypeError from
+            ``len()`` for "no length" and would go on).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not dataset and _is_plain_trainer(owner):
+            raise ConfigError(
+                f"{type(owner).__name__} cannot train from an lmshards dataset correctly (DDP ranks would share "
+                "rank 0's stream, remove_unused_columns strips doc_lengths): use "
+                "loaders.integrations.hf.LMShardsTrainer (or mix LMShardsTrainerMixin into your Trainer)")
+        frame = frame.f_back
+
+
+def _is_plain_trainer(owner: Any) -> bool:
+    """A ``transformers.Trainer`` without :class:`~loaders.integrations.hf.LMShardsTrainerMixin`, told
+    by its classes' names: neither transformers nor the integration is imported."""
+    classes = [(cls.__module__, cls.__name__) for cls in type(owner).__mro__]
+    if ("loaders.integrations.hf", "LMShardsTrainerMixin") in classes:
+        return False
+    return any(name == "Trainer" and module.startswith("transformers") for module, name in classes)
 
 
 class ResumableStream(IterableDataset):
@@ -135,10 +172,8 @@ class ResumableStream(IterableDataset):
 
         Raises:
             ConfigError: called by a plain ``transformers.Trainer`` (see
-                :func:`loaders.integrations.hf.refuse_plain_trainer`).
+                :func:`refuse_plain_trainer`).
         """
-        from loaders.integrations.hf import refuse_plain_trainer
-
         refuse_plain_trainer(self)
         return self.schedule().num_samples
 
@@ -185,17 +220,17 @@ class ResumableStream(IterableDataset):
         The next pass starts at the saved point (later ones at their epoch's beginning).
 
         Raises:
-            ValueError: other data, seed or order settings; or consumed samples that are not
+            ConfigError: other data, seed or order settings; or consumed samples that are not
                 a multiple of the world size (the global batch size changed); a worker's state
                 loaded into a worker of another place or worker count.
         """
         parsed = LoaderState.from_dict(state)
         if parsed.kind != self.kind:
-            raise ValueError(f"loader state was saved by a {parsed.kind}, this is a {self.kind}")
+            raise ConfigError(f"loader state was saved by a {parsed.kind}, this is a {self.kind}")
         if parsed.fingerprint != self.fingerprint():
-            raise ValueError("loader state was saved for other data or order settings (fingerprint differs)")
+            raise ConfigError("loader state was saved for other data or order settings (fingerprint differs)")
         if parsed.seed != self.seed:
-            raise ValueError(f"loader state was saved with seed {parsed.seed}, this dataset has seed {self.seed}")
+            raise ConfigError(f"loader state was saved with seed {parsed.seed}, this dataset has seed {self.seed}")
         RankSchedule(self.epoch_size(), self.world_size, self.rank, self.batch_size, parsed.samples, self.uneven,
                      self.drop_last)  # validates samples % world_size
         worker = state.get("worker")
@@ -203,7 +238,7 @@ class ResumableStream(IterableDataset):
         if worker is not None:
             if info is None or (worker.get("id"), worker.get("num_workers")) != (info.id, info.num_workers):
                 where = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
-                raise ValueError(
+                raise ConfigError(
                     f"this state is DataLoader worker {worker.get('id')}'s of {worker.get('num_workers')}, "
                     f"loaded into {where}; resume a StatefulDataLoader with the same num_workers, or use "
                     "loaders.make_dataloader, whose state resumes with any number of workers"
@@ -288,8 +323,6 @@ class ResumableStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._counted_by_loader:  # make_dataloader's loader counts what it hands out
             return self._iter_uncounted()
-        from loaders.integrations.hf import refuse_plain_trainer
-
         refuse_plain_trainer(self)
         if get_worker_info() is not None:
             self._worker_pass = None  # a new pass begins with this iterator (joined on first use)

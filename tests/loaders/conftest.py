@@ -1,5 +1,5 @@
 """Fixtures of the loader tests: a real clm dataset (built once per session) and small
-synthetic datasets written directly with :mod:`transforms.writing.shard_format`."""
+synthetic datasets written directly with the shard encoders (:mod:`transforms.writing.shard_format`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pathlib
 
 import numpy as np
 import pytest
+from lmshards_testing import write_arrow, write_tar
 
 from schemas.examples import example_schema
 from schemas.manifest import Manifest, shard_name
-from transforms.writing.shard_format import write_arrow, write_tar
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLE_GLOB = str(ROOT / "data" / "sample" / "*.jsonl")

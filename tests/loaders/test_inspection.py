@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from lmshards_testing import write_arrow
 
 from loaders.inspection.anatomy import ObjectiveView, take_apart
 from loaders.inspection.checks import example_problems
@@ -155,7 +156,6 @@ def test_a_dataset_behind_a_url_is_read_through_the_loader_file_layer(tmp_path, 
     import fsspec
 
     from loaders.inspection.validate import validate_dataset
-    from transforms.writing.shard_format import write_arrow
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the loader's default cache lives under ~/.cache
     view = _view("clm", seq_len=4)

@@ -1,6 +1,6 @@
-"""The builder of BuildExamples (transforms.building.parallel): rows and counters that do not depend on
-how chunks fall into blocks, chunks laid out as columns for a shuffle; and the encoder threads
-of multi-process workers.
+"""The builder of BuildExamples (transforms.building.parallel): rows and counters that do not depend
+on how chunks fall into blocks, and chunks laid out as columns for a shuffle (where the objective
+runs on each runner: tests/pipelines/test_runner_tuning.py).
 
 The pool of build processes that once ran beside the in-process runner is gone (measured
 slower, benchmarks/README.md); the end-to-end byte identity across runners is in
@@ -9,7 +9,6 @@ tests/pipelines/test_runners.py.
 
 from __future__ import annotations
 
-import os
 import pickle
 
 import numpy as np
@@ -21,10 +20,6 @@ from transforms.elements import Chunk, ShardPiece
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.packing import Piece
 from transforms.objectives.registry import make_objective
-
-PATHS = ["--input", "in.txt", "--output", "out", "--tokenizer", "tok.json"]
-BASE = [*PATHS, "--objective", "ul2", "--inputs-length", "128"]
-
 
 # --- the builder -------------------------------------------------------------------------------
 
@@ -145,22 +140,3 @@ def test_tasks_carry_chunks_as_columns():
     assert parallel.encode_chunks(mixed)[0] == "chunks"  # chunks with different features travel as they are
     assert plain(parallel.decode_chunks(pickle.loads(pickle.dumps(parallel.encode_chunks(mixed))))) == plain(mixed)
     assert parallel.decode_chunks(parallel.encode_chunks([])) == []
-
-
-def test_encoder_threads_share_the_cores_among_multi_processing_workers(capsys):
-    from pipelines.options import parse_args
-
-    cores = len(os.sched_getaffinity(0))
-    assert parse_args(BASE).encoder_threads is None  # in-process: the tokenizer's default
-    multi = [*BASE, "--direct_running_mode=multi_processing"]
-    assert parse_args([*multi, "--direct_num_workers=2"]).encoder_threads == max(1, cores // 2)
-    assert parse_args([*multi, f"--direct_num_workers={2 * cores}"]).encoder_threads == 1
-    assert parse_args([*multi, "--direct_num_workers=2", "--encoder-threads", "3"]).encoder_threads == 3
-    # Dataflow runs one SDK process per core, unless told to run one.
-    assert parse_args([*BASE, "--runner", "DataflowRunner"]).encoder_threads == 1
-    single = ["--runner", "DataflowRunner", "--experiments=no_use_multiple_sdk_containers"]
-    assert parse_args([*BASE, *single]).encoder_threads is None
-    for bad in ("0", "many"):
-        with pytest.raises(SystemExit):
-            parse_args([*BASE, "--encoder-threads", bad])
-        assert f"--encoder-threads {bad}: expected auto or a number of threads >= 1" in capsys.readouterr().err

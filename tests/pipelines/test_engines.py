@@ -58,7 +58,7 @@ def runner(request):
 @pytest.fixture(scope="module")
 def engine_flags(runner):
     """An engine started once for the module: the Beam flags that point a run at it."""
-    from pipelines.engines import local_engine
+    from pipelines.engine_run import local_engine
     from pipelines.parallelism import worker_flags
 
     beam_args = [f"--runner={runner}"]
@@ -332,18 +332,6 @@ def test_workers_become_each_engines_parallelism():
         worker_flags(2, ["--runner=PrismRunner"])
     with pytest.raises(ValueError, match="--workers 2: also given --parallelism"):
         worker_flags(2, ["--runner=FlinkRunner", "--parallelism=4"])
-
-
-def test_flink_and_sparks_sdk_workers_share_the_cores_among_their_encoders(monkeypatch):
-    from pipelines import parallelism
-    from pipelines.parallelism import RunnerSetup, resolve_encoder_threads
-
-    monkeypatch.setattr(parallelism, "_usable_cores", lambda: 8)  # our own helper, not Beam's
-    for beam_args, threads in ((["--runner=FlinkRunner", "--parallelism=2", "--sdk_worker_parallelism=2"], 4),
-                               (["--runner=SparkRunner", "--spark_master_url=local[4]"], 2),
-                               (["--runner=FlinkRunner"], 1), (["--runner=SparkRunner"], 1)):
-        assert resolve_encoder_threads("auto", RunnerSetup.from_beam_args(beam_args)) == threads, beam_args
-    assert resolve_encoder_threads("auto", RunnerSetup.from_beam_args(["--runner=PrismRunner"])) is None  # one worker
 
 
 def test_the_engine_flags_point_beam_at_the_engine_the_run_starts(tmp_path):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from lmshards_testing import ROOT, TOKENIZER, materialize
+from lmshards_testing import ROOT, TOKENIZER, materialize, write_arrow, write_tar
 
 from pipelines.cli import main as cli
 
@@ -355,7 +355,6 @@ def rewrite_shard(root, split: str, index: int, mutate, *, formats=("arrow", "we
     from loaders.access.reader import read_arrow_shard, read_tar_shard
     from loaders.inspection.source import objective_from_manifest
     from schemas.examples import example_schema
-    from transforms.writing.shard_format import write_arrow, write_tar
 
     manifest = manifest_of(root)
     objective = objective_from_manifest(manifest["objective"])

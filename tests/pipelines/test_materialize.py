@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from lmshards_testing import encode_documents, file_digests, materialize, materialize_command
+from lmshards_testing import encode_documents, file_digests, group_of, materialize, materialize_command
 
 from loaders import open_dataset
 from schemas.manifest import Manifest
@@ -53,7 +53,7 @@ def clm_groups_dataset(tmp_path_factory, sample_glob, tokenizer_path):
 
 def _groups_of_planned(sample_texts, docs):
     """key -> (letter, group) by the plan of pack groups, recomputed from every document."""
-    from transforms.packing.group import SUB_BUCKETS, group_of, plan_groups
+    from transforms.packing.group import SUB_BUCKETS, plan_groups
 
     tokens = collections.Counter()
     for text, ids in zip(sample_texts, docs):
@@ -231,13 +231,13 @@ def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path,
     no bytes), writes the bytes the copying runners write, and holds none of them to the end:
     each is let go of by its last reader; chunks never leave the stage that cut them (the
     objective is applied there, no Flatten holds them); other runners never get a reference."""
-    from pipelines import runner_tuning
-    from pipelines.runner_tuning import RunnerTuning
+    from pipelines import reference_handoff
+    from pipelines.tuned_run import TunedRun
     from transforms.elements import Chunk, DocumentBatch
 
     reference_out, reference = clm_dataset
     stored, left = {}, []  # every value a run's store took (by id), and what it held at the end
-    release = RunnerTuning.release
+    release = TunedRun.release
 
     class Recording(dict):
         def __setitem__(self, token, value):
@@ -249,11 +249,11 @@ def test_in_process_runs_hand_documents_and_examples_over_by_reference(tmp_path,
             super().__setitem__(scope, Recording(values))
 
     def recording(self):
-        left.extend(runner_tuning._STORE.get(self.scope, {}).values())
+        left.extend(reference_handoff._STORE.get(self.scope, {}).values())
         release(self)
 
-    monkeypatch.setattr(runner_tuning, "_STORE", Stores())
-    monkeypatch.setattr(RunnerTuning, "release", recording)
+    monkeypatch.setattr(reference_handoff, "_STORE", Stores())
+    monkeypatch.setattr(TunedRun, "release", recording)
     out = tmp_path / "by-reference"
     manifest = materialize(out, *_base_args(sample_glob, tokenizer_path))
     assert file_digests(out) == file_digests(reference_out)
@@ -544,26 +544,30 @@ def test_a_tokenizer_kept_on_one_thread_by_the_environment_is_warned_about(tmp_p
     a fork) keeps the Rust encoder on one thread: a run that would use several says so."""
     from pipelines.options import parse_args
     from pipelines.plan import serial_encoder_warning
+    from pipelines.runner_tuning import tuning_for
+
+    def warning(options, environ):
+        return serial_encoder_warning(options, tuning_for(options, []), environ)
 
     base = ["--output", "o", *_base_args(sample_glob, tokenizer_path)]
     in_process = parse_args(base)
     multi = parse_args([*base, "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
     multi_threads = parse_args([*base, "--direct_running_mode=multi_processing", "--encoder-threads", "2"])
     for value in ("false", "FALSE", "0", "off", "no", ""):
-        assert serial_encoder_warning(in_process, {"TOKENIZERS_PARALLELISM": value}) == (
+        assert warning(in_process, {"TOKENIZERS_PARALLELISM": value}) == (
             f"TOKENIZERS_PARALLELISM={value} in the environment: the Rust encoder runs on one thread "
             "(unset it to encode on every core)")
-        assert serial_encoder_warning(multi_threads, {"TOKENIZERS_PARALLELISM": value})
-    assert serial_encoder_warning(in_process, {}) is None
-    assert serial_encoder_warning(in_process, {"TOKENIZERS_PARALLELISM": "true"}) is None
+        assert warning(multi_threads, {"TOKENIZERS_PARALLELISM": value})
+    assert warning(in_process, {}) is None
+    assert warning(in_process, {"TOKENIZERS_PARALLELISM": "true"}) is None
     # one encoder thread per worker process anyway (2 cores, 2 workers): nothing to warn about
-    if multi.encoder_threads == 1:
-        assert serial_encoder_warning(multi, {"TOKENIZERS_PARALLELISM": "false"}) is None
+    if tuning_for(multi, []).encoder_threads == 1:
+        assert warning(multi, {"TOKENIZERS_PARALLELISM": "false"}) is None
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     with caplog.at_level("WARNING", logger="lmshards"):
         materialize(tmp_path / "serial", *_base_args(sample_glob, tokenizer_path), "--encoder", "tokenizers")
     assert [r.getMessage() for r in caplog.records if r.name == "lmshards"] == [
-        serial_encoder_warning(in_process, {"TOKENIZERS_PARALLELISM": "false"})]
+        warning(in_process, {"TOKENIZERS_PARALLELISM": "false"})]
     caplog.clear()
     with caplog.at_level("WARNING", logger="lmshards"):  # fastokens does not read the variable
         manifest = materialize(tmp_path / "fast", *_base_args(sample_glob, tokenizer_path))

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import pytest
 from lmshards_testing import ROOT, TOKENIZER, file_digests, materialize
 
-from pipelines import runner_tuning
+from pipelines import reference_handoff
 from pipelines.materialize import main
 from schemas.manifest import Manifest
 from transforms.reading.record_policy import split_text
@@ -284,7 +284,7 @@ def test_max_rejected_fraction_fails_the_job_without_a_manifest(hostile, capfd):
     assert match.group(7) == str(out / "rejected" / "rejected.jsonl")
     assert not (out / "manifest.json").exists()
     assert (out / "rejected" / "rejected.jsonl").exists()
-    assert not runner_tuning._STORE  # a failed run releases what it handed over by reference too
+    assert not reference_handoff._STORE  # a failed run releases what it handed over by reference too
 
 
 # --- configuration errors -------------------------------------------------------------------

@@ -11,6 +11,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lmshards_testing import group_of
 
 from transforms.elements import DocumentBatch
 from transforms.packing.group import (
@@ -18,7 +19,6 @@ from transforms.packing.group import (
     AssignGroups,
     PlanGroups,
     _PlanCombineFn,
-    group_of,
     groups_of,
     plan_groups,
     plan_summary,

@@ -4,5 +4,6 @@ Holds the Beam stage (``build``) and its work without Beam (``parallel``: chunks
 shard pieces and summed counters).
 
 May import: the standard library, Beam (``build`` only), numpy, :mod:`transforms.objectives`,
-:mod:`transforms.writing`'s shard encoders and the loose modules of :mod:`transforms`; never torch.
+:mod:`schemas`, :mod:`transforms.writing.columns` (the columns the examples are built into, which
+the writers encode) and the loose modules of :mod:`transforms`; never torch.
 """

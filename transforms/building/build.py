@@ -25,6 +25,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
+from schemas.errors import ConfigError
 from transforms.building.parallel import (
     BLOCK_ROWS,
     TASK_TOKENS,
@@ -35,7 +36,6 @@ from transforms.building.parallel import (
     example_key,
 )
 from transforms.free_memory import return_freed_memory
-from transforms.handoff import let_go
 from transforms.objectives.layout import shard_count
 
 __all__ = ["BuildExamples", "example_key"]
@@ -87,8 +87,6 @@ class _BlockChunks(beam.DoFn):
 
     def _block(self):
         block = encode_chunks(self._chunks)
-        for chunk in self._chunks:  # copied into the block
-            let_go(chunk)
         self._chunks, self._tokens = [], 0
         return block
 
@@ -130,9 +128,9 @@ class BuildExamples(beam.PTransform):
         super().__init__()
         self._separate = separate
         if draws < 1:
-            raise ValueError(f"--draws {draws}: must be >= 1")
+            raise ConfigError(f"--draws {draws}: must be >= 1")
         if block_rows < 1:
-            raise ValueError(f"--block-rows {block_rows}: must be >= 1")
+            raise ConfigError(f"--block-rows {block_rows}: must be >= 1")
         self._fn = _Build(objective, special, schema, seed, draws, sizing, block_rows)
 
     def expand(self, inputs):

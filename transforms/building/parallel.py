@@ -18,12 +18,11 @@ import numpy as np
 from schemas.examples import ExampleSchema
 from transforms.elements import Chunk, ShardPiece
 from transforms.free_memory import return_freed_memory
-from transforms.handoff import let_go
 from transforms.objectives.base import Block
 from transforms.objectives.counters import add_counters
 from transforms.objectives.layout import example_digests
 from transforms.objectives.packing import Piece
-from transforms.writing.shard_format import ExampleColumns
+from transforms.writing.columns import ExampleColumns
 
 __all__ = [
     "BLOCK_ROWS",
@@ -116,8 +115,6 @@ class ChunkBuilder:
             add_counters(self.stats.setdefault(split, {}), counters)
             out.extend(_shard_pieces(split, count, digests, columns, examples.lengths))
         self.built += len(block) * config.draws
-        for chunk, _ in block:  # built: the run does not read these chunks again
-            let_go(chunk)
         del block
         # Pack and the builders run side by side (a fused stage): the documents' and chunks' holes
         # go back to the system as the examples are made, not after the last one.

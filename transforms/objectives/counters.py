@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["SPAN_LENGTH_HISTOGRAM_CAP", "add_counters", "log2_bin", "length_counters", "sum_counters"]
+__all__ = ["SPAN_LENGTH_HISTOGRAM_CAP", "add_counters", "length_counters", "sum_counters"]
 
 SPAN_LENGTH_HISTOGRAM_CAP = 64
 """Noise span lengths >= this value share the last histogram bin ``span_len_hist_64`` (span
@@ -61,11 +61,6 @@ def sum_counters(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
-def log2_bin(length: int) -> int:
-    """Histogram bin of a length: 0 for 0, else floor(log2(length)) + 1."""
-    return int(length).bit_length()
-
-
 def length_counters(prefix: str, lengths: np.ndarray) -> dict[str, int]:
     """count, sum, min, max and a log2 histogram of ``lengths`` under ``prefix``."""
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -77,7 +72,8 @@ def length_counters(prefix: str, lengths: np.ndarray) -> dict[str, int]:
         f"{prefix}_min": int(lengths.min()),
         f"{prefix}_max": int(lengths.max()),
     }
-    # log2_bin of each length: frexp's exponent is the bit length (exact below 2**53; 0 for 0)
+    # each length's bin is its bit length (0 for 0, else floor(log2) + 1): frexp's exponent
+    # (exact below 2**53)
     bins = np.bincount(np.frexp(lengths.astype(np.float64))[1])
     for b, n in enumerate(bins):
         if n:

@@ -50,7 +50,6 @@ the next ``n_random`` random ids (:data:`IDS_STREAM`); ``u`` is the first number
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -67,13 +66,8 @@ from transforms.objectives.shown import Marks, Segment, Shown, layout_facts, mer
 from transforms.objectives.summary import ratio, summarize_mlm
 
 __all__ = ["IDS_STREAM", "IGNORE_INDEX", "MLM", "SELECT_STREAM", "SPLIT_STREAM", "MLMConfig", "MaskedParts",
-           "exact_split", "round_half_up", "selection_budget"]
+           "exact_split", "selection_budget"]
 SELECT_STREAM, SPLIT_STREAM, IDS_STREAM, ORDER_STREAM = 1, 2, 3, 4
-
-
-def round_half_up(value: float) -> int:
-    """Round to the nearest integer, ties up, after dropping float noise below 1e-9."""
-    return math.floor(round(value, 9) + 0.5)
 
 
 @dataclass(frozen=True)
@@ -130,7 +124,7 @@ class MLMConfig:
 
 
 def selection_budget(sequence_lengths: np.ndarray, candidates: np.ndarray, config: MLMConfig) -> np.ndarray:
-    """Tokens to select per row: ``min(cap, max(1, round_half_up(length * p)))``, at most the
+    """Tokens to select per row: ``min(cap, max(1, length * p rounded half up))``, at most the
     candidates (0 without any), for rows of ``sequence_lengths`` tokens (framing included)."""
     products = np.round(np.asarray(sequence_lengths, dtype=np.float64) * config.mlm_probability, 9)
     budget = np.maximum(np.floor(products + 0.5).astype(np.int64), 1)

@@ -35,7 +35,6 @@ the copies of a document cross Pack's shuffle too, within the group size planned
 
 from __future__ import annotations
 
-import bisect
 from typing import Any
 
 import apache_beam as beam
@@ -45,7 +44,7 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.elements import DocumentBatch
 from transforms.handoff import let_go
 
-__all__ = ["BLOCK_BYTES", "HELD_BYTES", "SUB_BUCKETS", "AssignGroups", "PlanGroups", "group_of", "groups_of",
+__all__ = ["BLOCK_BYTES", "HELD_BYTES", "SUB_BUCKETS", "AssignGroups", "PlanGroups", "groups_of",
            "plan_groups", "plan_summary", "split_tokens"]
 
 #: Hash sub-buckets per split that pack groups are made of: fine enough that a sub-bucket
@@ -77,12 +76,6 @@ def plan_groups(bucket_tokens: list[tuple[int, int]], group_tokens: int | None) 
             totals.append(0)
         totals[-1] += tokens
     return {"starts": starts, "tokens": totals}
-
-
-def group_of(split_plan: dict[str, Any], bucket: int) -> int:
-    """The group of a (sub-)bucket in a split's plan (:func:`plan_groups`)."""
-    starts = split_plan["starts"]
-    return bucket if starts is None else bisect.bisect_right(starts, bucket) - 1
 
 
 def plan_summary(split_plan: dict[str, Any] | None) -> dict[str, int]:
@@ -204,8 +197,8 @@ HELD_BYTES = 64 << 20
 
 
 def groups_of(split_plan: dict[str, Any], buckets: np.ndarray) -> np.ndarray:
-    """:func:`group_of` of each of ``buckets`` (``(n,)`` uint64): uint64 buckets where they are
-    the groups (``--num-buckets`` may exceed int64), else int64."""
+    """The group of each of ``buckets`` (``(n,)`` uint64) in a split's plan (:func:`plan_groups`):
+    uint64 buckets where they are the groups (``--num-buckets`` may exceed int64), else int64."""
     starts = split_plan["starts"]
     if starts is None:
         return buckets

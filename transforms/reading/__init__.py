@@ -6,6 +6,7 @@ imperfect records (``record_policy``), compressed inputs (``archives``), the rea
 file (``file_records``), the Beam stage (``read``) and the reading of files that flags name
 (``flag_files``).
 
-May import: the standard library, Beam (``read`` only), pyarrow, zstandard and the loose modules
-of :mod:`transforms`; never another stage's subpackage, never torch.
+May import: the standard library, Beam (its transforms in ``read`` and ``splits``, its file
+systems wherever a file is opened), pyarrow, zstandard, :mod:`schemas` and the loose modules of
+:mod:`transforms`; never another stage's subpackage, never torch.
 """

@@ -62,9 +62,10 @@ def compression_of(path: str) -> str | None:
 class ZstdFrames(io.RawIOBase):
     """Concatenated zstd frames -> bytes, at most a few blocks (128 KiB each) decompressed at once.
 
-    Raises (from ``read``): ``EOFError`` when the input ends inside a frame, ``ValueError``
-    for bytes that are not a zstd frame, ``zstandard.ZstdError`` for corrupt data or a
-    content checksum that does not match.
+    Raises (from ``read``): ``EOFError`` when the input ends inside a frame, ``OSError`` for
+    bytes that are not a zstd frame or a corrupt block header (as ``gzip`` and ``bz2`` for data
+    that is not theirs), ``zstandard.ZstdError`` for corrupt data or a content checksum that
+    does not match.
     """
 
     def __init__(self, raw: Any):
@@ -120,7 +121,7 @@ class ZstdFrames(io.RawIOBase):
                     size -= step
                 continue
             if magic != _ZSTD_MAGIC:
-                raise ValueError(f"not a zstd frame (magic number {magic:#010x})")
+                raise OSError(f"not a zstd frame (magic number {magic:#010x})")
             if not self._fill(5):
                 raise EOFError("zstd stream ended inside a frame header")
             descriptor = self._buffer[4]
@@ -148,7 +149,7 @@ class ZstdFrames(io.RawIOBase):
             header = int.from_bytes(self._buffer[size : size + 3], "little")
             kind, block_size = (header >> 1) & 3, header >> 3
             if kind == 3 or block_size > _BLOCK_MAX:
-                raise ValueError("corrupt zstd block header")
+                raise OSError("corrupt zstd block header")
             size += 3 + (1 if kind == 1 else block_size)
             if header & 1:
                 last = True
@@ -161,7 +162,7 @@ class ZstdFrames(io.RawIOBase):
         chunks.append(self._frame.decompress(self._take(size)))
         if last:
             if not self._frame.eof:
-                raise ValueError("corrupt zstd frame (its last block does not end it)")
+                raise OSError("corrupt zstd frame (its last block does not end it)")
             self._frame = None
         return b"".join(chunks)
 

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
+from schemas.errors import ConfigError
 from transforms.flag_values import TEXT_MODES
 from transforms.reading.archives import ArchiveCheck, compression_of, open_decompressed, verify_archive
 from transforms.reading.inputs import list_inputs
@@ -60,7 +61,7 @@ def file_format(path: str) -> str:
         return "jsonl"
     if stem.endswith(_TEXT_SUFFIXES):
         return "text"
-    raise ValueError(
+    raise ConfigError(
         f"--input {path}: unknown file type; expected .txt/.md/.rst, .jsonl/.json or .parquet, optionally .gz or .zst"
     )
 
@@ -69,7 +70,7 @@ def expand_inputs(patterns: list[str]) -> list[tuple[str, int]]:
     """Expand input globs to a sorted list of ``(path, size_bytes)`` (see :func:`list_inputs`).
 
     Raises:
-        ValueError: a pattern matches no file, or a file has an unknown type.
+        ConfigError: a pattern matches no file, or a file has an unknown type.
     """
     return [(f.path, f.size) for f in list_inputs(patterns, file_format).files]
 
@@ -186,7 +187,7 @@ def iter_file_records(
     ``unreadable_file`` rejection. An uncompressed file that cannot be read to its end
     yields its records before the fault and one ``unreadable_file`` rejection. A file with
     no record yields one ``empty_file`` rejection. No exception escapes for bad data; a bad
-    ``text_mode`` raises ``ValueError`` before reading.
+    ``text_mode`` raises ``ConfigError`` before reading.
 
     Args:
         policy: what to do with invalid UTF-8, NUL bytes, long records and unverifiable
@@ -210,7 +211,7 @@ def iter_file_records(
             its records held (at most :data:`HOLD_BYTES` of text) until the verification ends.
     """
     if text_mode not in TEXT_MODES:
-        raise ValueError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
+        raise ConfigError(f"--text-mode {text_mode}: expected one of {TEXT_MODES}")
     policy = policy or RecordPolicy()
     counters = counters if counters is not None else Counter()
     kind = file_format(path)

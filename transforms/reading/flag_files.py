@@ -9,7 +9,7 @@ The local file is opened without blocking and checked again on its descriptor, s
 swapped for a FIFO between the check and the open is refused too. Remote paths (``gs://``,
 ...) are objects, read through Beam's ``FileSystems`` with the same bound.
 
-Every failure is a ``ValueError`` whose message is one line naming the flag and the path.
+Every failure is a :class:`schemas.errors.ConfigError` whose message is one line naming the flag and the path.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import stat
 
+from schemas.errors import ConfigError
 from schemas.names import shown_name
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_TOKENIZER_BYTES", "read_flag_file"]
@@ -41,8 +42,8 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _too_big(flag: str, path: str, limit: int) -> ValueError:
-    return ValueError(f"{flag} {shown_name(path)}: more than {limit:,} bytes, larger than such a file can be")
+def _too_big(flag: str, path: str, limit: int) -> ConfigError:
+    return ConfigError(f"{flag} {shown_name(path)}: more than {limit:,} bytes, larger than such a file can be")
 
 
 def _read_local(flag: str, path: str, limit: int) -> bytes:
@@ -52,15 +53,15 @@ def _read_local(flag: str, path: str, limit: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
-        raise ValueError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as handle:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # replaced since the check
-            raise ValueError(f"{flag} {shown_name(path)}: {_kind(mode)}, not a regular file")
+            raise ConfigError(f"{flag} {shown_name(path)}: {_kind(mode)}, not a regular file")
         try:
             data = handle.read(limit + 1)
         except OSError as exc:
-            raise ValueError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
+            raise ConfigError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
     if len(data) > limit:
         raise _too_big(flag, path, limit)
     return data
@@ -72,7 +73,7 @@ def read_flag_file(flag: str, path: str, limit: int) -> bytes:
     same bound).
 
     Raises:
-        ValueError: not a regular file, missing or unreadable, or more than ``limit`` bytes.
+        ConfigError: not a regular file, missing or unreadable, or more than ``limit`` bytes.
     """
     from apache_beam.io.filesystems import FileSystems
 
@@ -86,20 +87,20 @@ def read_flag_file(flag: str, path: str, limit: int) -> bytes:
         with FileSystems.open(path) as handle:
             data = handle.read(limit + 1)
     except Exception as exc:  # noqa: BLE001 - Beam raises its own IO errors
-        raise ValueError(f"{flag} {shown_name(path)}: cannot read ({_first_line(exc)})") from None
+        raise ConfigError(f"{flag} {shown_name(path)}: cannot read ({_first_line(exc)})") from None
     if len(data) > limit:
         raise _too_big(flag, path, limit)
     return data
 
 
 def _check_local_regular(flag: str, path: str) -> os.stat_result:
-    """The stat of ``path``, a regular file (else a one-line ValueError)."""
+    """The stat of ``path``, a regular file (else a one-line ConfigError)."""
     try:
         info = os.stat(path)
     except OSError as exc:
-        raise ValueError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{flag} {shown_name(path)}: cannot read ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{flag} {shown_name(path)}: {_kind(info.st_mode)}, not a regular file")
+        raise ConfigError(f"{flag} {shown_name(path)}: {_kind(info.st_mode)}, not a regular file")
     return info
 
 

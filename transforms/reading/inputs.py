@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.errors import JobFailedError
+from schemas.errors import ConfigError, JobFailedError
 
 __all__ = ["InputChangedError", "InputFile", "InputListing", "SkippedInput", "check_all_unchanged",
            "check_unchanged", "list_inputs", "stat_input"]
@@ -94,7 +94,7 @@ def _check_name(pattern: str, path: str) -> None:
         path.encode("utf-8")
     except UnicodeEncodeError:
         shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        raise ValueError(f"--input {pattern}: the file name {shown!r} is not valid UTF-8; rename it") from None
+        raise ConfigError(f"--input {pattern}: the file name {shown!r} is not valid UTF-8; rename it") from None
 
 
 def _match(pattern: str) -> tuple[list[InputFile], list[SkippedInput]]:
@@ -117,7 +117,7 @@ def _match(pattern: str) -> tuple[list[InputFile], list[SkippedInput]]:
     try:
         results = FileSystems.match([pattern])[0].metadata_list
     except Exception as exc:  # Beam raises BeamIOError for unreadable patterns
-        raise ValueError(f"--input {pattern}: cannot list files ({exc})") from exc
+        raise ConfigError(f"--input {pattern}: cannot list files ({exc})") from exc
     for meta in results:
         _check_name(pattern, meta.path)
         if meta.path.endswith("/"):
@@ -131,21 +131,21 @@ def list_inputs(patterns: list[str], check_type=None) -> InputListing:
     """Expand input globs (see the module docstring).
 
     Args:
-        check_type: called with each file's path; raises ``ValueError`` for an unknown file type.
+        check_type: called with each file's path; raises ``ConfigError`` for an unknown file type.
 
     Raises:
-        ValueError: no pattern, a pattern that matches no file (skipped matches are named), a
+        ConfigError: no pattern, a pattern that matches no file (skipped matches are named), a
             file name that is not valid UTF-8, or (from ``check_type``) an unknown file type.
     """
     if not patterns:
-        raise ValueError("--input: at least one input glob is required")
+        raise ConfigError("--input: at least one input glob is required")
     files: dict[str, InputFile] = {}
     skipped: dict[str, SkippedInput] = {}
     for pattern in patterns:
         matched, passed_over = _match(pattern)
         if not matched:
             why = "; ".join(f"{s.path} ({s.reason})" for s in passed_over[:3])
-            raise ValueError(f"--input {pattern}: matches no file" + (f" (skipped: {why})" if why else ""))
+            raise ConfigError(f"--input {pattern}: matches no file" + (f" (skipped: {why})" if why else ""))
         for found in matched:
             if check_type is not None:
                 check_type(found.path)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from schemas.errors import ConfigError
+
 __all__ = [
     "BOM",
     "BOM_BYTES",
@@ -62,7 +64,7 @@ class RecordPolicy:
     ``--max-doc-chars``, ``--long-docs``, ``--max-record-bytes``, ``--unverified-zstd``).
 
     Raises:
-        ValueError: an unknown policy or a ``max_doc_chars`` below 1, naming the flag.
+        ConfigError: an unknown policy or a ``max_doc_chars`` below 1, naming the flag.
     """
 
     invalid_utf8: str = "reject"
@@ -80,11 +82,11 @@ class RecordPolicy:
             ("--unverified-zstd", self.unverified_zstd, UNVERIFIED_ZSTD_POLICIES),
         ):
             if value not in choices:
-                raise ValueError(f"{flag} {value}: choose one of {', '.join(choices)}")
+                raise ConfigError(f"{flag} {value}: choose one of {', '.join(choices)}")
         if self.max_doc_chars is not None and (not isinstance(self.max_doc_chars, int) or self.max_doc_chars < 1):
-            raise ValueError(f"--max-doc-chars {self.max_doc_chars}: must be an integer >= 1")
+            raise ConfigError(f"--max-doc-chars {self.max_doc_chars}: must be an integer >= 1")
         if not isinstance(self.max_record_bytes, int) or self.max_record_bytes < 1024:
-            raise ValueError(f"--max-record-bytes {self.max_record_bytes}: must be an integer >= 1024")
+            raise ConfigError(f"--max-record-bytes {self.max_record_bytes}: must be an integer >= 1024")
 
     def to_json(self) -> dict:
         return {
@@ -144,10 +146,10 @@ def split_text(text: str, max_chars: int) -> list[str]:
     back to ``text``, except that a piece made only of whitespace is dropped.
 
     Raises:
-        ValueError: ``max_chars`` below 1.
+        ConfigError: ``max_chars`` below 1.
     """
     if max_chars < 1:
-        raise ValueError(f"--max-doc-chars {max_chars}: must be an integer >= 1")
+        raise ConfigError(f"--max-doc-chars {max_chars}: must be an integer >= 1")
     pieces = []
     start = 0
     while len(text) - start > max_chars:

@@ -6,6 +6,6 @@ documents in pieces (``long_text``), per-token features (``word_starts``, ``text
 the tokenizer.json loader with the special ids the objectives need (``tokenizer_utils``).
 
 May import: the standard library, Beam (``tokenize`` only), numpy, tokenizers, fastokens,
-:mod:`transforms.reading` (records and the file a flag names), :mod:`transforms.objectives` and
-the loose modules of :mod:`transforms`; never torch.
+:mod:`transforms.reading` (records and the file a flag names), :mod:`transforms.objectives`,
+:mod:`schemas` and the loose modules of :mod:`transforms`; never torch.
 """

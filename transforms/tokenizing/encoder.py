@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 from tokenizers import Tokenizer
 
-from schemas.errors import LmshardsError
+from schemas.errors import ConfigError, LmshardsError
 from transforms.tokenizing.long_text import PIECE_CHARS, PiecedEncoding, encode_pieces, pieces_are_exact
 
 __all__ = [
@@ -169,7 +169,7 @@ def load_encoder(backend: str, tokenizer_json: str, *, full: bool = False) -> En
 
     Raises:
         EncoderUnavailable: the backend cannot be used here.
-        ValueError: an unknown backend.
+        ConfigError: an unknown backend.
     """
     if backend == "tokenizers":
         return TokenizersEncoder(Tokenizer.from_str(tokenizer_json), full=full)
@@ -177,7 +177,7 @@ def load_encoder(backend: str, tokenizer_json: str, *, full: bool = False) -> En
         if full:
             raise EncoderUnavailable("fastokens gives no offsets or word ids, which this job needs")
         return FastokensEncoder(tokenizer_json)
-    raise ValueError(f"--encoder {backend}: expected one of {', '.join(ENCODER_CHOICES)}")
+    raise ConfigError(f"--encoder {backend}: expected one of {', '.join(ENCODER_CHOICES)}")
 
 
 class _Ids(NamedTuple):

@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from schemas.errors import ConfigError
 from transforms.tokenizing.encoder import (
     ENCODER_CHOICES,
     EncoderUnavailable,
@@ -87,17 +88,17 @@ def choose_encoder(requested: str, tokenizer_json: str, *, needs_full: bool = Fa
         documents: the corpus sample for the probe.
 
     Raises:
-        ValueError: ``--encoder fastokens`` where fastokens cannot be used or the probe fails
+        ConfigError: ``--encoder fastokens`` where fastokens cannot be used or the probe fails
             (a configuration error), or an unknown value.
     """
     if requested not in ENCODER_CHOICES:
-        raise ValueError(f"--encoder {requested}: expected one of {', '.join(ENCODER_CHOICES)}")
+        raise ConfigError(f"--encoder {requested}: expected one of {', '.join(ENCODER_CHOICES)}")
     if requested == "tokenizers":
         return EncoderChoice(requested, "tokenizers")
 
     def refuse(reason: str, probe: dict[str, Any] | None = None) -> EncoderChoice:
         if requested == "fastokens":
-            raise ValueError(f"--encoder fastokens: {reason} (use --encoder auto or tokenizers)")
+            raise ConfigError(f"--encoder fastokens: {reason} (use --encoder auto or tokenizers)")
         return EncoderChoice(requested, "tokenizers", reason, probe or {"result": "not_run"})
 
     if needs_full:

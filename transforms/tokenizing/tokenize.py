@@ -47,6 +47,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.transforms.window import GlobalWindows
 
+from schemas.errors import ConfigError, JobFailedError
 from transforms.elements import DocumentBatch, narrow_ids
 from transforms.objectives.common import digest, digest_u64, unit_interval
 from transforms.objectives.counters import length_counters
@@ -208,7 +209,7 @@ class _TokenizeBatch(beam.DoFn):
         try:
             self._encoder = load_encoder(self._backend, data.decode("utf-8"), full=full)
         except EncoderUnavailable as exc:
-            raise RuntimeError(
+            raise JobFailedError(
                 f"lmshards: the job was planned to encode with {self._backend}, which cannot be used in this worker "
                 f"(pid {os.getpid()}): {exc}; install the same lmshards dependencies on the workers, "
                 "or run with --encoder tokenizers") from None
@@ -463,9 +464,9 @@ class Tokenize(beam.PTransform):
                  batch_size=BATCH_SIZE, progress_seconds=10.0, encoder_threads=None, encoder="tokenizers"):
         super().__init__()
         if batch_size < 1:
-            raise ValueError(f"--batch-size {batch_size}: must be >= 1")
+            raise ConfigError(f"--batch-size {batch_size}: must be >= 1")
         if encoder not in ("fastokens", "tokenizers"):
-            raise ValueError(f"encoder {encoder!r}: expected fastokens or tokenizers")
+            raise ConfigError(f"encoder {encoder!r}: expected fastokens or tokenizers")
         self._fn = _TokenizeBatch(tokenizer_path, features, validation_fraction, num_buckets, batch_size,
                                   progress_seconds, encoder_threads, encoder)
 

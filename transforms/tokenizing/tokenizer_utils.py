@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
+from schemas.errors import ConfigError
 from transforms.objectives.common import SpecialIds
 
 __all__ = [
@@ -59,7 +60,7 @@ def tokenizer_from_bytes(data: bytes, source: str = "tokenizer.json") -> Tokeniz
     try:
         return Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # tokenizers raises plain Exception subclasses
-        raise ValueError(f"--tokenizer {source}: not a valid HF tokenizers tokenizer.json ({exc})") from exc
+        raise ConfigError(f"--tokenizer {source}: not a valid HF tokenizers tokenizer.json ({exc})") from exc
 
 
 def _byte_alphabet() -> frozenset[str]:
@@ -167,13 +168,13 @@ def resolve_special_tokens(
         add_missing: add missing roles, sentinels and own tokens instead of failing.
 
     Raises:
-        ValueError: an override names a token the vocabulary lacks, or a required role,
+        ConfigError: an override names a token the vocabulary lacks, or a required role,
             sentinel or own token is missing and ``add_missing`` is false.
     """
     overrides = dict(overrides or {})
     unknown_roles = set(overrides) - set(ROLE_CANDIDATES)
     if unknown_roles:
-        raise ValueError(
+        raise ConfigError(
             f"--special-token: unknown role(s) {sorted(unknown_roles)}; roles are {sorted(ROLE_CANDIDATES)}"
         )
     added: list[str] = []
@@ -219,14 +220,14 @@ def resolve_special_tokens(
             problems.append(f"tokens {missing_modes} the objective needs as single ids are missing")
     if len(problems) == 1 and missing_roles:
         role = missing_roles[0]
-        raise ValueError(f"the tokenizer has {problems[0]}; pass --special-token {role}=TOKEN or "
-                         f"--add-special-tokens to add {DEFAULT_NAMES[role]}")
+        raise ConfigError(f"the tokenizer has {problems[0]}; pass --special-token {role}=TOKEN or "
+                          f"--add-special-tokens to add {DEFAULT_NAMES[role]}")
     if len(problems) == 1 and problems[0].startswith("--special-token"):
-        raise ValueError(f"{problems[0]} (pass --add-special-tokens to add it)")
+        raise ConfigError(f"{problems[0]} (pass --add-special-tokens to add it)")
     if problems:
         roles_fix = f"--special-token ROLE=TOKEN for {', '.join(missing_roles)}, or " if missing_roles else ""
-        raise ValueError(f"the tokenizer is short of special tokens: {'; '.join(problems)} "
-                         f"(pass {roles_fix}--add-special-tokens to add what is missing)")
+        raise ConfigError(f"the tokenizer is short of special tokens: {'; '.join(problems)} "
+                          f"(pass {roles_fix}--add-special-tokens to add what is missing)")
     for token in missing_sentinels + missing_modes:
         add(token)
 

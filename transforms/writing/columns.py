@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from schemas.examples import ExampleSchema
 
-__all__ = ["ARROW_BATCH_ROWS", "ExampleColumns", "MergedColumns", "examples_to_batch", "narrowest"]
+__all__ = ["ARROW_BATCH_ROWS", "ExampleColumns", "MergedColumns", "narrowest"]
 
 #: Rows per Arrow record batch of a shard; fixed so that bytes never depend on the runner.
 ARROW_BATCH_ROWS = 1000
@@ -293,13 +293,3 @@ class MergedColumns:
             yield from batch.record_batches(stop - start)
 
 
-def examples_to_batch(examples: Sequence[dict[str, Any]], schema: ExampleSchema) -> pa.RecordBatch:
-    """Columnar record batch of ``examples`` (dicts of column -> value).
-
-    Raises:
-        ValueError: a fixed-length column has a row of another length.
-    """
-    columns = ExampleColumns.from_examples(examples, schema)
-    if columns.count == 0:
-        return pa.RecordBatch.from_pylist([], schema=schema.schema)
-    return next(columns.record_batches(columns.count))

@@ -13,27 +13,21 @@ order, fields in name order inside an example).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import pyarrow as pa
 
-from schemas.examples import ExampleSchema
-from transforms.writing.columns import ARROW_BATCH_ROWS, ExampleColumns, MergedColumns, examples_to_batch
+from transforms.writing.columns import ARROW_BATCH_ROWS, ExampleColumns, MergedColumns
 from transforms.writing.hashing_writer import HashingWriter
-from transforms.writing.tar_format import example_members, npy_bytes, write_tar, write_tar_columns
+from transforms.writing.tar_format import npy_bytes, write_tar_columns
 
 __all__ = [
     "ARROW_BATCH_ROWS",
     "ExampleColumns",
     "HashingWriter",
     "MergedColumns",
-    "example_members",
-    "examples_to_batch",
     "npy_bytes",
-    "write_arrow",
     "write_arrow_columns",
-    "write_tar",
     "write_tar_columns",
 ]
 
@@ -56,7 +50,3 @@ def write_arrow_columns(handle: BinaryIO, columns: ExampleColumns | MergedColumn
     return rows
 
 
-def write_arrow(handle: BinaryIO, examples: Sequence[dict[str, Any]], schema: ExampleSchema, *,
-                batch_rows: int = ARROW_BATCH_ROWS) -> None:
-    """Write ``examples`` as one Arrow IPC stream (see :func:`write_arrow_columns`)."""
-    write_arrow_columns(handle, ExampleColumns.from_examples(examples, schema), batch_rows=batch_rows)

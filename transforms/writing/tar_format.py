@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
-from schemas.examples import ExampleSchema
 from transforms.writing.columns import ExampleColumns, MergedColumns
 
-__all__ = ["example_members", "npy_bytes", "write_tar", "write_tar_columns"]
+__all__ = ["npy_bytes", "write_tar_columns"]
 
 
 _NPY_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
@@ -81,35 +79,6 @@ _USTAR_TEMPLATE = _ustar_template()
 def _check_key(key: str) -> None:
     if "." in key or "/" in key:
         raise ValueError(f"example key {key!r} may not contain '.' or '/' (it is the WebDataset __key__)")
-
-
-def example_members(example: dict[str, Any], schema: ExampleSchema) -> list[tuple[str, bytes]]:
-    """``(member name, payload)`` of one example, sorted by name.
-
-    Token and integer-list columns become int32 ``.npy``; scalar ints a 0-d int32 ``.npy``;
-    strings other than the key a UTF-8 ``.txt``.
-    """
-    key = example["key"]
-    _check_key(key)
-    members = []
-    for column in schema.array_columns:
-        members.append((f"{key}.{column}.npy", npy_bytes(np.asarray(example[column], dtype=np.int32))))
-    for column in schema.scalar_columns:
-        members.append((f"{key}.{column}.npy", npy_bytes(np.asarray(example[column], dtype=np.int32))))
-    for column in schema.string_columns:
-        if column != "key":
-            members.append((f"{key}.{column}.txt", str(example[column]).encode("utf-8")))
-    return sorted(members)
-
-
-def write_tar(handle: BinaryIO, examples: Sequence[dict[str, Any]], schema: ExampleSchema) -> None:
-    """Write ``examples`` as a WebDataset tar stream (USTAR, reproducible headers).
-
-    The layout is ``tarfile``'s in stream mode: header, payload padded to 512 bytes, per
-    member; two zero blocks; zero padding to a multiple of the 10240-byte record size.
-    Members are those of :func:`example_members`.
-    """
-    write_tar_columns(handle, ExampleColumns.from_examples(examples, schema))
 
 
 def _octal_fields(values: np.ndarray, digits: int) -> np.ndarray:
@@ -174,13 +143,16 @@ def _npy_scalar_payloads(values: np.ndarray) -> tuple[list, list, np.ndarray]:
 
 
 def write_tar_columns(handle: BinaryIO, columns: ExampleColumns | MergedColumns) -> int:
-    """Write the rows of ``columns`` as a WebDataset tar stream (see :func:`write_tar`); return
-    the number of rows (samples) written.
+    """Write the rows of ``columns`` as a WebDataset tar stream (USTAR, reproducible headers: the
+    module docstring); return the number of rows (samples) written.
+
+    A row's members, sorted by name: token and integer-list columns as int32 ``.npy``, scalar
+    ints as a 0-d int32 ``.npy``, strings other than the key as UTF-8 ``.txt``.
 
     Column by column: every member header of a column is built in one numpy operation, the
     ``.npy`` header of each distinct row shape once, and the stream is the interleaving of
     the columns' pieces (header, ``.npy`` header, data view, padding) joined a few MiB at a
-    time. Same bytes as writing the rows' :func:`example_members` one by one.
+    time. Same bytes as ``tarfile`` writing each row's members one by one (the tests compare them).
     """
     schema, count = columns.schema, columns.count
     keys = columns.strings["key"]

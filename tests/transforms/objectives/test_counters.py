@@ -6,7 +6,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.objectives.counters import length_counters, log2_bin, sum_counters
+from transforms.objectives.counters import length_counters, sum_counters
+
+
+def log2_bin(length: int) -> int:
+    """Histogram bin of a length, one at a time: 0 for 0, else floor(log2(length)) + 1 (the
+    ``len_hist_NN`` bins of :func:`length_counters`)."""
+    return int(length).bit_length()
 
 
 def test_log2_bin():

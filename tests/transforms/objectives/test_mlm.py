@@ -3,6 +3,7 @@ oracle (HF's whole-word scan), properties and 80/10/10 statistics."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,15 @@ from transforms.objectives.mlm import (
     SPLIT_STREAM,
     MLMConfig,
     exact_split,
-    round_half_up,
     selection_budget,
 )
 from transforms.objectives.randoms import first_distinct, random_ids
+
+
+def round_half_up(value: float) -> int:
+    """Round to the nearest integer, ties up, after dropping float noise below 1e-9 (the
+    rounding of MLM's selection budget, one value at a time)."""
+    return math.floor(round(value, 9) + 0.5)
 
 # ids 0..4 special, 5..29 ordinary
 SPECIAL = SpecialIds(vocab_size=30, pad=0, eos=1, mask=2, cls=3, sep=4)
