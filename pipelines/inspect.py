@@ -132,7 +132,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
             return 2
         summary = inspect_dataset(dataset, limit=args.limit or None, splits=args.split)
         sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n" if args.json
-                         else format_table(summary, dataset.objective))
+                         else format_table(summary, dataset))
         return 0
 
     return _run("inspect", parser, argv, body)
@@ -187,6 +187,7 @@ def show_main(argv: list[str] | None = None) -> int:
         from loaders.inspection.anatomy import take_apart
         from loaders.inspection.decode import RunDecoder
         from loaders.inspection.render import legend_text, render_example, to_text
+        from loaders.inspection.table import split_context
 
         fmt = args.format
         if fmt and fmt not in dataset.formats:
@@ -209,8 +210,10 @@ def show_main(argv: list[str] | None = None) -> int:
         view, decoder = dataset.view, RunDecoder(dataset.tokenizer)
         color = use_color(args.color)
         width = show_width(args.width)
-        rendered = [render_example(located, take_apart(located.example, view), view, seed=dataset.seed,
-                                   decoder=decoder) for located in found]
+        contexts = {name: split_context(dataset, name) for name in {located.split for located in found}}
+        rendered = [render_example(located, take_apart(located.example, view, contexts[located.split]), view,
+                                   seed=dataset.seed, decoder=decoder, context=contexts[located.split])
+                    for located in found]
         if rendered and not args.no_legend:
             sys.stdout.write(legend_text(rendered, color=color) + "\n")
         for example in rendered:

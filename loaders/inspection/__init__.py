@@ -5,11 +5,13 @@ and ``report`` compute (numpy, pyarrow and tokenizers only; no Beam, no torch).
   objective rebuilt from the manifest) and read examples shard by shard, only as far as
   asked; every file access goes through :func:`~loaders.inspection.source.dataset_files`.
 - :mod:`loaders.inspection.anatomy`: one example taken apart (real lengths, padding,
-  noise spans, MLM replacements, prefix, documents, denoiser) and the structural faults seen.
-- :mod:`loaders.inspection.stats`: per-split statistics and the ``inspect`` table / JSON.
+  documents, prefixes, inputs and targets, then the objective's own parts) and the structural
+  faults seen.
+- :mod:`loaders.inspection.stats`: per-split statistics; :mod:`loaders.inspection.table` the
+  ``inspect`` table / JSON.
 - :mod:`loaders.inspection.segments`: an example as named lines of segments, its noise
-  made explicit (:mod:`loaders.inspection.bart_noise` recovers BART's masks and sentence
-  moves); :mod:`loaders.inspection.decode` decodes a line's token runs to whole characters.
+  made explicit by the objective's hook; :mod:`loaders.inspection.decode` decodes a line's
+  token runs to whole characters.
 - :mod:`loaders.inspection.render`: those lines as plain text, ANSI colour or HTML (wrapped,
   real line breaks, a legend).
 - :mod:`loaders.inspection.checks`: the per-example invariants and the replay of the objective.
@@ -20,8 +22,12 @@ and ``report`` compute (numpy, pyarrow and tokenizers only; no Beam, no torch).
   :mod:`~loaders.inspection.svg`): the self-contained HTML report with inline SVG plots.
 - :mod:`loaders.inspection.diff`: two datasets' manifest summaries side by side.
 
+Whatever depends on the objective comes from its inspection hooks (docs/design.md section 4,
+:class:`transforms.objectives.base.InspectionContext`): this package names no objective.
+
 May import: numpy, pyarrow, tokenizers, :mod:`schemas`, :mod:`transforms.objectives` (whose
-hooks every view asks), the sentence rule of :mod:`transforms.tokenizing.text_rules`,
+hooks every view asks), the sentence rule of :mod:`transforms.tokenizing.text_rules` (a chunk's
+sentence starts from its text, :meth:`~loaders.inspection.decode.RunDecoder.sentence_starts`),
 :mod:`loaders.access` and :mod:`loaders.errors`; never torch, never Beam.
 """
 

@@ -16,6 +16,10 @@ U+FFFD. :class:`RunDecoder` decodes the runs of one sequence together instead:
 Joined, the runs' texts equal ``tokenizer.decode(all ids, skip_special_tokens=False)``
 wherever that holds no U+FFFD. Tokenizers without a byte-level decoder (WordPiece,
 SentencePiece) decode each run with ``Tokenizer.decode``; their tokens hold whole characters.
+
+The bytes tokens spell also give a chunk's sentence starts again by the pipeline's rule
+(:meth:`RunDecoder.sentence_starts`), for an objective that recovers its noise from them
+(``Objective.example_lines`` gets the decoder in its context).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+
+from transforms.tokenizing.text_rules import byte_positions, sentence_start_chars, token_flags
 
 __all__ = ["RunDecoder", "byte_level_alphabet"]
 
@@ -41,6 +49,24 @@ def byte_level_alphabet() -> dict[str, int]:
     others = (b for b in range(256) if b not in set(direct))
     alphabet.update({chr(0x100 + n): b for n, b in enumerate(others)})
     return alphabet
+
+
+def _utf8_window(data: bytes) -> tuple[int, int]:
+    """The largest ``[start, stop)`` of ``data`` that holds whole characters: a chunk may cut a
+    character at either end."""
+    start = 0
+    while start < min(len(data), 3) and 0x80 <= data[start] < 0xC0:
+        start += 1
+    stop = len(data)
+    for back in range(1, min(4, stop - start) + 1):
+        byte = data[stop - back]
+        if byte < 0x80:
+            break
+        if byte >= 0xC0:  # a lead byte: is its character complete?
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            stop = stop if back >= need else stop - back
+            break
+    return start, stop
 
 
 def _is_byte_level(tokenizer: Any) -> bool:
@@ -84,6 +110,39 @@ class RunDecoder:
                 spelled = bytes(self._alphabet[c] for c in piece)
             self._bytes[token] = spelled
         return self._bytes[token]
+
+    def sentence_starts(self, chunk: np.ndarray, eos: int) -> list[np.ndarray] | None:
+        """Candidate sentence-start flags of a chunk of token ids, recomputed from its text with
+        the pipeline's rule (:mod:`transforms.tokenizing.text_rules`) per document (``eos`` ends
+        one); None when its tokens do not spell bytes (not byte-level, an added token). Two
+        candidates differ only in the chunk's first document: whether its first non-space
+        character starts a sentence (it does when the chunk starts the document; the shards do
+        not say)."""
+        spelled = [None if int(t) == eos else self.token_bytes(int(t)) for t in chunk]
+        if any(s is None for t, s in zip(chunk, spelled) if int(t) != eos):
+            return None
+        candidates = []
+        for first_rule in (True, False):
+            flags = np.zeros(chunk.size, dtype=bool)
+            start = 0
+            for stop in [*np.flatnonzero(chunk == eos).tolist(), chunk.size]:
+                pieces = spelled[start:stop]
+                if pieces:
+                    data = b"".join(pieces)
+                    low, high = _utf8_window(data)
+                    try:
+                        text = data[low:high].decode("utf-8")
+                    except UnicodeDecodeError:
+                        return None
+                    chars = sentence_start_chars(text)
+                    if start == 0 and not first_rule:
+                        chars = chars[chars != len(text) - len(text.lstrip())]
+                    positions = byte_positions(text, text.encode("utf-8"), chars) + low
+                    ends = np.cumsum([len(p) for p in pieces])
+                    flags[start:stop] = token_flags(ends, positions)
+                start = stop + 1
+            candidates.append(flags)
+        return candidates if not np.array_equal(*candidates) else candidates[:1]
 
     def text(self, ids: Sequence[int]) -> str:
         """One run alone (a random replacement token, padding)."""

@@ -1,9 +1,9 @@
 """``lmshards diff A B``: two datasets' summaries side by side, the differences marked.
 
 Both summaries come from the manifests and the tokenizer files (no shard is read, so remote
-datasets cost small downloads): configuration, objective and its parameters (a UL2 mixture keyed by
-denoiser name), tokenizer (its own sentinels and objective tokens beside those the objective
-uses, as the report gives them), document accounting, per split the counts, shard bytes per
+datasets cost small downloads): configuration, objective and its parameters (a list of named
+entries, a mixture, keyed by name), tokenizer (its own sentinels and objective tokens beside
+those the objective uses, as the report gives them), document accounting, per split the counts, shard bytes per
 format, document lengths and the objective's statistics (the manifest's summary of its
 exact counters), and last the facts of the run (command line, time, version, inputs,
 encoder), which differ between any two runs and so are reported apart: by docs/design.md's
@@ -50,7 +50,7 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
         for key in value:
             _flatten(value[key], f"{prefix}.{key}" if prefix else str(key), out)
     elif isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
-        for item in value:  # a UL2 mixture: one entry per denoiser, by name
+        for item in value:  # a list of named entries (a mixture): one row per entry, by name
             _flatten({k: v for k, v in item.items() if k != "name"}, f"{prefix}[{item['name']}]", out)
     elif isinstance(value, (list, tuple)):
         out[prefix] = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
@@ -65,10 +65,10 @@ def _block(value: Any) -> dict[str, Any]:
 
 
 def _specials(ds: InspectedDataset, tokenizer: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's ``num_sentinels`` and ``mode_tokens`` (the objective's own tokens, UL2's
-    mode tokens or a plugin's: what the objective uses, 0 and {} for clm) taken out of
-    ``tokenizer`` and put beside what the tokenizer itself holds, as the report shows them, so
-    that ``num_sentinels 0`` never reads as a tokenizer without sentinels."""
+    """The manifest's ``num_sentinels`` and ``mode_tokens`` (the objective's own tokens: what the
+    objective uses, 0 and {} for an objective without such tokens) taken out of ``tokenizer`` and
+    put beside what the tokenizer itself holds, as the report shows them, so that
+    ``num_sentinels 0`` never reads as a tokenizer without sentinels."""
     own_sentinels, own_modes = tokenizer_specials(ds)
     used_sentinels = tokenizer.pop("num_sentinels", 0)
     used_modes = tokenizer.pop("mode_tokens", None)

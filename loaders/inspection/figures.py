@@ -3,14 +3,13 @@
 Per split: length histograms per token column; for packed decoder objectives documents per
 example and the lengths of the document segments packed into them; then the objective's own
 charts (``Objective.measured_charts``, plain :class:`~transforms.objectives.lines.Chart`
-records drawn here: noise span lengths against the configured law, a replacement split or a
-prefix split point against its configuration, a denoiser mix against its weights). The
+records drawn here: a measured distribution against the configured one, say). The
 corpus: document lengths per split (shares) and per source (counts on one scale, each
 source's documents in the legend; manifest). The shards: raw tokens per shard, a series per
 split.
 
 A histogram with one value only (every example of a packed objective has ``seq_len``
-tokens; one span length for a denoiser whose count and length are fixed) would be one bar:
+tokens; one span length where the noise's count and length are fixed) would be one bar:
 it becomes a sentence instead (:class:`Figures`' ``facts``).
 """
 
@@ -23,6 +22,7 @@ from typing import Any
 from loaders.inspection.corpus import source_stats
 from loaders.inspection.source import InspectedDataset
 from loaders.inspection.svg import Series, bar_chart
+from loaders.inspection.table import split_context
 
 __all__ = ["Figures", "corpus_figures", "report_figures", "shard_figure"]
 
@@ -80,8 +80,7 @@ _COLOURS = {"measured": MEASURED, "expected": EXPECTED, "other": OTHER}
 
 def _objective_charts(out: Figures, ds: InspectedDataset, split: str, m: dict[str, Any]) -> None:
     """The objective's own charts (``Objective.measured_charts``): a chart, or a sentence for a constant one."""
-    counters = ds.manifest.stats.get(split, {}).get("objective", {})
-    for chart in ds.objective.measured_charts(split, m, counters):
+    for chart in ds.objective.measured_charts(split_context(ds, split).known(measured=m)):
         if isinstance(chart, str):
             out.facts.append(chart)
             continue

@@ -1,18 +1,19 @@
 """Examples decoded with their corruption made visible, for ``lmshards show`` and the report.
 
-:mod:`loaders.inspection.segments` turns an example into named lines of segments; this
-module prints them as plain text (markers a pipe or ``grep`` can read), as ANSI colour on a
+:mod:`loaders.inspection.segments` turns an example into named lines of segments (the
+objective's hook builds them, :mod:`transforms.objectives.shown`); this module prints them by
+segment kind, as plain text (markers a pipe or ``grep`` can read), as ANSI colour on a
 terminal, or as HTML:
 
-- ``[MASK:orig]``, ``[RAND:shown->orig]``, ``[KEEP:orig]``: MLM's selected tokens, and what a
-  BART ``<mask>`` (or random token) hides; ``[+MASK]``/``[+RAND:x]``: inserted noise,
+- ``[MASK:orig]``, ``[RAND:shown->orig]``, ``[KEEP:orig]``: selected tokens, and what a
+  ``<mask>`` (or random token) hides; ``[+MASK]``/``[+RAND:x]``: inserted noise,
   ``[DEL:text]``: deleted text; ``[#k]``: where sentence ``k`` of the original starts;
 - ``<extra_id_k>``: sentinels (each span in its sentinel's colour; ``[<extra_id_k>: span]``
   in the restored chunk);
 - ``[/prefix]``: the prefix/suffix boundary; ``[/doc]``: a document boundary;
-- ``[R]``, ``[S]``, ``[X]``: the UL2 mode token; ``<pad>*N``: N padding tokens;
-  ``[MASK*N:orig]`` and ``[+MASK*N]``: N ``<mask>`` tokens in a row (neighbouring masks are
-  shown as one run); every ``*N`` the text uses has its line in the legend;
+- the objective's own tokens (``mode`` segments, as its ``token_legend`` says); ``<pad>*N``: N
+  padding tokens; ``[MASK*N:orig]`` and ``[+MASK*N]``: N ``<mask>`` tokens in a row
+  (neighbouring masks are shown as one run); every ``*N`` the text uses has its line in the legend;
 - a line break of the text is a real line break after ``↵``; other control characters are
   escaped (``\\t``), and bytes of a character the sequence holds only part of are ``\\xNN``.
 
@@ -58,7 +59,7 @@ _LEGEND = (
     ("restored_span", "[<extra_id_k>:span]", "span", "a noise span back in place (restored line)"),
     ("doc", "[/doc]", "boundary", "a document boundary"),
     ("prefix", "[/prefix]", "boundary", "end of the prefix (bidirectional before, causal after)"),
-    ("mode", "[R] [S] [X]", "mode", "the UL2 mode token"),
+    ("mode", "[T]", "mode", "a token of the objective's own"),  # as the examples' token_legend says
     ("pad", "<pad>*N", "pad", "N padding tokens"),
     ("newline", NEWLINE_MARK, "newline", "a line break of the text (longer lines are wrapped)"),
     ("bytes", "\\xNN", "text", "a byte of a character that is only partly in this sequence"),
@@ -209,8 +210,9 @@ def to_html(rendered: RenderedExample, tokenizer: Any) -> str:
 
 def legend(examples: list[RenderedExample], *, colour: bool = True) -> list[tuple[str, str, str]]:
     """``(sample, kind, meaning)`` of the markup these examples use (``hidden`` text is visible
-    only in colour)."""
+    only in colour; the objective's own tokens as its ``token_legend`` says)."""
     keys = {"newline", "bytes"}
+    own = next((example.token_legend for example in examples if example.token_legend), None)
     for example in examples:
         for _, segments in example.lines:
             for s in segments:
@@ -227,7 +229,8 @@ def legend(examples: list[RenderedExample], *, colour: bool = True) -> list[tupl
                     keys.add(kind)
                 elif kind == "hidden" and colour:
                     keys.add(kind)
-    return [(sample, kind, meaning) for key, sample, kind, meaning in _LEGEND if key in keys]
+    return [(own[0], kind, own[1]) if key == "mode" and own else (sample, kind, meaning)
+            for key, sample, kind, meaning in _LEGEND if key in keys]
 
 
 def legend_text(examples: list[RenderedExample], *, color: bool = False) -> str:

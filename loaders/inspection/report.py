@@ -7,8 +7,9 @@ input files and their shares, document lengths per split and, where the manifest
 per source: :mod:`loaders.inspection.corpus`); rejected records by reason with samples; the
 plots of every split (:mod:`loaders.inspection.figures`, with facts in place of constant
 plots); the shards (tokens per shard per split, rows, bytes and sha256 of every file); and
-rendered examples with a legend: for UL2 the first example of every denoiser of the
-mixture, for BART with each ``<mask>``'s hidden text and the sentence order recovered.
+rendered examples with a legend, as the objective shows them (``Objective.example_lines``),
+the first of every group of examples first where the objective has groups
+(``Objective.example_groups``).
 
 Laid out for a 1400 px wide window: plots two to a row, long lines wrapped inside their
 boxes (the browser test checks that no element overflows).
@@ -33,11 +34,11 @@ from loaders.inspection.report_sections import (
     shards_section,
 )
 from loaders.inspection.source import InspectedDataset, Located
-from loaders.inspection.table import format_table, inspect_dataset
+from loaders.inspection.table import format_table, inspect_dataset, split_context
 
 __all__ = ["build_report", "example_selection", "report_figures"]
 
-#: Examples read at most while looking for one of every UL2 denoiser.
+#: Examples read at most while looking for one of every group of examples.
 MAX_SCANNED = 5000
 
 _CSS = """
@@ -86,15 +87,16 @@ p.problem { color: #c62828; }
 
 def example_selection(ds: InspectedDataset, split: str, examples: int) -> list[Located]:
     """The examples the report shows: the first ``examples`` of ``split``; for an objective with
-    groups of examples (``Objective.example_groups``: UL2's denoisers), the first of every group
+    groups of examples (``Objective.example_groups``), the first of every group
     (in its order; at most :data:`MAX_SCANNED` read), then more of the first ones up to ``examples``."""
     wanted = list(ds.objective.example_groups)
     if not wanted:
         return ds.head(split, examples)
     first: dict[str, Located] = {}
     rest: list[Located] = []
+    context = split_context(ds, split)
     for located in itertools.islice(ds.iter_split(split), MAX_SCANNED):
-        name = ds.objective.example_group(located.example)
+        name = ds.objective.example_group(context.known(example=located.example))
         if name in wanted and name not in first:
             first[name] = located
         elif len(rest) < examples:
@@ -120,10 +122,11 @@ def build_report(ds: InspectedDataset, *, limit: int | None = None, examples: in
     summary: dict[str, Any] = inspect_dataset(ds, limit=limit)
     view, decoder = ds.view, RunDecoder(ds.tokenizer)
     split = "train" if "train" in ds.splits else ds.splits[0]
-    rendered = [render_example(located, take_apart(located.example, view), view, seed=ds.seed, decoder=decoder)
-                for located in example_selection(ds, split, examples)]
+    context = split_context(ds, split)
+    rendered = [render_example(located, take_apart(located.example, view, context), view, seed=ds.seed,
+                               decoder=decoder, context=context) for located in example_selection(ds, split, examples)]
     title = f"lmshards report: {ds.path}"
-    table = format_table(summary, ds.objective)
+    table = format_table(summary, ds)
     scope = f" (one per {ds.objective.group_label} first)" if ds.objective.example_groups else ""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"

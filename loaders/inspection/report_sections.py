@@ -81,16 +81,16 @@ def run_section(ds: InspectedDataset) -> str:
 
 
 def _entries(name: str, value: list[Any]) -> str:
-    """A list parameter of the objective (UL2's mixture): a table of its dict entries, a column per key."""
+    """A list parameter of the objective (a mixture): a table of its dict entries, a column per key."""
     entries = [d for d in value if isinstance(d, dict)]
     keys = list(dict.fromkeys(k for d in entries for k in d))
     return _table(keys, [[_text(d.get(k, "")) for k in keys] for d in entries], name)
 
 
 def _special_items(ds: InspectedDataset, tokenizer: dict[str, Any]) -> list[tuple[str, str]]:
-    """Sentinels and objective tokens (UL2's mode tokens, a plugin's): the tokenizer's own, and
-    those the objective uses (the manifest's ``num_sentinels`` and ``mode_tokens``, under which
-    the report lists them: 0 and none for clm whatever the tokenizer has)."""
+    """Sentinels and the objective's own tokens: the tokenizer's own, and those the objective
+    uses (the manifest's ``num_sentinels`` and ``mode_tokens``, under which the report lists
+    them: 0 and none for an objective without such tokens, whatever the tokenizer has)."""
     own_sentinels, own_modes = tokenizer_specials(ds)
     items = []
     if "num_sentinels" in tokenizer or own_sentinels is not None:

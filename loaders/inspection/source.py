@@ -196,7 +196,7 @@ class InspectedDataset:
         config = self.manifest.config
         # documents joined without a separator (--document-separator none) end with no EOS to check
         packing = config.get("packing", "concat") if config.get("document_separator", "eos") == "eos" else "joined"
-        return ObjectiveView(self.objective, self.special, packing)
+        return ObjectiveView(self.objective, self.special, packing, self.seed)
 
     def shards(self, split: str) -> list[ShardInfo]:
         return self.manifest.shards(split)

@@ -3,47 +3,23 @@
 :class:`SplitStats` adds up :class:`~loaders.inspection.anatomy.Anatomy` records: examples,
 raw chunk tokens, padding, the length distribution of every token column, documents per
 example and the lengths of the document segments packed into them; the objective counts its
-own (``Objective.count_measured``) into ``counts`` and the records kept for it here: the
-prefix tenths, noise tokens and the noise span lengths (overall and per denoiser,
-:meth:`SplitStats.add_noise`) and the MLM replacement split. Every number is an exact integer
-count until :meth:`SplitStats.summary` turns counts into shares.
-
-Span lengths are compared with what the configured objective would give on the same
-chunks: T5's ``random_spans_noise_mask`` splits ``N`` noise tokens into ``m`` spans as a
-uniformly random composition, so one span has ``k`` tokens with probability
-``C(N-k-1, m-2) / C(N-1, m-1)``; the expected histogram is that law summed over the
-``(N, m)`` of every measured example (:func:`expected_span_lengths`).
+own (``Objective.count_measured``) into ``counts`` or into records of its own
+(:meth:`SplitStats.record`), and turns them into statistics (``Objective.measured_summary``).
+Every number is an exact integer count until :meth:`SplitStats.summary` turns counts into shares.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from loaders.inspection.anatomy import Anatomy, ObjectiveView
+from transforms.objectives.base import InspectionContext
 
-__all__ = ["SplitStats", "composition_pmf", "expected_span_lengths", "length_summary"]
-
-
-def composition_pmf(total: int, parts: int, length: int) -> float:
-    """Probability that one part of a uniform random composition of ``total`` into ``parts`` has ``length``."""
-    if parts < 1 or not 1 <= length <= total - parts + 1:
-        return 0.0
-    if parts == 1:
-        return 1.0 if length == total else 0.0
-    return math.comb(total - length - 1, parts - 2) / math.comb(total - 1, parts - 1)
-
-
-def expected_span_lengths(compositions: Counter) -> dict[int, float]:
-    """Expected span-length histogram for examples with ``(noise tokens, spans)`` counted in ``compositions``."""
-    out: dict[int, float] = {}
-    for (total, parts), count in compositions.items():
-        for length in range(1, total - parts + 2):
-            out[length] = out.get(length, 0.0) + count * parts * composition_pmf(total, parts, length)
-    return dict(sorted(out.items()))
+__all__ = ["SplitStats", "length_summary"]
 
 
 def length_summary(histogram: Counter, capacity: int | None = None) -> dict[str, Any]:
@@ -73,59 +49,31 @@ def _share(numerator: float, denominator: float) -> float | None:
     return round(numerator / denominator, 6) if denominator else None
 
 
-class _Noise:
-    """Noise tokens, spans and span lengths of one group of examples."""
-
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
-        self.span_lengths: Counter = Counter()
-        self.compositions: Counter = Counter()
-
-    def add(self, a: Anatomy) -> None:
-        self.counts.update(examples=1, raw_tokens=a.raw_tokens, noise_tokens=a.noise_tokens,
-                           inputs_tokens=a.lengths.get("inputs", 0), targets_tokens=a.lengths.get("targets", 0))
-        if a.span_lengths is not None:
-            self.counts["spans"] += int(a.span_lengths.size)  # the S denoiser's suffix counts as one span
-        if a.kind == "span" and a.span_lengths is not None:
-            self.span_lengths.update(int(k) for k in a.span_lengths)
-            self.compositions[(a.noise_tokens, int(a.span_lengths.size))] += 1
-
-    def summary(self, density: float | None, mean: float | None, expected: bool) -> dict[str, Any]:
-        c = self.counts
-        out = {
-            "examples": c["examples"], "raw_tokens": c["raw_tokens"], "noise_tokens": c["noise_tokens"],
-            "spans": c["spans"], "density": _share(c["noise_tokens"], c["raw_tokens"]),
-            "mean_span_length": _share(c["noise_tokens"], c["spans"]),
-            "configured_density": density, "configured_mean_span_length": mean,
-            "span_lengths": {str(k): n for k, n in sorted(self.span_lengths.items())},
-        }
-        if expected:
-            expected_lengths = expected_span_lengths(self.compositions)
-            out["expected_span_lengths"] = {str(k): round(v, 3) for k, v in expected_lengths.items()}
-        return out
-
-
 class SplitStats:
     """Statistics of the examples of one split measured from the shards.
 
     Args:
         view: the dataset's objective view.
+        context: what the objective's hooks get for the split (default the view's).
     """
 
-    def __init__(self, view: ObjectiveView):
+    def __init__(self, view: ObjectiveView, context: InspectionContext | None = None):
         self.view = view
+        self.context = (context or view.context()).known(stats=self)
         self.counts: Counter = Counter()
         self.lengths = {column: Counter() for column in view.schema.token_columns}
         self.documents: Counter = Counter()
         self.segments: Counter = Counter()
-        self.prefix_tenths: Counter = Counter()  # per document segment: tenth of its length in its prefix
-        self.prefix_expected_tenths: Counter = Counter()  # the same under each segment's U[1, d-1]
-        self.noise = _Noise()
-        self.denoisers: dict[str, _Noise] = {}
-        self.mlm: Counter = Counter()
+        self._records: dict[str, Any] = {}
 
-    def add(self, a: Anatomy) -> None:
-        """Count one example."""
+    def record(self, name: str, factory: Callable[[], Any]) -> Any:
+        """The objective's own record ``name`` (a ``Counter``, say), made by ``factory()`` on first use."""
+        if name not in self._records:
+            self._records[name] = factory()
+        return self._records[name]
+
+    def add(self, a: Anatomy, example: dict[str, Any] | None = None) -> None:
+        """Count one example (``a``, taken apart from ``example``)."""
         c = self.counts
         c.update(examples=1, raw_tokens=a.raw_tokens, padding_tokens=a.padding,
                  examples_with_issues=int(bool(a.issues)))
@@ -135,20 +83,11 @@ class SplitStats:
         if self.view.decoder_layout and a.inputs is not None:
             self.lengths.setdefault("inputs", Counter())[int(a.inputs.size)] += 1
             self.lengths.setdefault("targets", Counter())[int(a.targets.size)] += 1
-        if a.doc_lengths is not None and not self.view.decoder_layout:  # UL2's decoder rows hold one sequence
+        if a.doc_lengths is not None and not self.view.decoder_layout:  # a seq2seq example's row: one sequence
             self.documents[int(a.doc_lengths.size)] += 1
             self.segments.update(int(n) for n in a.doc_lengths)
-        self.view.objective.count_measured(self, a)  # the objective's own counts
-
-    def add_noise(self, a: Anatomy) -> None:
-        """Count the noise of a span or S example, overall and under its denoiser (if any)."""
-        self.noise.add(a)
-        if a.denoiser is not None:
-            self.denoisers.setdefault(a.denoiser, _Noise()).add(a)
-
-    def noise_of(self, denoiser: str) -> _Noise:
-        """The noise statistics of one denoiser's examples (empty if none was seen)."""
-        return self.denoisers.get(denoiser, _Noise())
+        if a.complete:  # the objective's own counts
+            self.view.objective.count_measured(self.context.known(example=example, anatomy=a))
 
     def summary(self, manifest_examples: int | None = None) -> dict[str, Any]:
         """JSON-able statistics; ``sampled`` is true when fewer than ``manifest_examples`` were read."""
@@ -166,6 +105,6 @@ class SplitStats:
         if self.documents:
             out["documents_per_example"] = length_summary(self.documents)
             out["document_segment_lengths"] = length_summary(self.segments)
-        out.update(self.view.objective.measured_summary(self))  # the objective's own part
+        out.update(self.view.objective.measured_summary(self.context))  # the objective's own part
         return out
 

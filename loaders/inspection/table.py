@@ -16,10 +16,11 @@ from typing import Any
 from loaders.inspection.anatomy import ObjectiveView, take_apart
 from loaders.inspection.source import InspectedDataset
 from loaders.inspection.stats import SplitStats
+from transforms.objectives.base import InspectionContext
 from transforms.objectives.lines import number, table_rows
 from transforms.objectives.registry import summarize_objective
 
-__all__ = ["format_table", "inspect_dataset", "manifest_objective_summary", "measure_split"]
+__all__ = ["format_table", "inspect_dataset", "manifest_objective_summary", "measure_split", "split_context"]
 
 _SPLIT_FIELDS = ("examples", "tokens", "num_shards", "documents", "duplicates", "padding_tokens", "dropped_tokens")
 
@@ -35,11 +36,18 @@ def manifest_objective_summary(ds: InspectedDataset, split: str) -> dict[str, An
     return summarize_objective(objective["name"], stats["objective"], objective.get("params"))
 
 
+def split_context(ds: InspectedDataset, split: str) -> InspectionContext:
+    """What the objective's hooks get for ``split``: the dataset's special ids and seed, the
+    manifest's counters of the split and their summary."""
+    counters = ds.manifest.stats.get(split, {}).get("objective", {})
+    return ds.view.context(split, counters=counters, manifest_summary=manifest_objective_summary(ds, split))
+
+
 def measure_split(ds: InspectedDataset, view: ObjectiveView, split: str, limit: int | None) -> SplitStats:
     """Statistics of ``split`` over all its examples, or a uniform sample of ``limit``."""
-    stats = SplitStats(view)
+    stats = SplitStats(view, split_context(ds, split))
     for located in ds.sample(split, limit):
-        stats.add(take_apart(located.example, view))
+        stats.add(take_apart(located.example, view, stats.context), located.example)
     return stats
 
 
@@ -75,9 +83,9 @@ def _value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def format_table(summary: dict[str, Any], objective: Any) -> str:
-    """The human-readable ``inspect`` output; each split's statistics end with ``objective``'s
-    own lines (:meth:`~transforms.objectives.base.Objective.measured_lines`)."""
+def format_table(summary: dict[str, Any], ds: InspectedDataset) -> str:
+    """The human-readable ``inspect`` output of ``ds``; each split's statistics end with its
+    objective's own lines (:meth:`~transforms.objectives.base.Objective.measured_lines`)."""
     recorded, tok, counts = summary["objective"], summary["tokenizer"], summary["counts"]
     params = {k: v for k, v in recorded.get("params", {}).items()
               if not isinstance(v, (list, dict)) and k not in ("objective", "reference")}
@@ -110,5 +118,5 @@ def format_table(summary: dict[str, Any], objective: Any) -> str:
             d = m["documents_per_example"]
             rows.append(["documents/example", d["min"], d["mean"], d["p50"], d["p95"], d["max"], None])
         lines += table_rows(["length", "min", "mean", "p50", "p95", "max", "capacity"], rows)
-        lines += objective.measured_lines(m, s["manifest_summary"])
+        lines += ds.objective.measured_lines(split_context(ds, name).known(measured=m))
     return "\n".join(lines) + "\n"

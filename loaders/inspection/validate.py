@@ -39,7 +39,9 @@ from loaders.access.files import sha256_file
 from loaders.inspection.anatomy import Anatomy, ObjectiveView, take_apart
 from loaders.inspection.checks import example_problems
 from loaders.inspection.source import InspectedDataset, order_digest, shard_of_key
+from loaders.inspection.table import split_context
 from schemas.manifest import MANIFEST_VERSION
+from transforms.objectives.base import InspectionContext
 
 __all__ = ["Problem", "ValidationReport", "validate_dataset"]
 
@@ -153,11 +155,13 @@ def _same_example(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [c for c in columns if c not in a or c not in b or not np.array_equal(np.asarray(a[c]), np.asarray(b[c]))]
 
 
-def _exact_counters(example: dict[str, Any], a: Anatomy, view: ObjectiveView) -> Counter:
+def _exact_counters(example: dict[str, Any], a: Anatomy, view: ObjectiveView, context: InspectionContext) -> Counter:
     """The manifest counters an example contributes that the shards determine exactly: the
-    common ones, counted here, and the objective's own (``Objective.shard_counters``)."""
+    common ones, counted here, and the objective's own (``Objective.shard_counters``) of an
+    example whose parts are complete."""
     c = Counter(examples=1, chunk_tokens=a.raw_tokens, padding_tokens=a.padding)
-    c.update(view.objective.shard_counters(example, a, view.special))
+    if a.complete:
+        c.update(view.objective.shard_counters(context.known(example=example, anatomy=a)))
     return c
 
 
@@ -194,6 +198,7 @@ def _guarded(stream: Any, fmt: str, failures: dict[str, Exception]) -> Any:
 
 @dataclass
 class _SplitState:
+    context: InspectionContext  # what the objective's hooks get for the split
     keys: set[str] = field(default_factory=set)
     counters: Counter = field(default_factory=Counter)
     complete: bool = True  # every shard read whole: the counters can be compared with the manifest's
@@ -214,10 +219,10 @@ def _check_example(ds: InspectedDataset, view: ObjectiveView, split: str, shard_
     state.keys.add(key)
     raw = 0
     try:
-        anatomy = take_apart(example, view)
+        anatomy = take_apart(example, view, state.context)
         raw = anatomy.raw_tokens
-        state.counters.update(_exact_counters(example, anatomy, view))
-        found = example_problems(split, example, anatomy, view, ds.seed)
+        state.counters.update(_exact_counters(example, anatomy, view, state.context))
+        found = example_problems(split, example, anatomy, view, ds.seed, state.context)
     except Exception as exc:  # content too broken to take apart, or to replay
         found = [f"cannot be checked: {exc!r}"]
     report.problems += [Problem("invariant", at, p) for p in found]
@@ -293,7 +298,7 @@ def validate_dataset(ds: InspectedDataset, *, sample: int | None = None,
     for split in ds.splits:
         shards = ds.shards(split)
         per_shard = math.ceil(sample / max(1, sum(1 for s in shards if s.rows))) if sample else None
-        state = _SplitState(keys=keys)
+        state = _SplitState(split_context(ds, split), keys=keys)
         for shard in shards:
             if progress:
                 progress(f"{split} shard {shard.index + 1}/{len(shards)}")

@@ -20,7 +20,6 @@ from loaders.inspection.anatomy import ObjectiveView, take_apart
 from loaders.inspection.checks import example_problems
 from loaders.inspection.render import render_example, to_text
 from loaders.inspection.source import Located, objective_from_manifest, open_inspected
-from loaders.inspection.stats import composition_pmf, expected_span_lengths
 from loaders.inspection.svg import Series, bar_chart, nice_ticks
 from pipelines.inspect import use_color
 from transforms.objectives.base import build_example
@@ -28,6 +27,7 @@ from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_digests, example_randoms
 from transforms.objectives.randoms import compositions
 from transforms.objectives.registry import make_objective
+from transforms.objectives.span_views import composition_pmf, expected_span_lengths, restored_chunk
 from transforms.objectives.spans import NOISE_STREAM
 
 SPECIAL = SpecialIds(vocab_size=100, pad=0, eos=1, bos=2, mask=4, sentinels=tuple(range(10, 20)),
@@ -123,8 +123,8 @@ def test_span_example_renders_sentinels_spans_and_the_restored_chunk():
     example = {"key": "train-x-c1-d0", "inputs": np.array([30, 10, 33, 11, 1, 0, 0, 0, 0, 0], np.int32),
                "targets": np.array([10, 31, 32, 11, 34, 1], np.int32)}
     a = take_apart(example, view)
-    assert a.issues == [] and a.span_lengths.tolist() == [2, 1] and a.raw_tokens == 5 and a.padding == 5
-    assert a.restored_chunk(view.special).tolist() == [30, 31, 32, 33, 34]
+    assert a.issues == [] and a.parts.span_lengths.tolist() == [2, 1] and a.raw_tokens == 5 and a.padding == 5
+    assert restored_chunk(a, view.special).tolist() == [30, 31, 32, 33, 34]
     lines = to_text(render_example(Located("train", 0, 0, example), a, view), _Ids()).splitlines()
     assert lines[1:] == ["  inputs: .30.10.33.11.1", " targets: .10.31.32.11.34.1",
                          "restored: .30[<extra_id_0>:.31.32].33[<extra_id_1>:.34].1"]

@@ -15,12 +15,12 @@ from lmshards_testing import TOKENIZER
 from tokenizers import Tokenizer
 
 from loaders.inspection.anatomy import ObjectiveView, take_apart
-from loaders.inspection.bart_noise import chunk_sentence_starts, recover_bart_noise
 from loaders.inspection.decode import RunDecoder, byte_level_alphabet
 from loaders.inspection.render import legend_text, render_example, to_text
 from loaders.inspection.segments import RenderedExample, Segment
 from loaders.inspection.source import Located
 from transforms.objectives.bart import Bart, BartConfig, sentence_permutation
+from transforms.objectives.bart_noise import recover_bart_noise
 from transforms.objectives.base import build_example
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms
@@ -96,7 +96,7 @@ def test_bart_noise_is_recovered_exactly(key):
     permutation and the alignment explain the inputs token for token."""
     config = BartConfig(seq_len=80)
     chunk, flags, example = _bart_example(CHUNK_TEXT, key, config)
-    assert any(np.array_equal(flags, c) for c in chunk_sentence_starts(chunk, SPECIAL.eos, DECODER))
+    assert any(np.array_equal(flags, c) for c in DECODER.sentence_starts(chunk, SPECIAL.eos))
     noise = recover_bart_noise(example["inputs"], example["targets"], key, 0, config, SPECIAL, DECODER)
     assert noise is not None
     index = sentence_permutation(chunk.size, flags, 1.0, example_randoms(0, [key]))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, Objective, TokenNeeds, flat_rows, padded_rows
+from transforms.objectives.base import Block, Built, InspectionContext, Objective, TokenNeeds, flat_rows, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 
@@ -65,8 +65,8 @@ class TaggedCLM(Objective):
     def params(self) -> dict[str, Any]:
         return {"seq_len": self.config.seq_len, "token": self.config.token}
 
-    def take_apart(self, example, anatomy, special: SpecialIds) -> None:
-        tag = special.mode_tokens.get(self.config.token)
-        if not len(example["input_ids"]) or int(example["input_ids"][0]) != tag:
-            anatomy.issues.append(f"the row does not start with {self.config.token}")
-        anatomy.raw_tokens = max(int(np.sum(anatomy.doc_lengths)) - 1, 0)
+    def take_apart(self, ctx: InspectionContext) -> None:
+        tag = ctx.special.mode_tokens.get(self.config.token)
+        if not len(ctx.example["input_ids"]) or int(ctx.example["input_ids"][0]) != tag:
+            ctx.anatomy.issues.append(f"the row does not start with {self.config.token}")
+        ctx.anatomy.raw_tokens = max(int(np.sum(ctx.anatomy.doc_lengths)) - 1, 0)

@@ -63,13 +63,13 @@ of the passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from transforms.objectives import lines
+from transforms.objectives.bart_noise import bart_shown
 from transforms.objectives.bart_passes import (
     INSERT_IDS_STREAM,
     INSERT_RANDOM_STREAM,
@@ -98,13 +98,15 @@ from transforms.objectives.bart_passes import (
     sentence_permutation,
     span_lengths,
 )
-from transforms.objectives.base import Block, Built, Objective
+from transforms.objectives.base import Block, Built, InspectionContext, Objective
 from transforms.objectives.common import SpecialIds, ids_out_of_range, index_range
 from transforms.objectives.flags import flag
 from transforms.objectives.randoms import Randoms, random_ids
+from transforms.objectives.shown import Shown
 from transforms.objectives.summary import ratio, summarize_bart
 
-__all__ = ["MASK_LENGTHS", "Bart", "BartConfig", "poisson_span_cdf", "sentence_permutation", "span_lengths"]
+__all__ = ["MASK_LENGTHS", "Bart", "BartConfig", "BartParts", "poisson_span_cdf", "sentence_permutation",
+           "span_lengths"]
 
 MASK_LENGTHS = ("span-poisson", "word", "subword")
 
@@ -169,6 +171,12 @@ class BartConfig:
         """Upper bound of ``len(inputs)``: ``seq_len`` plus the random insertions."""
         return self.seq_len + _ceil(self.seq_len * self.insert)
 
+class BartParts(NamedTuple):
+    """What taking a stored example apart finds of its noise (``Anatomy.parts``)."""
+
+    mask_tokens: int
+
+
 class Bart(Objective):
     """The BART objective for the pipeline and the loader (:class:`~transforms.objectives.base.Objective`).
 
@@ -189,47 +197,60 @@ class Bart(Objective):
     exact_counters = frozenset({"mask_tokens", "input_tokens", "source_tokens"})
     summarize = staticmethod(summarize_bart)
 
-    def example_problems(self, example: Any, anatomy: Any, special: SpecialIds, seed: int) -> list[str]:
+    # Inspection hooks (transforms/objectives/base.py); the noise is recovered for show in bart_noise.py.
+
+    def take_apart(self, ctx: InspectionContext) -> None:
+        """The ``<s> ... </s>`` framing and the ``<mask>`` tokens of the inputs; the chunk is the
+        targets inside their framing."""
+        a, special = ctx.anatomy, ctx.special
+        a.raw_tokens = max(a.targets.size - 2, 0)
+        a.parts = BartParts(int((a.inputs == special.mask).sum()))
+        for name, ids in (("inputs", a.inputs), ("targets", a.targets)):
+            if ids.size < 2 or ids[0] != special.bos or ids[-1] != special.eos:
+                a.issues.append(f"{name} are not framed by <s> ... </s>")
+
+    def example_problems(self, ctx: InspectionContext) -> list[str]:
         """Lengths within their budgets and no ``<mask>`` in the targets (the original chunk);
         the noise is not replayed (it needs word and sentence starts the shards do not keep)."""
-        config, a, out = self.config, anatomy, []
+        config, a, out = self.config, ctx.anatomy, []
         if a.inputs.size > config.max_inputs_length or a.targets.size > config.seq_len:
             out.append(f"lengths {a.inputs.size}/{a.targets.size} exceed {config.max_inputs_length}/{config.seq_len}")
-        if (a.targets == special.mask).any():
+        if (a.targets == ctx.special.mask).any():
             out.append("targets hold a <mask> token (targets are the original chunk)")
         return out
 
-    def measured_summary(self, stats: Any) -> dict[str, Any]:
+    def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
+        """Mask tokens, and the tokens of the inputs and of the source (targets)."""
+        a = ctx.anatomy
+        return {"mask_tokens": a.parts.mask_tokens, "input_tokens": int(a.inputs.size),
+                "source_tokens": int(a.targets.size)}
+
+    def count_measured(self, ctx: InspectionContext) -> None:
+        """Mask tokens, and the tokens of the inputs and targets."""
+        a = ctx.anatomy
+        ctx.stats.counts.update(mask_tokens=a.parts.mask_tokens, inputs_tokens=a.lengths["inputs"],
+                                targets_tokens=a.lengths["targets"])
+
+    def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
         """Mask tokens and the inputs/targets length ratio measured on the shards."""
-        c = stats.counts
+        c = ctx.stats.counts
         return {"bart": {"mask_tokens": c["mask_tokens"], "inputs_tokens": c["inputs_tokens"],
                          "targets_tokens": c["targets_tokens"],
                          "length_ratio": ratio(c["inputs_tokens"], c["targets_tokens"]),
                          "masks_per_example": ratio(c["mask_tokens"], c["examples"])}}
 
-
-
-    def count_measured(self, stats: Any, anatomy: Any) -> None:
-        """Mask tokens, and the tokens of the inputs and targets."""
-        a = anatomy
-        if a.kind == "bart":
-            stats.counts.update(mask_tokens=a.mask_tokens, inputs_tokens=a.lengths["inputs"],
-                                targets_tokens=a.lengths["targets"])
-
-    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+    def measured_lines(self, ctx: InspectionContext) -> list[str]:
         """Length ratio and masks measured, beside the manifest's masked word share and Poisson span."""
-        ms = manifest_summary or {}
-        b = measured["bart"]
+        ms = ctx.manifest_summary or {}
+        b = ctx.measured["bart"]
         return [f"  inputs/targets length ratio {lines.number(b['length_ratio'])}; <mask> per example "
                 f"{lines.number(b['masks_per_example'])}; masked word share (manifest) "
                 f"{lines.number(ms.get('masked_word_share'))}"
                 f"; mean Poisson span (manifest) {lines.number(ms.get('spans', {}).get('mean_poisson_length'))}"]
 
-
-
-    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+    def measured_charts(self, ctx: InspectionContext) -> list[Any]:
         """The span lengths text infilling drew (manifest counters) against its truncated Poisson."""
-        drawn = {int(k[len("span_len_hist_"):]): v for k, v in counters.items() if k.startswith("span_len_hist_")}
+        drawn = {int(k[len("span_len_hist_"):]): v for k, v in ctx.counters.items() if k.startswith("span_len_hist_")}
         if not drawn:
             return []
         config = self.config
@@ -239,7 +260,7 @@ class Bart(Objective):
         lengths = list(range(0, max(max(drawn), min(len(pmf) - 1, 3 * int(config.poisson_lambda) + 6)) + 1))
         return [lines.Chart("span lengths drawn by text infilling (manifest counters); line: Poisson(lambda) "
                             "truncated as fairseq does",
-                            f"{split}: BART span lengths (words), manifest vs Poisson({config.poisson_lambda})",
+                            f"{ctx.split}: BART span lengths (words), manifest vs Poisson({config.poisson_lambda})",
                             [str(k) for k in lengths], [
                                 lines.ChartSeries("drawn (manifest)", [float(drawn.get(k, 0)) for k in lengths]),
                                 lines.ChartSeries("expected (configured)",
@@ -247,10 +268,9 @@ class Bart(Objective):
                                                   "expected", "line")],
                             x_label="span length (words)", y_label="spans")]
 
-    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
-        """Mask tokens, and the tokens of the inputs and of the source (targets)."""
-        a = anatomy
-        return {"mask_tokens": a.mask_tokens, "input_tokens": int(a.inputs.size), "source_tokens": int(a.targets.size)}
+    def example_lines(self, ctx: InspectionContext) -> Shown:
+        """Inputs and targets with the sentence order and what each ``<mask>`` hides, recovered."""
+        return bart_shown(ctx, self.config)
 
     def __init__(self, config: BartConfig | None = None) -> None:
         self.config = config or BartConfig()

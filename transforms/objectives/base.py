@@ -25,17 +25,20 @@ inspection hooks) is declared on :class:`Objective` too, with defaults; this mod
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.randoms import Randoms
+from transforms.objectives.shown import Shown, family_shown
 from transforms.objectives.summary import common_summary
 
-__all__ = ["Block", "Built", "ExampleKind", "Objective", "TokenNeeds", "build_example", "flat_rows",
+__all__ = ["Block", "Built", "InspectionContext", "Objective", "TokenNeeds", "build_example", "flat_rows",
            "in_block_order", "padded_rows"]
 
 
@@ -203,24 +206,65 @@ class TokenNeeds(NamedTuple):
     tokens: tuple[str, ...] = ()
 
 
-class ExampleKind(NamedTuple):
-    """How the inspection tools take one stored example apart (:meth:`Objective.example_kind`).
+@dataclass(frozen=True)
+class InspectionContext:
+    """What every inspection hook of :class:`Objective` gets (``lmshards inspect``, ``show``,
+    ``validate`` and ``report``, :mod:`loaders.inspection`): the dataset's facts, the split's,
+    and the example's, as far as they are known at the hook's step (None before).
+
+    The loader's records come by attribute (an ``Anatomy``, a ``SplitStats``), so objectives
+    stay importable without the loader (numpy and the standard library only).
 
     Attributes:
-        kind: the layout: ``clm`` (a decoder row of document segments), ``prefix_lm``, ``mlm``,
-            ``span`` (T5 sentinels), ``prefix`` (UL2's S: a prefix and its suffix) or ``bart``
-            (``<s> ... </s>`` framing), which :mod:`loaders.inspection` knows; any other name
-            is taken apart by its family only (lengths, padding, documents), and the
-            objective's own :meth:`Objective.example_problems` checks the rest.
-        denoiser: the example's denoiser (UL2), else None.
-        lead: mode tokens that start the inputs (UL2: 1).
-        issue: a structural fault found on the way (an unknown denoiser), else None.
+        special: the dataset's special ids.
+        seed: the dataset's seed (noise is a pure function of seed, example key and chunk).
+        split: the split inspected ("" where none is, a single example taken apart alone).
+        counters: the manifest's summed counters of the split (empty where it has none).
+        manifest_summary: the manifest's summary of those counters (:meth:`Objective.summarize`),
+            or None.
+        stats: the split's statistics being counted (``loaders.inspection.stats.SplitStats``:
+            ``counts``, ``lengths`` and the objective's own records, ``record(name, factory)``),
+            while a split is measured.
+        measured: the split's measured statistics as ``inspect --json`` prints them (the common
+            ones and :meth:`Objective.measured_summary`'s), once measured.
+        example: the stored example (column -> value), in the hooks of one example.
+        anatomy: that example taken apart (``loaders.inspection.anatomy.Anatomy``: ``key``,
+            ``lengths``, ``padding``, ``raw_tokens``, ``doc_lengths``, ``prefix_length(s)``,
+            ``inputs``, ``targets``, ``issues`` and ``parts``, the objective's own record).
+        decoder: the dataset's tokenizer as a ``loaders.inspection.decode.RunDecoder``
+            (``token_bytes``, ``text``, ``sentence_starts``: a chunk's by the pipeline's rule), in
+            :meth:`Objective.example_lines`; None where nothing is shown.
     """
 
-    kind: str
-    denoiser: str | None = None
-    lead: int = 0
-    issue: str | None = None
+    special: SpecialIds
+    seed: int = 0
+    split: str = ""
+    counters: Mapping[str, int] = field(default_factory=dict)
+    manifest_summary: Mapping[str, Any] | None = None
+    stats: Any = None
+    measured: Mapping[str, Any] | None = None
+    example: Mapping[str, Any] | None = None
+    anatomy: Any = None
+    decoder: Any = None
+
+    def known(self, **facts: Any) -> InspectionContext:
+        """This context with more of the facts known (an example, its anatomy, the measured ...).
+
+        Raises:
+            TypeError: a name that is not a field.
+        """
+        unknown = facts.keys() - _CONTEXT_FIELDS
+        if unknown:
+            raise TypeError(f"InspectionContext has no field {sorted(unknown)}")
+        # Called twice per inspected example: a copy of the fields, not dataclasses.replace's
+        # __init__ call (a tenth of the time).
+        out = object.__new__(InspectionContext)
+        out.__dict__.update(self.__dict__)
+        out.__dict__.update(facts)
+        return out
+
+
+_CONTEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(InspectionContext))
 
 
 class Objective(ABC):
@@ -229,8 +273,8 @@ class Objective(ABC):
     Subclasses set the class attributes and implement :meth:`build`, :meth:`schema_kwargs`
     and :meth:`params`; the other methods have defaults that fit an objective without noise
     statistics. Everything that depends on an objective is declared here, so the command
-    line, the manifest summary, the loader and ``lmshards inspect`` / ``validate`` dispatch
-    to the class: adding one touches its module, its tests and one line of
+    line, the manifest summary, the loader and ``lmshards inspect`` / ``show`` / ``validate`` /
+    ``report`` dispatch to the class: adding one touches its module, its tests and one line of
     :mod:`transforms.objectives.registry`.
 
     Attributes:
@@ -255,9 +299,12 @@ class Objective(ABC):
             ``chunk_tokens`` and ``padding_tokens``); a name ending in ``*`` covers every
             counter that starts with it. :meth:`shard_counters` gives those an objective
             computes itself.
-        example_groups: names of the groups of examples ``lmshards inspect --report`` shows one
+        example_groups: names of the groups of examples ``lmshards report`` shows one
             of each first (UL2's denoisers), read by :meth:`example_group`; empty for none.
         group_label: what a group is, in the report (``UL2 denoiser``).
+        token_legend: ``(sample, meaning)`` of its own tokens (:meth:`token_needs`' tokens,
+            shown as ``mode`` segments) in the legend of ``show`` and the report; None: the
+            tokens themselves, "a token of the objective's own".
     """
 
     name: str
@@ -272,6 +319,7 @@ class Objective(ABC):
     exact_counters: frozenset[str] = frozenset()
     example_groups: tuple[str, ...] = ()
     group_label: str = "group"
+    token_legend: tuple[str, str] | None = None
 
     @staticmethod
     def summarize(counters: Mapping[str, int], params: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -283,98 +331,79 @@ class Objective(ABC):
     def config_from_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """The config fields from the manifest's ``params()`` record (which may add derived
         values): by default the fields of :attr:`config_class` found in it."""
-        import dataclasses
-
-        names = {field.name for field in dataclasses.fields(cls.config_class)}
+        names = {f.name for f in dataclasses.fields(cls.config_class)}
         return {k: v for k, v in params.items() if k in names}
 
-    # Inspection hooks (``lmshards inspect`` and ``validate``, :mod:`loaders.inspection`). They
-    # receive the loader's plain records by attribute (an ``Anatomy``, a ``SplitStats``) and use
-    # numpy only, so objectives stay importable without the loader.
-
-    def example_kind(self, example: Mapping[str, Any]) -> ExampleKind:
-        """How a stored example is taken apart (see :class:`ExampleKind`): by default by its
-        objective name, which is a known layout for the built-in objectives."""
-        return ExampleKind(self.name)
-
-    @property
-    def framing_tokens(self) -> int:
-        """Tokens an example adds around its chunk that are not chunk tokens (MLM's framing
-        ``[CLS] ... [SEP]``: 2), which the inspection tools take off an encoder row's length."""
-        return 0
+    # Inspection hooks (``lmshards inspect``, ``show``, ``validate`` and ``report``, :mod:`loaders.inspection`,
+    # docs/design.md section 4): every one gets an InspectionContext.
 
     @property
     def seq2seq_in_decoder_rows(self) -> bool:
-        """Decoder rows hold ``inputs + targets`` of one seq2seq example (UL2's decoder layout),
-        not document segments cut from the packed stream."""
+        """Decoder rows hold ``inputs + targets`` of one seq2seq example (``prefix_lengths`` the
+        inputs), not document segments cut from the packed stream."""
         return False
 
-    def denoiser_table(self) -> dict[str, tuple[Any, Any]]:
-        """Denoiser name -> (denoiser, its lengths) for objectives that mix denoisers (UL2)."""
-        return {}
-
-    def plan_of(self, example: Mapping[str, Any]) -> int:
-        """The plan :meth:`build` made the example with (replaying it), from the stored example."""
-        return 0
-
-    def example_group(self, example: Mapping[str, Any]) -> str | None:
-        """The :attr:`example_groups` entry the example belongs to."""
+    def take_apart(self, ctx: InspectionContext) -> None:
+        """Complete ``ctx.anatomy`` from ``ctx.example``: the family's parts are filled in
+        already (``lengths``, ``padding``, ``raw_tokens`` as the row's length (0 for seq2seq),
+        ``doc_lengths`` and ``prefix_length(s)`` of a decoder row, unpadded ``inputs`` /
+        ``targets``); set ``raw_tokens`` to the chunk tokens the example was made from
+        (``lmshards validate`` adds them up against the manifest), ``parts`` to a record of the
+        objective's own that its other hooks read, and append structural faults to
+        ``anatomy.issues``. Called when the family's columns are there with their shapes (an
+        issue may be recorded already); an exception it raises becomes an issue, and the
+        example's other hooks are then not called. Nothing by default."""
         return None
 
-    def take_apart(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds) -> None:
-        """Complete ``anatomy`` (``loaders.inspection.anatomy.Anatomy``) for a kind of the
-        objective's own: the family's parts (``lengths``, ``padding``, unpadded ``inputs`` /
-        ``targets``, ``doc_lengths``) are filled in already; set at least ``raw_tokens``, the
-        chunk tokens the example was made from (``lmshards validate`` adds them up against the
-        manifest), and append structural faults to ``anatomy.issues``. The known layouts need
-        nothing (the default)."""
-        return None
-
-    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
-                         seed: int) -> list[str]:
-        """What is wrong with one structurally sound example, beyond the layout's own checks:
-        the objective's invariants and, where the chunk can be restored, its replay (the noise
-        is a pure function of seed, key and chunk). ``anatomy`` is the example taken apart
-        (``loaders.inspection.anatomy.Anatomy``: ``key``, ``lengths``, ``raw_tokens``,
-        ``doc_lengths``, ``inputs``, ``targets``, ...). Empty when sound."""
+    def example_problems(self, ctx: InspectionContext) -> list[str]:
+        """What is wrong with one structurally sound example (no issues), beyond the family's
+        checks: the objective's invariants and, where the chunk can be restored, its replay (the
+        noise is a pure function of seed, key and chunk). Empty when sound."""
         return []
 
-    def shard_counters(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds) -> dict[str, int]:
-        """The counters of :attr:`exact_counters` recounted from one stored example taken apart
-        (``anatomy``), which ``lmshards validate`` adds up against the manifest; ``examples``,
-        ``chunk_tokens`` and ``padding_tokens`` are counted for every objective. ``special`` are
-        the dataset's special ids, as :meth:`take_apart` and :meth:`example_problems` get them."""
+    def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
+        """The counters of :attr:`exact_counters` recounted from one stored example, which
+        ``lmshards validate`` adds up against the manifest; ``examples``, ``chunk_tokens`` and
+        ``padding_tokens`` are counted for every objective."""
         return {}
 
-    def count_measured(self, stats: Any, anatomy: Any) -> None:
-        """Count one example taken apart (``anatomy``) into a split's statistics
-        (``loaders.inspection.stats.SplitStats``), beyond the common counts it keeps itself:
-        integers into ``stats.counts`` under names of the objective's own, or into its
-        ``mlm``, ``prefix_tenths`` / ``prefix_expected_tenths`` counters and ``add_noise``;
-        :meth:`measured_summary` turns them into statistics. Nothing by default."""
+    def count_measured(self, ctx: InspectionContext) -> None:
+        """Count one example into the split's statistics ``ctx.stats``, beyond the common counts
+        it keeps itself: integers into ``stats.counts`` under names of the objective's own, or
+        into records of its own (``stats.record(name, factory)``); :meth:`measured_summary`
+        turns them into statistics. Nothing by default."""
         return None
 
-    def measured_summary(self, stats: Any) -> dict[str, Any]:
-        """The objective's part of ``lmshards inspect``'s statistics measured on the shards
-        (``loaders.inspection.stats.SplitStats``: ``counts``, ``mlm``, ``noise``,
-        ``noise_of(denoiser)``, ``prefix_tenths``), next to the configured values."""
+    def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
+        """The objective's part of ``lmshards inspect``'s statistics measured on the shards, from
+        ``ctx.stats``, next to the configured values (merged into ``inspect --json``'s
+        ``measured``). Nothing by default."""
         return {}
 
-    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+    def measured_lines(self, ctx: InspectionContext) -> list[str]:
         """The objective's lines of ``lmshards inspect``'s table (and of the report's summary),
-        after a split's length rows: its statistics from ``measured`` (a split's
-        :meth:`measured_summary` merged into the common ones, as ``inspect --json`` prints them)
-        beside the manifest's exact ``manifest_summary`` (its :meth:`summarize`; None for a
-        manifest without counters). Each line starts with two spaces; numbers formatted with
-        :mod:`transforms.objectives.lines`. None by default."""
+        after a split's length rows: its statistics from ``ctx.measured`` beside the manifest's
+        exact ``ctx.manifest_summary`` (None for a manifest without counters). Each line starts
+        with two spaces; numbers formatted with :mod:`transforms.objectives.lines`. None by default."""
         return []
 
-    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
-        """The objective's plots in the report's section of ``split``, after the common length
-        plots: :class:`~transforms.objectives.lines.Chart` records, or a sentence (``str``) in
-        place of a chart of one value, from ``measured`` (as :meth:`measured_lines` gets it)
-        and the split's manifest ``counters``. None by default."""
+    def measured_charts(self, ctx: InspectionContext) -> list[Any]:
+        """The objective's plots in the report's section of ``ctx.split``, after the common
+        length plots: :class:`~transforms.objectives.lines.Chart` records, or a sentence
+        (``str``) in place of a chart of one value, from ``ctx.measured`` and the split's
+        manifest ``ctx.counters``. None by default."""
         return []
+
+    def example_lines(self, ctx: InspectionContext) -> Shown:
+        """How ``lmshards show`` and the report show one example: the header's facts and named
+        lines of segments (:mod:`transforms.objectives.shown`), its noise made explicit. By
+        default what its family shows (:func:`~transforms.objectives.shown.family_shown`)."""
+        return family_shown(ctx)
+
+    def example_group(self, ctx: InspectionContext) -> str | None:
+        """The :attr:`example_groups` entry ``ctx.example`` belongs to (read before it is taken
+        apart: ``ctx.anatomy`` is None)."""
+        return None
 
     def plan(self, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw lengths and int plans of chunks, given one number in [0, 1) per chunk."""

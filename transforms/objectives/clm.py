@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from transforms.objectives.base import Block, Built, Objective, padded_rows
+from transforms.objectives.base import Block, Built, InspectionContext, Objective, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.summary import summarize_clm
@@ -69,10 +69,9 @@ class CLM(Objective):
     def schema_kwargs(self) -> dict[str, Any]:
         return {"seq_len": self.config.seq_len}
 
-
-    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
+    def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
         """Tokens and document segments of the row."""
-        a = anatomy
+        a = ctx.anatomy
         return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size)}
 
     def params(self) -> dict[str, Any]:

@@ -129,6 +129,14 @@ class SpecialIds:
             object.__setattr__(self, "_sentinel_array", cached)
         return cached
 
+    def sentinel_index(self) -> dict[int, int]:
+        """Sentinel id -> its index ``k`` (``<extra_id_k>``); read-only use, built once."""
+        cached = self.__dict__.get("_sentinel_index")
+        if cached is None:
+            cached = {int(t): k for k, t in enumerate(self.sentinels)}
+            object.__setattr__(self, "_sentinel_index", cached)
+        return cached
+
     def special_flags(self) -> np.ndarray:
         """bool array over the vocabulary, True at every special id (``flags[tokens]`` is
         ``np.isin(tokens, special_array())`` for ids in ``[0, vocab_size)``); read-only, built once."""

@@ -50,22 +50,23 @@ the next ``n_random`` random ids (:data:`IDS_STREAM`); ``u`` is the first number
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, Objective, build_example
+from transforms.objectives.base import Block, Built, InspectionContext, Objective, build_example
 from transforms.objectives.common import IGNORE_INDEX, SpecialIds, ids_out_of_range
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
 from transforms.objectives.lines import Chart, ChartSeries, number
 from transforms.objectives.randoms import Randoms, first_distinct, random_ids
+from transforms.objectives.shown import Marks, Segment, Shown, layout_facts, merge
 from transforms.objectives.summary import ratio, summarize_mlm
 
-__all__ = ["IDS_STREAM", "IGNORE_INDEX", "MLM", "SELECT_STREAM", "SPLIT_STREAM", "MLMConfig", "exact_split",
-           "selection_budget"]
+__all__ = ["IDS_STREAM", "IGNORE_INDEX", "MLM", "SELECT_STREAM", "SPLIT_STREAM", "MLMConfig", "MaskedParts",
+           "exact_split", "selection_budget"]
 SELECT_STREAM, SPLIT_STREAM, IDS_STREAM, ORDER_STREAM = 1, 2, 3, 4
 
 
@@ -186,6 +187,23 @@ def _word_order_selection(candidate_row: np.ndarray, starts: np.ndarray, budget:
     return chosen[word_of]
 
 
+@dataclass
+class MaskedParts:
+    """The selection of one stored example (``Anatomy.parts``): bool masks over its positions
+    (``selected``: labels != -100, split into ``masked`` (a ``<mask>``), ``random`` and ``kept``),
+    ``candidates``: its non-special tokens, ``restored``: the row with every label back in place,
+    and the stored ``input_ids`` and ``labels``."""
+
+    selected: np.ndarray
+    masked: np.ndarray
+    random: np.ndarray
+    kept: np.ndarray
+    candidates: int
+    restored: np.ndarray
+    input_ids: np.ndarray
+    labels: np.ndarray
+
+
 class MLM(Objective):
     """The MLM objective for the pipeline and the loader (:class:`~transforms.objectives.base.Objective`).
 
@@ -206,43 +224,66 @@ class MLM(Objective):
         self.required_specials = frozenset(roles)
         self.fixed_raw_length = self.config.raw_length
 
-    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
-                         seed: int) -> list[str]:
+    # Inspection hooks (transforms/objectives/base.py).
+
+    def take_apart(self, ctx: InspectionContext) -> None:
+        """The selected positions split into ``<mask>``, random and kept (``labels`` != -100),
+        and the chunk inside the ``[CLS] ... [SEP]`` framing."""
+        a, special = ctx.anatomy, ctx.special
+        ids, labels = np.asarray(ctx.example["input_ids"]), np.asarray(ctx.example["labels"])
+        length = a.lengths["input_ids"]
+        selected = labels != IGNORE_INDEX
+        masked = selected & (ids == special.mask)
+        kept = selected & (ids == labels)
+        restored = np.where(selected, labels, ids)[:length]
+        a.raw_tokens = length - (2 if self.config.frame else 0)
+        a.parts = MaskedParts(selected, masked, selected & ~masked & ~kept, kept,
+                              int((~np.isin(restored, special.special_array())).sum()), restored, ids, labels)
+
+    def example_problems(self, ctx: InspectionContext) -> list[str]:
         """The exact selection budget, no special token selected or drawn, the 80/10/10 split
         within one token of its ratios, and (without whole words, whose word starts the shards
         do not keep) the replay of the restored chunk."""
-        config, out = self.config, []
-        m, ids = anatomy.mlm, anatomy.mlm["input_ids"]
-        n, k = m["candidates"], int(m["selected"].sum())
-        budget = int(selection_budget(np.array([anatomy.lengths["input_ids"]]), np.array([n]), config)[0])
+        config, out, special, a = self.config, [], ctx.special, ctx.anatomy
+        m: MaskedParts = a.parts
+        n, k = m.candidates, int(m.selected.sum())
+        budget = int(selection_budget(np.array([a.lengths["input_ids"]]), np.array([n]), config)[0])
         if k > budget or (k != budget and not config.whole_word_mask):
             out.append(f"{k} tokens selected, the budget for {n} candidates is {budget}")
         specials = special.special_array()
-        if np.isin(m["labels"][m["selected"]], specials).any():
+        if np.isin(m.labels[m.selected], specials).any():
             out.append("a special token is selected (labels hold a special id)")
-        if np.isin(ids[m["random"]], specials).any():
+        if np.isin(m.input_ids[m.random], specials).any():
             out.append("a random replacement is a special token")
-        masked, random, kept = (int(m[name].sum()) for name in ("masked", "random", "kept"))
+        masked, random, kept = (int(part.sum()) for part in (m.masked, m.random, m.kept))
         # Each part is within one token of k * ratio; a random draw equal to the original looks kept.
         near = [k * r for r in (config.mask_ratio, config.random_ratio, config.keep_ratio)]
         if abs(masked - near[0]) >= 1 + 1e-9 or random >= near[1] + 1 + 1e-9 or kept <= near[2] - 1 - 1e-9:
             out.append(f"mask/random/kept split {[masked, random, kept]} of {k} is not within one token of "
                        f"{[round(x, 2) for x in near]}")
         if not config.whole_word_mask and not out:
-            chunk = m["restored"][1:-1] if config.frame else m["restored"]
-            replay, _ = build_example(self, chunk, special, example_randoms(seed, [anatomy.key]))
-            if not (np.array_equal(replay["input_ids"], ids) and np.array_equal(replay["labels"], m["labels"])):
+            chunk = m.restored[1:-1] if config.frame else m.restored
+            replay, _ = build_example(self, chunk, special, example_randoms(ctx.seed, [a.key]))
+            if not (np.array_equal(replay["input_ids"], m.input_ids) and np.array_equal(replay["labels"], m.labels)):
                 out.append("input_ids/labels differ from the objective replayed with the example's seed")
         return out
 
-    @property
-    def framing_tokens(self) -> int:
-        """``[CLS]`` and ``[SEP]`` when framed."""
-        return 2 if self.config.frame else 0
+    def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
+        """Selected and masked tokens, and the maskable ones."""
+        m: MaskedParts = ctx.anatomy.parts
+        return {"selected": int(m.selected.sum()), "masked": int(m.masked.sum()), "maskable_tokens": m.candidates}
 
-    def measured_summary(self, stats: Any) -> dict[str, Any]:
+    def count_measured(self, ctx: InspectionContext) -> None:
+        """Selected tokens and their replacement split, and the maskable ones."""
+        m: MaskedParts = ctx.anatomy.parts
+        counts = ctx.stats.record("mlm", Counter)
+        counts.update(selected=int(m.selected.sum()), masked=int(m.masked.sum()), random=int(m.random.sum()),
+                      kept=int(m.kept.sum()))
+        counts["candidates"] += m.candidates
+
+    def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
         """Measured selection density and replacement split next to the configured ones."""
-        config, m = self.config, stats.mlm
+        config, m = self.config, ctx.stats.record("mlm", Counter)
         return {"mlm": {
             **{k: m[k] for k in ("candidates", "selected", "masked", "random", "kept")},
             "density": ratio(m["selected"], m["candidates"]), "configured_density": config.mlm_probability,
@@ -251,20 +292,10 @@ class MLM(Objective):
                                  "kept": config.keep_ratio},
         }}
 
-
-
-    def count_measured(self, stats: Any, anatomy: Any) -> None:
-        """Selected tokens and their replacement split, and the maskable ones."""
-        a = anatomy
-        if a.kind == "mlm":
-            m = a.mlm
-            stats.mlm.update({k: int(m[k].sum()) for k in ("selected", "masked", "random", "kept")})
-            stats.mlm["candidates"] += m["candidates"]
-
-    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+    def measured_lines(self, ctx: InspectionContext) -> list[str]:
         """Selected share and replacement split, measured beside configured and the manifest's exact split."""
-        lines, ms = [], manifest_summary or {}
-        m = measured["mlm"]
+        lines, ms = [], ctx.manifest_summary or {}
+        m = ctx.measured["mlm"]
         split, cfg = m["split"], m["configured_split"]
         lines.append(f"  selected {m['selected']:,} of {m['candidates']:,} maskable = {number(m['density'])} "
                      f"(configured {number(m['configured_density'])})")
@@ -277,22 +308,29 @@ class MLM(Objective):
             lines.append(f"  manifest (exact) mask/random/kept {exact}")
         return lines
 
-
-
-    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+    def measured_charts(self, ctx: InspectionContext) -> list[Any]:
         """The replacement split against the configured ratios."""
-        m = measured
-        parts = ["masked", "random", "kept"]
-        return [Chart("share of selected tokens; dots: configured ratios", f"{split}: MLM replacement split", parts, [
-            ChartSeries("measured", [m["mlm"]["split"][p] for p in parts], "measured"),
-            ChartSeries("configured", [m["mlm"]["configured_split"][p] for p in parts], "expected", "points"),
-        ], x_label="selected tokens", y_label="share", width=460)]
+        m, parts = ctx.measured, ["masked", "random", "kept"]
+        return [Chart("share of selected tokens; dots: configured ratios", f"{ctx.split}: MLM replacement split",
+                      parts, [
+                          ChartSeries("measured", [m["mlm"]["split"][p] for p in parts], "measured"),
+                          ChartSeries("configured", [m["mlm"]["configured_split"][p] for p in parts], "expected",
+                                      "points"),
+                      ], x_label="selected tokens", y_label="share", width=460)]
 
-    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
-        """Selected and masked tokens, and the maskable ones."""
-        a = anatomy
-        return {"selected": int(a.mlm["selected"].sum()), "masked": int(a.mlm["masked"].sum()),
-                "maskable_tokens": a.mlm["candidates"]}
+    def example_lines(self, ctx: InspectionContext) -> Shown:
+        """``input_ids`` with every selected token as ``mask``, ``random`` or ``kept`` and the
+        original it must be predicted as."""
+        m: MaskedParts = ctx.anatomy.parts
+        marks, out = Marks(ctx.special), []
+        for position, token in enumerate(int(t) for t in m.input_ids):
+            kind = next((name for name, where in (("mask", m.masked), ("random", m.random), ("kept", m.kept))
+                         if where[position]), None)
+            if kind is None:
+                out += marks.kinds(np.array([token]), "text")
+            else:
+                out.append(Segment(kind, [token], original=[int(m.labels[position])]))
+        return Shown(layout_facts(ctx.anatomy), [("input_ids", merge(out))])
 
     def build(self, block: Block, special: SpecialIds) -> Built:
         """Mask every chunk of ``block``.

@@ -26,13 +26,13 @@ Randomness: the split of the ``j``-th segment (``d`` tokens) of a row is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, Objective, padded_rows
+from transforms.objectives.base import Block, Built, InspectionContext, Objective, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import example_randoms
@@ -133,66 +133,67 @@ class PrefixLM(Objective):
                   "prefix_lengths": (prefix, block.doc_offsets)}
         return Built(arrays, {}, {}, counters)
 
-    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
-                         seed: int) -> list[str]:
+    # Inspection hooks (transforms/objectives/base.py): a decoder row's prefix_lengths column gives the
+    # split points (taken apart and shown by the family: no take_apart or example_lines of its own).
+
+    def example_problems(self, ctx: InspectionContext) -> list[str]:
         """The stored split points must be the ones the example's seed draws for its segments."""
-        docs = np.asarray(anatomy.doc_lengths, dtype=np.int64)
-        drawn = segment_prefix_lengths(docs, np.array([0, docs.size]), example_randoms(seed, [anatomy.key]))
-        stored = [] if anatomy.prefix_lengths is None else np.asarray(anatomy.prefix_lengths).tolist()
+        a = ctx.anatomy
+        docs = np.asarray(a.doc_lengths, dtype=np.int64)
+        drawn = segment_prefix_lengths(docs, np.array([0, docs.size]), example_randoms(ctx.seed, [a.key]))
+        stored = [] if a.prefix_lengths is None else np.asarray(a.prefix_lengths).tolist()
         if stored != drawn.tolist():
             return [f"prefix_lengths {stored} differ from the objective replayed with the example's seed"]
         return []
 
-    def measured_summary(self, stats: Any) -> dict[str, Any]:
-        """The measured prefix share (expected 0.5: split points uniform on [1, d-1]) and, per document
-        segment, the tenth of its length its prefix covers, beside what each segment's U[1, d-1] expects."""
-        c = stats.counts
-        return {"prefix_share": ratio(c["prefix_tokens"], c["raw_tokens"]), "configured_prefix_share": 0.5,
-                "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(stats.prefix_tenths.items())},
-                "prefix_expected_tenths": {f"{k / 10:.1f}": round(n, 3)
-                                           for k, n in sorted(getattr(stats, "prefix_expected_tenths", {}).items())}}
+    def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
+        """Tokens and document segments of the row, and its prefix and suffix tokens."""
+        a = ctx.anatomy
+        return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size),
+                "prefix_tokens": a.prefix_length, "suffix_tokens": a.raw_tokens - a.prefix_length}
 
-
-
-    def count_measured(self, stats: Any, anatomy: Any) -> None:
+    def count_measured(self, ctx: InspectionContext) -> None:
         """Prefix tokens, and per document segment the tenth of it in its prefix, measured and
         as a split ~ U[1, d-1] would give."""
-        a, c = anatomy, stats.counts
-        if a.kind == "prefix_lm" and a.prefix_length is not None and a.raw_tokens:
-            c["prefix_tokens"] += a.prefix_length
+        a, stats = ctx.anatomy, ctx.stats
+        if a.prefix_length is not None and a.raw_tokens:
+            stats.counts["prefix_tokens"] += a.prefix_length
             if a.prefix_lengths is not None and a.prefix_lengths.shape == a.doc_lengths.shape:
                 pairs = zip(a.prefix_lengths.tolist(), a.doc_lengths.tolist(), strict=True)
             else:  # format 2: one split over the whole row
                 pairs = [(a.prefix_length, a.raw_tokens)]
+            tenths, expected = stats.record("prefix_tenths", Counter), stats.record("prefix_expected_tenths", Counter)
             for prefix, length in pairs:
                 if length >= 2:  # a 1-token segment has no split to draw
-                    stats.prefix_tenths[min(9, 10 * prefix // length)] += 1
+                    tenths[min(9, 10 * prefix // length)] += 1
                     for tenth, share in _uniform_tenths(length).items():
-                        stats.prefix_expected_tenths[tenth] += share
+                        expected[tenth] += share
 
-    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+    def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
+        """The measured prefix share (expected 0.5: split points uniform on [1, d-1]) and, per document
+        segment, the tenth of its length its prefix covers, beside what each segment's U[1, d-1] expects."""
+        stats = ctx.stats
+        c = stats.counts
+        tenths, expected = stats.record("prefix_tenths", Counter), stats.record("prefix_expected_tenths", Counter)
+        return {"prefix_share": ratio(c["prefix_tokens"], c["raw_tokens"]), "configured_prefix_share": 0.5,
+                "prefix_tenths": {f"{k / 10:.1f}": n for k, n in sorted(tenths.items())},
+                "prefix_expected_tenths": {f"{k / 10:.1f}": round(n, 3) for k, n in sorted(expected.items())}}
+
+    def measured_lines(self, ctx: InspectionContext) -> list[str]:
         """The measured prefix share beside the share its splits give."""
-        return [f"  prefix share {number(measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)"]
+        return [f"  prefix share {number(ctx.measured['prefix_share'])} (configured: splits ~ U[1, d-1]: 0.5)"]
 
-
-
-    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+    def measured_charts(self, ctx: InspectionContext) -> list[Any]:
         """Where the prefix ends in each document segment, against a split ~ U[1, d-1]."""
-        m = measured
+        m = ctx.measured
         tenths = [f"{k / 10:.1f}" for k in range(10)]
         expected = m.get("prefix_expected_tenths") or {}
         uniform = [float(expected.get(t, 0)) for t in tenths]
         return [Chart("prefix length over segment length; line: each split ~ U[1, d-1]",
-                      f"{split}: prefix length / document segment length", tenths, [
+                      f"{ctx.split}: prefix length / document segment length", tenths, [
                           ChartSeries("measured", [float(m["prefix_tenths"].get(t, 0)) for t in tenths], "measured"),
                           ChartSeries("expected U[1, d-1]", uniform, "expected", "line")], x_label="prefix share",
                       y_label="segments")]
-
-    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
-        """Tokens and document segments of the row, and its prefix and suffix tokens."""
-        a = anatomy
-        return {"tokens": a.raw_tokens, "documents_segments": int(a.doc_lengths.size),
-                "prefix_tokens": a.prefix_length, "suffix_tokens": a.raw_tokens - a.prefix_length}
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Fixed ``input_ids`` of ``seq_len`` plus a ``prefix_lengths`` column (one per document)."""

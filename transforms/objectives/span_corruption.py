@@ -51,28 +51,24 @@ Assumption: chunks hold no sentinel ids (the tokenizer must not turn literal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, ExampleKind, Objective, in_block_order, padded_rows
+from transforms.objectives import span_views
+from transforms.objectives.base import Block, Built, InspectionContext, Objective, in_block_order, padded_rows
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
-from transforms.objectives.lines import number
+from transforms.objectives.shown import Shown
 from transforms.objectives.spans import (
     check_chunks,
     corrupt_rows,
     encoded_lengths,
     fit_raw_length,
-    noise_counters,
     noise_counts,
     random_spans_helper,
-    replay_problems,
     span_histogram,
-    span_length_chart,
-    span_problems,
 )
 from transforms.objectives.summary import summarize_span_corruption
 
@@ -142,52 +138,45 @@ class SpanCorruption(Objective):
                                 "span_len_hist_*"})
     summarize = staticmethod(summarize_span_corruption)
 
-    def example_kind(self, example: Any) -> ExampleKind:
-        """T5's sentinel layout."""
-        return ExampleKind("span")
+    # Inspection hooks (transforms/objectives/base.py): T5's sentinel layout (span_views.py).
 
-    def measured_summary(self, stats: Any) -> dict[str, Any]:
-        """Measured noise density and span lengths against the expected composition law."""
-        config = self.config
-        return {"noise": stats.noise.summary(config.noise_density, config.mean_noise_span_length, True)}
+    def take_apart(self, ctx: InspectionContext) -> None:
+        """The noise spans of T5's sentinel layout."""
+        ctx.anatomy.parts = span_views.take_apart_noise(ctx.anatomy, ctx.special, "span")
 
-
-
-    def count_measured(self, stats: Any, anatomy: Any) -> None:
-        """Noise tokens and span lengths, overall and per denoiser."""
-        if anatomy.kind in ("span", "prefix"):
-            stats.add_noise(anatomy)
-
-
-    def example_problems(self, example: Any, anatomy: Any, special: SpecialIds, seed: int) -> list[str]:
+    def example_problems(self, ctx: InspectionContext) -> list[str]:
         """T5's noise and span counts for the restored chunk length, then the replay."""
-        out = []
-        if anatomy.kind == "span":
-            config = self.config
-            out += span_problems(anatomy, config.noise_density, config.mean_noise_span_length, self.raw_length)
-        if anatomy.kind in ("span", "prefix") and not out:
-            out += replay_problems(self, example, anatomy, special, seed)
-        return out
+        config = self.config
+        out = span_views.span_problems(ctx.anatomy, config.noise_density, config.mean_noise_span_length,
+                                       self.raw_length)
+        return out or span_views.replay_problems(self, ctx)
 
-    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+    def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
+        """Noise tokens, spans and span lengths, and inputs and targets tokens."""
+        return span_views.noise_counters(ctx.anatomy)
+
+    def count_measured(self, ctx: InspectionContext) -> None:
+        """Noise tokens and span lengths."""
+        span_views.count_noise(ctx)
+
+    def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
+        """Measured noise density and span lengths against the expected composition law."""
+        config, noise = self.config, span_views.noise_stats(ctx.stats)
+        return {"noise": noise.overall.summary(config.noise_density, config.mean_noise_span_length, True)}
+
+    def measured_lines(self, ctx: InspectionContext) -> list[str]:
         """Noise density and span lengths, measured beside configured and the manifest's density."""
-        n = measured["noise"]
-        ms = manifest_summary or {}
-        return [f"  noise density {number(n['density'])} (configured {number(n['configured_density'])}, "
-                f"manifest {number(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
-                f"{number(n['mean_span_length'])} (configured {number(n['configured_mean_span_length'])})"]
+        return [span_views.noise_line(ctx.measured["noise"], ctx.manifest_summary)]
 
-
-
-    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+    def measured_charts(self, ctx: InspectionContext) -> list[Any]:
         """Noise span lengths against T5's law."""
-        noise = measured["noise"]
-        return [span_length_chart(f"{split}: noise span lengths", noise["span_lengths"],
-                                  noise["expected_span_lengths"])]
+        noise = ctx.measured["noise"]
+        return [span_views.span_length_chart(f"{ctx.split}: noise span lengths", noise["span_lengths"],
+                                             noise["expected_span_lengths"])]
 
-    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
-        """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
-        return noise_counters(anatomy)
+    def example_lines(self, ctx: InspectionContext) -> Shown:
+        """Inputs, targets and the restored chunk, each span in its sentinel's colour."""
+        return span_views.span_shown(ctx)
 
     def __init__(self, config: SpanCorruptionConfig | None = None) -> None:
         self.config = config if config is not None else SpanCorruptionConfig()

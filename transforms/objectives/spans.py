@@ -2,23 +2,20 @@
 (:mod:`transforms.objectives.span_corruption`) and UL2's span denoisers
 (:mod:`transforms.objectives.ul2`): T5's length helper, the noise counts of a chunk, the
 corruption of rows of one length at once, the span-length histogram, and the checks of a
-block's chunks and of the tokenizer's sentinels. The semantics, and where they differ from T5,
-are in :mod:`transforms.objectives.span_corruption`'s docstring.
+block's chunks and of the tokenizer's sentinels (their inspection is
+:mod:`transforms.objectives.span_views`'). The semantics, and where they differ from T5, are in
+:mod:`transforms.objectives.span_corruption`'s docstring.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import Counter
-from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, build_example
+from transforms.objectives.base import Block
 from transforms.objectives.common import SpecialIds, ids_out_of_range
 from transforms.objectives.counters import SPAN_LENGTH_HISTOGRAM_CAP
-from transforms.objectives.layout import example_randoms
-from transforms.objectives.lines import Chart, ChartSeries
 from transforms.objectives.randoms import Randoms, compositions
 
 __all__ = [
@@ -30,13 +27,9 @@ __all__ = [
     "corrupt_rows",
     "encoded_lengths",
     "fit_raw_length",
-    "noise_counters",
     "noise_counts",
     "random_spans_helper",
-    "replay_problems",
     "span_histogram",
-    "span_problems",
-    "span_length_chart",
 ]
 
 NOISE_STREAM, KEEP_STREAM = 1, 2
@@ -251,81 +244,3 @@ def check_chunks(block: Block, special: SpecialIds, limit: int, what: str, least
         raise ValueError(f"token ids must be in [0, {special.vocab_size}), got "
                          f"[{block.tokens.min()}, {block.tokens.max()}]")
     return lengths
-
-
-def noise_counters(a: Any) -> Counter:
-    """The noise counters of one stored span or S example taken apart (``a``, an ``Anatomy``)
-    that ``lmshards validate`` recounts: raw, noise, inputs and targets tokens, noise spans and
-    (span examples) the span length histogram; an example of a denoiser counts them under
-    ``denoiser/NAME/`` too, with its examples, and the histogram there only."""
-    c: Counter = Counter()
-    if a.inputs is not None:
-        own = Counter(raw_tokens=a.raw_tokens, noise_tokens=a.noise_tokens,
-                      noise_spans=int(a.span_lengths.size) if a.kind == "span" else int(a.noise_tokens > 0),
-                      inputs_tokens=int(a.inputs.size), targets_tokens=int(a.targets.size))
-        if a.kind == "span":
-            own.update(f"span_len_hist_{min(int(k), SPAN_LENGTH_HISTOGRAM_CAP)}" for k in a.span_lengths)
-        if a.denoiser is None:
-            c.update(own)
-        else:
-            c.update({k: v for k, v in own.items() if not k.startswith("span_len_hist_")})
-            c.update({f"denoiser/{a.denoiser}/{k}": v for k, v in (own + Counter(examples=1)).items()})
-    return c
-
-
-def span_length_chart(title: str, measured: dict[str, int], expected: dict[str, float]) -> Any:
-    """The report's chart of measured noise span lengths against T5's law (a
-    :class:`~transforms.objectives.lines.Chart`), or a sentence when every span has one length."""
-    single = _single(measured)
-    if single is not None:
-        expect = _single({k: v for k, v in expected.items() if v >= 0.5})
-        return (f"{title}: all {single[1]:,} spans have {single[0]} tokens"
-                + (f" (the configured law gives {expect[0]} only)" if expect else ""))
-    keys = {int(k) for k, v in measured.items() if v} | {int(k) for k, v in expected.items() if v >= 0.5}
-    lengths = list(range(min(keys, default=1), max(keys, default=1) + 1))
-    return Chart("measured span lengths; line: expected under T5's random_spans_noise_mask",
-                 title, [str(k) for k in lengths], [
-                     ChartSeries("measured", [float(measured.get(str(k), 0)) for k in lengths], "measured"),
-                     ChartSeries("expected (configured)", [float(expected.get(str(k), 0.0)) for k in lengths],
-                                 "expected", "line"),
-                 ], x_label="span length (tokens)", y_label="spans")
-
-
-def _single(histogram: dict[str, Any]) -> tuple[str, int] | None:
-    """``(value, count)`` when the histogram holds one value only."""
-    present = [(k, int(v)) for k, v in histogram.items() if v]
-    return present[0] if len(present) == 1 else None
-
-
-def span_problems(a: Any, density: float, mean: float, raw_limit: int) -> list[str]:
-    """T5's noise and span counts of a span example taken apart (``a``, an ``Anatomy``) for its
-    restored chunk length, which must not exceed ``raw_limit``."""
-    out = []
-    if a.raw_tokens > raw_limit:
-        out.append(f"restored chunk has {a.raw_tokens} tokens, more than the raw length {raw_limit}")
-    expected = noise_counts(a.raw_tokens, density, mean)
-    actual = (a.noise_tokens, int(a.span_lengths.size))
-    if actual != expected:
-        out.append(f"{actual[0]} noise tokens in {actual[1]} spans; a {a.raw_tokens}-token chunk has "
-                   f"{expected[0]} in {expected[1]} at r={density}, mu={mean}")
-    return out
-
-
-def replay_problems(objective: Any, example: Any, a: Any, special: SpecialIds, seed: int) -> list[str]:
-    """The objective run again on the chunk restored from a span or S example must give the
-    stored ``inputs`` / ``targets`` back (noise is a pure function of seed, key and chunk)."""
-    chunk = a.restored_chunk(special)
-    if chunk is None:
-        return []
-    plan = objective.plan_of(example)
-    replay, counters = build_example(objective, chunk, special, example_randoms(seed, [a.key]), plan=plan)
-    if "input_ids" in replay:  # UL2's decoder layout: inputs then targets in one row
-        cut = int(replay["prefix_lengths"].sum())  # one segment
-        inputs = replay["input_ids"][:cut]
-        targets = replay["input_ids"][cut : int(replay["doc_lengths"].sum())]
-    else:  # span corruption pads to its fixed lengths
-        inputs = replay["inputs"][: counters["inputs_tokens"]]
-        targets = replay["targets"][: counters["targets_tokens"]]
-    if not (np.array_equal(inputs, a.inputs) and np.array_equal(targets, a.targets)):
-        return ["inputs/targets differ from the objective replayed with the example's seed"]
-    return []

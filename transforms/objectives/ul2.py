@@ -43,21 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from transforms.objectives.base import Block, Built, ExampleKind, Objective, TokenNeeds, in_block_order
+from transforms.objectives import span_views
+from transforms.objectives.base import Block, Built, InspectionContext, Objective, TokenNeeds, in_block_order
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.layout import chunk_key_of, plan_uniforms
-from transforms.objectives.lines import Chart, ChartSeries, number, table_rows
-from transforms.objectives.spans import (
-    SPAN_LENGTH_HISTOGRAM_CAP,
-    check_chunks,
-    corrupt_rows,
-    noise_counters,
-    replay_problems,
-    span_histogram,
-    span_length_chart,
-    span_problems,
-)
+from transforms.objectives.lines import Chart, ChartSeries, table_rows
+from transforms.objectives.shown import Shown
+from transforms.objectives.spans import SPAN_LENGTH_HISTOGRAM_CAP, check_chunks, corrupt_rows, span_histogram
 from transforms.objectives.summary import ratio, summarize_ul2
 from transforms.objectives.ul2_mixture import PRESETS, Denoiser, DenoiserLengths, denoiser_lengths, parse_mixture
 
@@ -166,6 +159,7 @@ class UL2(Objective):
     exact_counters = frozenset({"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens",
                                 "span_len_hist_*"})
     group_label = "UL2 denoiser"
+    token_legend = ("[R] [S] [X]", "the UL2 mode token")
     summarize = staticmethod(summarize_ul2)
 
     def __init__(self, config: UL2Config | None = None) -> None:
@@ -326,91 +320,86 @@ class UL2(Objective):
         }
 
     # Inspection hooks (transforms/objectives/base.py): examples are taken apart by their denoiser's
-    # layout (T5 spans, or the S prefix and suffix), after the mode token that leads the inputs.
-
-    def example_kind(self, example: Mapping[str, Any]) -> ExampleKind:
-        denoiser = str(example.get("denoiser", ""))
-        names = [d.name for d in self.denoisers]
-        if denoiser not in names:
-            return ExampleKind("span", denoiser, 1, f"unknown denoiser {denoiser!r}; the mixture has {sorted(names)}")
-        return ExampleKind(self.denoisers[names.index(denoiser)].kind, denoiser, 1)
+    # layout (T5 spans, or the S prefix and suffix, span_views.py), after the mode token that leads the inputs.
 
     @property
     def seq2seq_in_decoder_rows(self) -> bool:
         return self.config.layout == DECODER_LAYOUT
 
-    def denoiser_table(self) -> dict[str, tuple[Any, Any]]:
-        return {d.name: (d, n) for d, n in zip(self.denoisers, self.lengths, strict=True)}
-
-    def plan_of(self, example: Mapping[str, Any]) -> int:
-        return [d.name for d in self.denoisers].index(str(example.get("denoiser", "")))
-
     @property
     def example_groups(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.denoisers)
 
-    def example_group(self, example: Mapping[str, Any]) -> str | None:
-        return str(example.get("denoiser", ""))
+    def example_group(self, ctx: InspectionContext) -> str | None:
+        return str(ctx.example.get("denoiser", ""))
 
-    def example_problems(self, example: Mapping[str, Any], anatomy: Any, special: SpecialIds,
-                         seed: int) -> list[str]:
+    def take_apart(self, ctx: InspectionContext) -> None:
+        """The recorded denoiser and the mode token it starts the inputs with, then its layout's parts."""
+        a, special = ctx.anatomy, ctx.special
+        name = str(ctx.example.get("denoiser", ""))
+        names = [d.name for d in self.denoisers]
+        if name in names:
+            denoiser = self.denoisers[names.index(name)]
+            kind, mode = denoiser.kind, denoiser.mode_token
+        else:
+            a.issues.append(f"unknown denoiser {name!r}; the mixture has {sorted(names)}")
+            kind, mode = "span", None
+        modes = {int(i): t for t, i in special.mode_tokens.items()}
+        first = modes.get(int(a.inputs[0])) if a.inputs.size else None
+        if first != mode:
+            a.issues.append(f"inputs start with {first or 'no mode token'}, denoiser {name} uses {mode}")
+        a.parts = span_views.take_apart_noise(a, special, kind, lead=1, denoiser=name)
+
+    def example_problems(self, ctx: InspectionContext) -> list[str]:
         """The recorded denoiser must be the one the packer planned from the chunk key; then a
         span denoiser's T5 noise and span counts, and the replay."""
-        planned = int(self.plan(plan_uniforms(seed, [chunk_key_of(anatomy.key)]))[1][0])
-        name = self.denoisers[planned].name
-        if name != anatomy.denoiser:
-            return [f"denoiser {anatomy.denoiser} recorded, the packer planned {name} for this chunk"]
+        a = ctx.anatomy
+        planned = int(self.plan(plan_uniforms(ctx.seed, [chunk_key_of(a.key)]))[1][0])
+        denoiser, lengths = self.denoisers[planned], self.lengths[planned]
+        if denoiser.name != a.parts.denoiser:
+            return [f"denoiser {a.parts.denoiser} recorded, the packer planned {denoiser.name} for this chunk"]
         out = []
-        if anatomy.kind == "span":
-            # (an unknown denoiser is an issue of example_kind: such an example is not checked here)
-            denoiser, lengths = self.denoiser_table()[anatomy.denoiser]
-            out += span_problems(anatomy, denoiser.noise_density, denoiser.mean_noise_span_length, lengths.raw_length)
-        if anatomy.kind in ("span", "prefix") and not out:
-            out += replay_problems(self, example, anatomy, special, seed)
-        return out
+        if a.parts.kind == "span":
+            out += span_views.span_problems(a, denoiser.noise_density, denoiser.mean_noise_span_length,
+                                            lengths.raw_length)
+        return out or span_views.replay_problems(self, ctx, planned)
 
-    def measured_summary(self, stats: Any) -> dict[str, Any]:
+    def shard_counters(self, ctx: InspectionContext) -> dict[str, int]:
+        """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
+        return span_views.noise_counters(ctx.anatomy)
+
+    def count_measured(self, ctx: InspectionContext) -> None:
+        """Noise tokens and span lengths, overall and per denoiser."""
+        span_views.count_noise(ctx)
+
+    def measured_summary(self, ctx: InspectionContext) -> dict[str, Any]:
         """Overall noise, and per denoiser its noise against its configuration, weight and shares."""
-        c = stats.counts
-        out: dict[str, Any] = {"noise": stats.noise.summary(None, None, False), "denoisers": {}}
+        c, noise = ctx.stats.counts, span_views.noise_stats(ctx.stats)
+        out: dict[str, Any] = {"noise": noise.overall.summary(None, None, False), "denoisers": {}}
         weights = {d.name: d.weight for d in self.denoisers}
         total_weight = sum(weights.values())
         for d in self.denoisers:
-            noise = stats.noise_of(d.name)
-            entry = noise.summary(d.noise_density, d.mean_noise_span_length, d.kind == "span")
+            own = noise.of(d.name)
+            entry = own.summary(d.noise_density, d.mean_noise_span_length, d.kind == "span")
             entry.update(kind=d.kind, mode_token=d.mode_token, weight=round(weights[d.name] / total_weight, 6),
-                         examples_share=ratio(noise.counts["examples"], c["examples"]),
-                         tokens_share=ratio(noise.counts["raw_tokens"], c["raw_tokens"]))
+                         examples_share=ratio(own.counts["examples"], c["examples"]),
+                         tokens_share=ratio(own.counts["raw_tokens"], c["raw_tokens"]))
             out["denoisers"][d.name] = entry
         return out
 
-
-
-    def count_measured(self, stats: Any, anatomy: Any) -> None:
-        """Noise tokens and span lengths, overall and per denoiser."""
-        if anatomy.kind in ("span", "prefix"):
-            stats.add_noise(anatomy)
-
-    def measured_lines(self, measured: Mapping[str, Any], manifest_summary: Mapping[str, Any] | None) -> list[str]:
+    def measured_lines(self, ctx: InspectionContext) -> list[str]:
         """Overall noise, then one row per denoiser: weight, shares, density and span length
         measured beside configured."""
-        lines = []
-        n = measured["noise"]
-        ms = manifest_summary or {}
-        lines.append(f"  noise density {number(n['density'])} (configured {number(n['configured_density'])}, "
-                     f"manifest {number(ms.get('noise_density'))}); spans {n['spans']:,}, mean span length "
-                     f"{number(n['mean_span_length'])} (configured {number(n['configured_mean_span_length'])})")
+        m = ctx.measured
         rows = [[name, d["weight"], d["examples_share"], d["tokens_share"], d["density"], d["configured_density"],
-                 d["mean_span_length"], d["configured_mean_span_length"]] for name, d in measured["denoisers"].items()]
-        lines += table_rows(["denoiser", "weight", "examples", "tokens", "density", "(cfg)", "mean span", "(cfg)"],
-                            rows)
-        return lines
+                 d["mean_span_length"], d["configured_mean_span_length"]] for name, d in m["denoisers"].items()]
+        return [span_views.noise_line(m["noise"], ctx.manifest_summary),
+                *table_rows(["denoiser", "weight", "examples", "tokens", "density", "(cfg)", "mean span", "(cfg)"],
+                            rows)]
 
-
-
-    def measured_charts(self, split: str, measured: Mapping[str, Any], counters: Mapping[str, int]) -> list[Any]:
+    def measured_charts(self, ctx: InspectionContext) -> list[Any]:
         """The denoiser mix against the weights, and each span denoiser's span lengths against T5's law."""
-        m = measured
+        m, split = ctx.measured, ctx.split
         names = list(m["denoisers"])
         out: list[Any] = [Chart("share of examples and of raw tokens per denoiser; dots: the configured weights",
                                 f"{split}: UL2 denoiser mix", names, [
@@ -423,13 +412,13 @@ class UL2(Objective):
                                 ], x_label="denoiser", y_label="share", width=1000)]
         for name, d in m["denoisers"].items():
             if d["kind"] == "span" and d["spans"]:
-                out.append(span_length_chart(f"{split}: span lengths of {name}", d["span_lengths"],
-                                             d["expected_span_lengths"]))
+                out.append(span_views.span_length_chart(f"{split}: span lengths of {name}", d["span_lengths"],
+                                                        d["expected_span_lengths"]))
         return out
 
-    def shard_counters(self, example: Any, anatomy: Any, special: SpecialIds) -> dict[str, int]:
-        """Noise tokens, spans and span lengths, and inputs and targets tokens (per denoiser too)."""
-        return noise_counters(anatomy)
+    def example_lines(self, ctx: InspectionContext) -> Shown:
+        """The mode token, then a span denoiser's spans and restored chunk, or S's prefix and suffix."""
+        return span_views.span_shown(ctx)
 
     def schema_kwargs(self) -> dict[str, Any]:
         """Variable-length seq2seq columns, or fixed ``seq_len`` decoder rows; plus ``denoiser``."""

@@ -8,7 +8,9 @@ its decoder start token, the token it needs (``token_needs``: ``train-tokenizer`
 plan refuses a tokenizer without it unless ``--add-special-tokens`` adds it), and its
 inspection hooks (taking an example apart, its invariant, the counters ``validate``
 recomputes, its own measured statistic: the tokens the reversal moves, counted in ``inspect``'s
-statistics and shown in its table, the report and ``--json``). The tests run the real command line, the
+statistics and shown in its table, the report and ``--json``; how ``show`` and the report show an
+example: its windows and its targets turned back). Every hook gets the same
+:class:`~transforms.objectives.base.InspectionContext`. The tests run the real command line, the
 real ``materialize`` pipeline on the bundled sample corpus with FnApiRunner, ``inspect``,
 ``validate`` and ``show``, and the loader with its collator, and check exact values against
 a plain-Python reference of the objective and the corpus's own token count.
@@ -20,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +36,7 @@ from transforms.objectives.common import SpecialIds
 from transforms.objectives.flags import flag
 from transforms.objectives.lines import number
 from transforms.objectives.registry import OBJECTIVES, objective_flags, register_objective, unregister_objective
+from transforms.objectives.shown import Marks, Shown, family_shown
 from transforms.objectives.summary import common_summary, ratio
 
 CORPUS = ROOT / "data" / "sample" / "faq.jsonl"
@@ -106,36 +110,49 @@ class Reverse(Objective):
         return {**common_summary(counters),
                 "mean_windows_per_example": ratio(counters.get("windows", 0), counters.get("examples", 0))}
 
-    def take_apart(self, example, anatomy, special) -> None:
-        if anatomy.inputs.size == 0 or anatomy.inputs[0] != special.mode_tokens.get(MARK):
-            anatomy.issues.append(f"inputs do not start with {MARK}")
-        if anatomy.inputs.size == 0 or anatomy.inputs[-1] != special.eos:
-            anatomy.issues.append("inputs do not end with EOS")
-        anatomy.raw_tokens = max(int(anatomy.inputs.size) - 2, 0)
+    # Its inspection hooks: each gets one InspectionContext (special ids, seed, split, the example
+    # and its anatomy, the split's statistics, measured values and manifest counters, as known).
 
-    def example_problems(self, example, anatomy, special, seed) -> list[str]:
-        if not np.array_equal(anatomy.targets, np.append(reverse_windows(anatomy.inputs[1:-1], self.config.window),
-                                                         special.eos)):
+    def take_apart(self, ctx) -> None:
+        a = ctx.anatomy
+        if a.inputs.size == 0 or a.inputs[0] != ctx.special.mode_tokens.get(MARK):
+            a.issues.append(f"inputs do not start with {MARK}")
+        if a.inputs.size == 0 or a.inputs[-1] != ctx.special.eos:
+            a.issues.append("inputs do not end with EOS")
+        a.raw_tokens = max(int(a.inputs.size) - 2, 0)
+
+    def example_problems(self, ctx) -> list[str]:
+        a = ctx.anatomy
+        if not np.array_equal(a.targets, np.append(reverse_windows(a.inputs[1:-1], self.config.window),
+                                                   ctx.special.eos)):
             return [f"targets are not the inputs reversed in windows of {self.config.window}"]
         return []
 
-    def shard_counters(self, example, anatomy, special) -> dict[str, int]:
-        return {"windows": math.ceil(anatomy.raw_tokens / self.config.window)}
+    def shard_counters(self, ctx) -> dict[str, int]:
+        return {"windows": math.ceil(ctx.anatomy.raw_tokens / self.config.window)}
 
-    def count_measured(self, stats, anatomy) -> None:
-        raw = anatomy.raw_tokens
-        stats.counts["out_of_place_tokens"] += int((anatomy.targets[:raw] != anatomy.inputs[1 : raw + 1]).sum())
+    def count_measured(self, ctx) -> None:
+        a, raw = ctx.anatomy, ctx.anatomy.raw_tokens
+        ctx.stats.counts["out_of_place_tokens"] += int((a.targets[:raw] != a.inputs[1 : raw + 1]).sum())
 
-    def measured_summary(self, stats) -> dict[str, Any]:
-        c = stats.counts
+    def measured_summary(self, ctx) -> dict[str, Any]:
+        c = ctx.stats.counts
         return {"reverse": {"window": self.config.window, "mean_raw_tokens": ratio(c["raw_tokens"], c["examples"]),
                             "out_of_place_tokens": c["out_of_place_tokens"],
                             "out_of_place_share": ratio(c["out_of_place_tokens"], c["raw_tokens"])}}
 
-    def measured_lines(self, measured, manifest_summary) -> list[str]:
-        r = measured["reverse"]
+    def measured_lines(self, ctx) -> list[str]:
+        r = ctx.measured["reverse"]
         return [f"  reversed in windows of {r['window']}: {number(r['out_of_place_tokens'])} of "
-                f"{number(measured['raw_tokens'])} tokens out of place = {number(r['out_of_place_share'])}"]
+                f"{number(ctx.measured['raw_tokens'])} tokens out of place = {number(r['out_of_place_share'])}"]
+
+    def example_lines(self, ctx) -> Shown:
+        """What its family shows (inputs, targets), its windows in the header, and the targets
+        turned back."""
+        a, shown = ctx.anatomy, family_shown(ctx)
+        back = reverse_windows(a.targets[: a.raw_tokens], self.config.window)
+        return Shown([*shown.facts, f"windows={math.ceil(a.raw_tokens / self.config.window)}"],
+                     [*shown.lines, ("turned back", Marks(ctx.special).kinds(back, "text"))])
 
 
 # --- the tests -------------------------------------------------------------------------------
@@ -339,10 +356,24 @@ def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys)
         assert measured["reverse"] == {"window": WINDOW,
                                        "mean_raw_tokens": round(counters["tokens"] / counters["examples"], 6),
                                        "out_of_place_tokens": moved, "out_of_place_share": round(moved / raw, 6)}
-    assert cli(["show", str(out), "-n", "1", "--color", "never", "--split", "train"]) == 0
+    assert cli(["show", str(out), "-n", "1", "--color", "never", "--split", "train", "--width", "0",
+                "--no-legend"]) == 0
     first = examples["train"][0]
-    shown = capsys.readouterr().out
-    assert first["key"] in shown and "ISSUES" not in shown
+    header, *body = capsys.readouterr().out.rstrip("\n").split("\n")
+    raw = len(first["inputs"]) - list(first["inputs"])[::-1].index(EOS) - 2  # [REV] and EOS are no chunk tokens
+    assert header == (f"── {first['key']}  split=train  shard=0  row=0  inputs={raw + 2}  targets={raw + 1}  "
+                      + (f"padding={2 * (SEQ - raw)}  " if raw < SEQ else "") + f"windows={-(-raw // WINDOW)}")
+    shown: dict[str, str] = {}  # line name -> its text, continuation lines joined
+    for line in body:
+        named = re.match(r"^ *(inputs|targets|turned back): (.*)$", line)
+        if named:
+            name = named.group(1)
+            shown[name] = named.group(2)
+        else:
+            shown[name] += "\n" + line[len("turned back: "):]
+    assert list(shown) == ["inputs", "targets", "turned back"]
+    # its own line: the chunk again, between its own token and EOS in the inputs
+    assert f"{MARK}{shown['turned back']}</s>" == shown["inputs"] != shown["targets"]
     assert summary["tokenizer"]["mode_tokens"] == {MARK: MARK_ID}  # the manifest's key for an objective's own tokens
     assert cli(["inspect", str(out)]) == 0
     table = capsys.readouterr().out
@@ -353,6 +384,8 @@ def test_inspect_validate_show_and_report_dispatch_to_its_hooks(dataset, capsys)
     assert cli(["report", str(out), "-o", str(out / "report.html"), "--examples", "2"]) == 0
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count('class="example"') == 2 and first["key"] in page
+    assert page.count('<span class="name">turned back</span>') == 2  # its example_lines hook, in the report too
+    assert f'<li><span class="seg mode">{MARK}</span> a token of the objective&#x27;s own</li>' in page  # legend
     assert all(line in page for line in lines.values())
     assert f"[R] [S] [X] [NLU] [S2S] [NLG] {MARK} in the tokenizer; used by the objective: {MARK}={MARK_ID}" in page
 
@@ -364,8 +397,8 @@ def test_a_bug_in_its_hook_prints_a_traceback_not_a_damaged_dataset(dataset, cap
     out, _ = dataset
 
     class BuggyReverse(Reverse):
-        def count_measured(self, stats, anatomy) -> None:
-            stats.counts["issues_per_token"] += anatomy.raw_tokens // len(anatomy.issues)  # no issues: 1 // 0
+        def count_measured(self, ctx) -> None:
+            ctx.stats.counts["issues_per_token"] += ctx.anatomy.raw_tokens // len(ctx.anatomy.issues)  # 1 // 0
 
     unregister_objective("reverse")
     register_objective(BuggyReverse)

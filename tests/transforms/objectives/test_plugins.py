@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -309,7 +310,8 @@ def test_an_installed_plugin_works_in_every_command_on_beam_workers_and_in_the_l
     assert [line for line in table.splitlines() if line.startswith("objective")] == [
         f"objective  tagged_clm (decoder)  seq_len={SEQ}  token={TAG}"]
     assert f"  objective tokens {TAG}={tag}" in table
-    assert lmshards(env, "show", str(out), "-n", "1", "--color", "never").stdout.count(TAG) == 1
+    legend, example = lmshards(env, "show", str(out), "-n", "1", "--color", "never").stdout.split("\n\n", 1)
+    assert re.search(rf"^  {re.escape(TAG)} +a token of the objective's own$", legend, re.M) and example.count(TAG) == 1
     assert lmshards(env, "report", str(out), "-o", str(out / "report.html")).returncode == 0
     page = (out / "report.html").read_text(encoding="utf-8")
     assert f"[R] [S] [X] [NLU] [S2S] [NLG] {TAG} in the tokenizer; used by the objective: {TAG}={tag}" in page

@@ -8,8 +8,8 @@ noised. Both steps are recovered without the word starts the pipeline had:
 1. Sentence permutation is a pure function of the example's counter-based randoms
    (:func:`transforms.objectives.bart.sentence_permutation`, from ``(seed, example key)``).
    The chunk's sentence starts are recomputed from the text the targets spell, with the
-   pipeline's own rule (:mod:`transforms.tokenizing.text_rules`), per document of the chunk (EOS
-   ends one); the draw is then replayed.
+   pipeline's own rule, per document of the chunk (EOS ends one: the context's decoder,
+   ``RunDecoder.sentence_starts``, does it); the draw is then replayed.
 2. ``inputs`` is a monotonic edit of the permuted chunk: a masked span becomes one
    ``<mask>`` (or a random token), a zero-length span inserts a ``<mask>``; the optional
    passes mask every token of a word, delete words or insert random tokens. Aligning the two
@@ -26,16 +26,16 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from loaders.inspection.decode import RunDecoder
-from transforms.objectives.bart import BartConfig, sentence_permutation
+from transforms.objectives.bart_passes import sentence_permutation
 from transforms.objectives.common import SpecialIds
 from transforms.objectives.layout import example_randoms
-from transforms.tokenizing.text_rules import byte_positions, sentence_start_chars, token_flags
+from transforms.objectives.shown import Marks, Segment, Shown, layout_facts, with_markers
 
-__all__ = ["BartNoise", "Edit", "chunk_sentence_starts", "recover_bart_noise"]
+__all__ = ["BartNoise", "Edit", "bart_shown", "recover_bart_noise"]
 
 #: Longest run of inputs tokens with a random one among them that one edit may explain
 #: (neighbouring spans); sentences left out of place by a wrong replay leave longer runs.
@@ -81,57 +81,7 @@ class BartNoise:
     edits: list[Edit]
 
 
-def _utf8_window(data: bytes) -> tuple[int, int]:
-    """The largest ``[start, stop)`` of ``data`` that holds whole characters: a chunk may cut a
-    character at either end."""
-    start = 0
-    while start < min(len(data), 3) and 0x80 <= data[start] < 0xC0:
-        start += 1
-    stop = len(data)
-    for back in range(1, min(4, stop - start) + 1):
-        byte = data[stop - back]
-        if byte < 0x80:
-            break
-        if byte >= 0xC0:  # a lead byte: is its character complete?
-            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            stop = stop if back >= need else stop - back
-            break
-    return start, stop
-
-
-def chunk_sentence_starts(chunk: np.ndarray, eos: int, decoder: RunDecoder) -> list[np.ndarray] | None:
-    """Candidate sentence-start flags of a chunk, recomputed from its text (None when its tokens
-    do not spell bytes). Two candidates differ only in the chunk's first document: whether
-    its first non-space character starts a sentence (it does when the chunk starts the
-    document; the shards do not say)."""
-    spelled = [None if int(t) == eos else decoder.token_bytes(int(t)) for t in chunk]
-    if any(s is None for t, s in zip(chunk, spelled) if int(t) != eos):
-        return None
-    candidates = []
-    for first_rule in (True, False):
-        flags = np.zeros(chunk.size, dtype=bool)
-        start = 0
-        for stop in [*np.flatnonzero(chunk == eos).tolist(), chunk.size]:
-            pieces = spelled[start:stop]
-            if pieces:
-                data = b"".join(pieces)
-                low, high = _utf8_window(data)
-                try:
-                    text = data[low:high].decode("utf-8")
-                except UnicodeDecodeError:
-                    return None
-                chars = sentence_start_chars(text)
-                if start == 0 and not first_rule:
-                    chars = chars[chars != len(text) - len(text.lstrip())]
-                positions = byte_positions(text, text.encode("utf-8"), chars) + low
-                ends = np.cumsum([len(p) for p in pieces])
-                flags[start:stop] = token_flags(ends, positions)
-            start = stop + 1
-        candidates.append(flags)
-    return candidates if not np.array_equal(*candidates) else candidates[:1]
-
-
-def _difflib_edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: BartConfig,
+def _difflib_edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: Any,
                    special: SpecialIds) -> list[Edit] | None:
     """The alignment difflib finds (fast; its longest-block heuristic can miss on repetitive
     text), or None when some step is not an edit BART's noise makes."""
@@ -158,11 +108,11 @@ def _difflib_edits(inputs: np.ndarray, permuted_ids: np.ndarray, config: BartCon
     return out if _plausible(out, inputs, config, special) else None
 
 
-def _deletes(config: BartConfig) -> bool:
+def _deletes(config: Any) -> bool:
     return config.replace_length == 0 or config.token_delete > 0
 
 
-def _plausible(edits: list[Edit], inputs: np.ndarray, config: BartConfig, special: SpecialIds) -> bool:
+def _plausible(edits: list[Edit], inputs: np.ndarray, config: Any, special: SpecialIds) -> bool:
     """Few enough random tokens for the configuration: text left out of place by a wrong
     replay needs many (each input token that matches nothing is one)."""
     randoms = sum(int((inputs[e.inputs[0]:e.inputs[1]] != special.mask).sum()) for e in edits if e.kind == "random")
@@ -171,7 +121,7 @@ def _plausible(edits: list[Edit], inputs: np.ndarray, config: BartConfig, specia
     return randoms <= 2 + 2 * math.ceil(config.mask_random * noise) + inserted
 
 
-def _exact_edits(inputs: np.ndarray, source: np.ndarray, config: BartConfig, special: SpecialIds) -> list[Edit] | None:
+def _exact_edits(inputs: np.ndarray, source: np.ndarray, config: Any, special: SpecialIds) -> list[Edit] | None:
     """The cheapest monotonic alignment by dynamic programming: every ``<mask>`` stands for a
     run of zero or more non-special source tokens, a random token for one at a cost of 1,
     any other input token must equal its source token; deletions (only where the
@@ -245,8 +195,8 @@ def _merged(edits: list[Edit]) -> list[Edit]:
     return out
 
 
-def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: int, config: BartConfig,
-                       special: SpecialIds, decoder: RunDecoder) -> BartNoise | None:
+def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: int, config: Any,
+                       special: SpecialIds, decoder: Any) -> BartNoise | None:
     """Recover the sentence moves and masks of one BART example (see the module docstring)."""
     inputs, targets = np.asarray(inputs), np.asarray(targets)
     if config.rotate > 0 or targets.size < 2 or inputs.size < 2 or targets[0] != special.bos \
@@ -255,7 +205,7 @@ def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: 
     chunk = targets[1:-1]
     candidates = [np.zeros(chunk.size, dtype=bool)]
     if config.permute_sentences > 0:
-        candidates = chunk_sentence_starts(chunk, special.eos, decoder)
+        candidates = decoder.sentence_starts(chunk, special.eos)
         if candidates is None:
             return None
     for flags in candidates:
@@ -276,3 +226,64 @@ def recover_bart_noise(inputs: np.ndarray, targets: np.ndarray, key: str, seed: 
         return BartNoise(permuted=permuted, sentence_of=sentence_of, sentences=int(starts.sum()), order=order,
                          edits=edits)
     return None
+
+
+def _bart_lines(marks: Marks, a: Any, noise: BartNoise) -> list[tuple[str, list[Segment]]]:
+    """inputs and targets with sentence markers, the hidden tokens of the targets, and the
+    restored inputs (see :func:`bart_shown`)."""
+    inputs, targets, permuted = a.inputs, a.targets, noise.permuted
+    sentence_at = noise.sentence_of[permuted]  # the sentence of each permuted position
+    starts = [p for p in range(1, permuted.size - 1) if p == 1 or sentence_at[p] != sentence_at[p - 1]]
+
+    def marker(p: int) -> tuple[str, str]:
+        return "sentence", f"#{sentence_at[p] + 1}"
+
+    input_cuts: dict[int, tuple[str, str]] = {}
+    restored: list[Segment] = []
+    hidden: set[int] = set()
+    for edit in noise.edits:
+        (i0, i1), (p0, p1) = edit.inputs, edit.source
+        for p in starts:
+            if p0 <= p < p1:  # inside a gap: the marker goes before the noise that hides the start
+                input_cuts.setdefault(i0 + (p - p0) if edit.kind == "keep" else i0, marker(p))
+        if edit.kind == "keep":
+            restored += marks.kinds(inputs[i0:i1], "text")
+            continue
+        source, shown = targets[permuted[p0:p1]].tolist(), inputs[i0:i1].tolist()
+        hidden.update(permuted[p0:p1].tolist())
+        if edit.kind == "delete":
+            restored.append(Segment("deleted", [], original=source))
+        elif not source:
+            restored.append(Segment("insert", shown))
+        else:
+            restored.append(Segment(edit.kind, shown, original=source))
+    sentence_of = noise.sentence_of
+    target_cuts = {t: ("sentence", f"#{sentence_of[t] + 1}") for t in range(1, targets.size - 1)
+                   if t == 1 or sentence_of[t] != sentence_of[t - 1]}
+    return [("inputs", with_markers(marks.kinds(inputs, "text"), input_cuts)),
+            ("targets", with_markers(marks.kinds(targets, "text", hidden=hidden), target_cuts)),
+            ("restored", with_markers(restored, {p: marker(p) for p in starts}))]
+
+
+def _bart_facts(noise: BartNoise | None) -> list[str]:
+    if noise is None:
+        return ["noise=not recovered"]
+    moved = noise.order != sorted(noise.order)
+    order = " ".join(f"#{k + 1}" for k in noise.order) if moved else "unchanged"
+    return [f"sentences={noise.sentences}", f"order={order}"]
+
+
+def bart_shown(ctx: Any, config: Any) -> Shown:
+    """How ``show`` prints a BART example (``ctx``: an ``InspectionContext``; ``config`` its
+    objective's): ``inputs`` and ``targets`` with ``[#k]`` where original sentence ``k`` starts,
+    and the ``restored`` inputs in which every ``<mask>`` shows what it hides (the tokens the
+    model must restore are ``hidden`` in the targets). The noise is recovered only with the
+    dataset's tokenizer (``ctx.decoder``) and a sound example; else both are shown as they are."""
+    a, marks = ctx.anatomy, Marks(ctx.special)
+    noise = None
+    if ctx.decoder is not None and not a.issues:
+        noise = recover_bart_noise(a.inputs, a.targets, a.key, ctx.seed, config, ctx.special, ctx.decoder)
+    facts = layout_facts(a) + _bart_facts(noise)
+    if noise is None:
+        return Shown(facts, [("inputs", marks.kinds(a.inputs, "text")), ("targets", marks.kinds(a.targets, "text"))])
+    return Shown(facts, _bart_lines(marks, a, noise))
