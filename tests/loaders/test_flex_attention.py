@@ -25,7 +25,8 @@ ROOT = HERE.parents[1]
 @pytest.mark.e2e
 @pytest.mark.parametrize("layout", ["clm", "prefix_lm", "ul2_decoder"])
 def test_documents_stay_apart_under_flex_attention(layout):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]), HF_HUB_OFFLINE="1")
+    # the worker imports test_document_isolation, whose conftest imports tests/lmshards_testing.py
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), str(HERE.parent)]), HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, str(HERE / "flex_worker.py"), layout], cwd=HERE, env=env,
                           capture_output=True, text=True, timeout=1500)
     lines = done.stdout.splitlines()
