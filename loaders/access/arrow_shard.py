@@ -44,9 +44,12 @@ class ArrowShard:
         name: the shard's relative path (for messages).
         columns: expected ``{name: arrow type string}`` from the manifest (None: not checked).
         rows: expected row count (None: not checked).
+        size: the manifest's byte size of the file (None: not known), named when the stream is
+            unreadable because the file changed after its size was checked.
     """
 
-    def __init__(self, path: str, *, name: str, columns: dict[str, str] | None, rows: int | None):
+    def __init__(self, path: str, *, name: str, columns: dict[str, str] | None, rows: int | None,
+                 size: int | None = None):
         self.name = name
         self._fd = os.open(path, os.O_RDONLY)
         try:
@@ -65,6 +68,9 @@ class ArrowShard:
                 batch.validate(full=True)
         except (pa.ArrowInvalid, OSError) as exc:
             self.check_intact()  # shrunk since its size was taken (mapped shorter): say that, not "unreadable"
+            if size is not None and self._size != size:  # changed between the manifest check and the open
+                raise ShardIntegrityError(
+                    f"shard {name}: {self._size} bytes on disk, the manifest says {size}") from None
             raise ShardIntegrityError(f"shard {name}: not a readable Arrow IPC stream ({exc})") from None
         counts = np.array([b.num_rows for b in batches], dtype=np.int64)
         if rows is not None and int(counts.sum()) != rows:

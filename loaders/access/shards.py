@@ -123,7 +123,8 @@ class ShardSet:
         if shard is None:
             lease, name = self.open_file(index)
             try:
-                shard = ArrowShard(lease.path, name=name, columns=self.columns, rows=self.shards[index].rows)
+                shard = ArrowShard(lease.path, name=name, columns=self.columns, rows=self.shards[index].rows,
+                                   size=self._file(index).bytes)
             except BaseException:
                 lease.close()
                 raise

@@ -259,6 +259,22 @@ def test_a_shard_truncated_under_dataloader_workers_is_a_python_error(tmp_path):
             pass
 
 
+def test_a_shard_that_changed_after_its_size_check_is_named_as_changed(tmp_path):
+    """The loader checks a shard's size against the manifest, then opens it: a file truncated in
+    between is unreadable as a stream, and the message says why (its size), not only "unreadable"."""
+    from loaders.access.arrow_shard import ArrowShard
+
+    root = write_dataset(tmp_path / "big", [600, 10], seq_len=64)
+    path = os.path.join(root, SHARD)
+    size = os.path.getsize(path)
+    os.truncate(path, size // 4)
+    message = f"shard {SHARD}: {size // 4} bytes on disk, the manifest says {size}$"
+    with pytest.raises(ShardIntegrityError, match=message):
+        ArrowShard(path, name=SHARD, columns=None, rows=None, size=size)
+    with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: not a readable Arrow IPC stream"):
+        ArrowShard(path, name=SHARD, columns=None, rows=None)
+
+
 # -- one way in. Every reader (the loader, a mixture, open_dataset, the inspection commands) reads
 # the manifest, the shards and the tokenizer through the same doors, so a check one of them made is made by all.
 # Each case below was missed (read as data, or a raw library error) by at least one of them before.
