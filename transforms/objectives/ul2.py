@@ -159,7 +159,6 @@ class UL2(Objective):
     exact_counters = frozenset({"raw_tokens", "noise_tokens", "noise_spans", "inputs_tokens", "targets_tokens",
                                 "span_len_hist_*"})
     group_label = "UL2 denoiser"
-    token_legend = ("[R] [S] [X]", "the UL2 mode token")
     summarize = staticmethod(summarize_ul2)
 
     def __init__(self, config: UL2Config | None = None) -> None:
@@ -185,6 +184,11 @@ class UL2(Objective):
             tuple(f"denoiser/{d.name}/span_len_hist_{k}" for k in range(SPAN_LENGTH_HISTOGRAM_CAP + 1))
             for d in self.denoisers
         )
+
+    @property
+    def token_legend(self) -> tuple[str, str]:  # type: ignore[override]
+        """This mixture's mode tokens (the paper preset's are ``[NLU] [NLG] [S2S]``)."""
+        return " ".join(self.mode_tokens), "the UL2 mode token"
 
     @property
     def mode_tokens(self) -> tuple[str, ...]:

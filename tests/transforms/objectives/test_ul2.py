@@ -85,6 +85,9 @@ def test_paper_preset_is_seven_uniform_denoisers():
     assert tokens["R(mu=3,r=0.15)"] == tokens["R(mu=8,r=0.15)"] == "[NLU]"
     assert {tokens[n] for n in tokens if n.startswith("X")} == {"[NLG]"}
     assert tokens["S"] == "[S2S]"
+    # show's legend names the mixture's own mode tokens, not the default preset's
+    assert UL2(UL2Config(mixture="paper")).token_legend == ("[NLU] [NLG] [S2S]", "the UL2 mode token")
+    assert DEFAULT.token_legend == ("[R] [S] [X]", "the UL2 mode token")
 
 
 def test_lengths_at_512_count_the_mode_token():
