@@ -1,5 +1,5 @@
-"""One corpus through each local engine beside in-process, in one session: exit, wall time,
-rows, shard bytes against in-process, and peak RSS per role.
+"""One corpus through each local engine and the local runner's ``--workers 2`` beside in-process,
+in one session: exit, wall time, rows, shard bytes against in-process, and peak RSS per role.
 
 Each run is a whole ``lmshards materialize`` command with the engine started by lmshards itself
 (cached: ``python -m pipelines.engines fetch prism flink spark`` first). While it runs, every
@@ -24,6 +24,7 @@ import tempfile
 from benchmarks.bench_workers import sample_peaks
 
 RUNS = [("in-process", []),
+        ("local --workers 2", ["--workers", "2"]),
         ("PrismRunner", ["--runner", "PrismRunner"]),
         ("FlinkRunner --workers 2", ["--runner", "FlinkRunner", "--workers", "2"]),
         ("SparkRunner --workers 2", ["--runner", "SparkRunner", "--workers", "2"])]
@@ -68,7 +69,8 @@ def main() -> None:
     parser.add_argument("--objective", default="clm")
     parser.add_argument("--seq-len", default="1024")
     parser.add_argument("--runs", default=",".join(name.split()[0] for name, _ in RUNS),
-                        help="which of in-process,PrismRunner,FlinkRunner,SparkRunner (comma-separated)")
+                        help="which of in-process,local,PrismRunner,FlinkRunner,SparkRunner (comma-separated; "
+                             "local: the local runner's --workers 2)")
     args = parser.parse_args()
     wanted = set(args.runs.split(","))
     scratch = tempfile.mkdtemp(prefix="bench-engines-")

@@ -17,7 +17,9 @@ job API. Without it Flink waited for ever for a worker killed before it connecte
 minute; a worker killed later failed the job with a gRPC ``CANCELLED`` that did not say why.
 A job that fails on the engine is one line too (the first line of the engine's error) naming
 the folder of the engine's logs, which is kept; after a run that succeeded, or one that failed
-one of the job's own checks (its line says what to fix), it is removed.
+one of the job's own checks (its line says what to fix), it is removed. A bug in the workers'
+Python code (an exception outside lmshards' hierarchy) is a traceback, as in-process
+(:meth:`LocalEngine.job_error`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from schemas.errors import ConfigError, JobFailedError
 __all__ = ["EngineStartError", "LocalEngine", "local_engine"]
 
 _STARTUP_SECONDS = 180
+#: How a worker's Python traceback starts in the text of a job the engine failed.
+_PYTHON_TRACEBACK = "Traceback (most recent call last):"
 _CANCEL_SECONDS = 30
 #: How long Flink and Spark keep an idle SDK worker for the next stage (the run ends them all).
 _ENVIRONMENT_CACHE_MILLIS = 3_600_000
@@ -297,11 +301,17 @@ class LocalEngine:
         return f"the pipeline failed on {self.engine.runner}: {self.worker_death}; the engine's logs: {self._logs}"
 
     def job_error(self, exc: BaseException) -> tuple[BaseException, bool]:
-        """Like :func:`pipelines.failures.job_error`, except that a job the engine failed (not one
-        of the job's own checks) is one line naming the engine's logs, which are kept, without
-        the runner's traceback. A failure of the job's own checks (too many rejected records, an
-        input that changed) is its one line, which names no logs: the logs are removed, as after
-        a run that succeeded (the line says what to fix; nothing of the engine's is to be read)."""
+        """Like :func:`pipelines.failures.job_error`, with the engine's logs named where they help.
+
+        - A failure of the job's own checks (too many rejected records, an input that changed) or
+          another error of lmshards' hierarchy is its one line, which names no logs: the logs are
+          removed, as after a run that succeeded (the line says what to fix).
+        - Any other exception raised in an SDK worker's Python code is a bug, reported as in-process
+          (a traceback, exit 3): the engine sends the worker's traceback as text, the last error
+          line of which names the error (:func:`~pipelines.failures.job_error`); the error raised
+          here names it and the engine's logs, which are kept, and has the engine's text as its cause.
+        - A job the engine failed without a Python traceback (the engine's own error) is one line
+          naming the engine's logs, which are kept."""
         if isinstance(exc, EngineStartError):
             return exc, False
         if self.worker_death is not None and isinstance(exc, Exception):
@@ -312,6 +322,8 @@ class LocalEngine:
                 shutil.rmtree(self._logs, ignore_errors=True)
             return error, chained
         text = str(exc).strip()
+        if _PYTHON_TRACEBACK in text:  # an exception in an SDK worker's Python code: a bug, with its traceback
+            return RuntimeError(f"{error} (on {self.engine.runner}; the engine's logs: {self._logs})"), True
         first = text.splitlines()[0] if text else type(exc).__name__
         return JobFailedError(f"the pipeline failed on {self.engine.runner}: {first[:500]}; "
                               f"the engine's logs: {self._logs}"), False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import traceback
 
 import fsspec
@@ -134,6 +135,31 @@ def test_a_worker_process_s_failure_is_read_from_its_text(objectives, tmp_path, 
         assert len(lines) == 1 and "[while running" not in lines[0]
     else:
         assert lines[0].endswith(f" ({BUG}); traceback:") and "KeyError: 'word_starts'" in result.stderr
+    assert not (out / "manifest.json").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("runner", "workers"), [("PrismRunner", "1"), ("FlinkRunner", "2"), ("SparkRunner", "2")])
+def test_a_bug_in_an_engine_s_worker_is_a_traceback(objectives, tmp_path, monkeypatch, runner, workers):
+    """On Prism, Flink and Spark (started by the command) a bug in a worker's Python code is
+    reported as in-process: the error's type and message, the worker's traceback from the
+    engine's text, exit status 3; the engine's logs are kept and named; nothing is published."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests" / "pipelines"), str(ROOT / "tests"),
+                                                      str(ROOT)]))  # the workers unpickle the objective
+    out = tmp_path / "out"
+    result = _materialize(out, "missing_feature", "--runner", runner, "--workers", workers)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("lmshards: ")]  # progress aside
+    assert result.returncode == INTERNAL_ERROR, result.stderr
+    first = lines[0]
+    assert first.startswith('lmshards materialize: internal error: RuntimeError: KeyError: "word_starts '), first
+    assert f" (on {runner}; the engine's logs: " in first and first.endswith(f" ({BUG}); traceback:"), first
+    assert lines[1] == "Traceback (most recent call last):"
+    # the worker's own frames, from the engine's text: the objective's build and the line that failed
+    assert 'test_command_failures.py", line ' in result.stderr and ", in build\n" in result.stderr
+    assert "KeyError: 'word_starts'" in result.stderr
+    logs = first.split("the engine's logs: ", 1)[1].split(")", 1)[0]
+    assert os.path.isdir(logs) and os.listdir(logs)
+    shutil.rmtree(logs)
     assert not (out / "manifest.json").exists()
 
 
