@@ -12,6 +12,7 @@ are read again after a resume, none is skipped.
 
 from __future__ import annotations
 
+import traceback
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -195,6 +196,14 @@ class ResumableDataLoader(DataLoader):
                 except StopIteration:
                     raise RuntimeError(
                         f"the loader ended after {index} of {schedule.num_batches} batches") from None
+                except BaseException as exc:
+                    # A worker's error, re-raised by torch's iterator: its traceback's frames hold that
+                    # iterator in a reference cycle, which only the cyclic collector would free, its
+                    # queues finalized first, so that each worker then waits out its 5 s poll before
+                    # it exits. Cleared frames and no reference here: the workers stop at once.
+                    traceback.clear_frames(exc.__traceback__)
+                    del items
+                    raise
                 pending.reverse()
             batch = pending.pop()
             if index < last:

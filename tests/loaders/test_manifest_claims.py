@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 
 import pytest
@@ -81,8 +82,11 @@ def test_a_shard_rewritten_in_place_is_an_error_at_the_next_epoch(dataset, num_w
         handle.write(bytes([value[0] ^ 0x01]))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a rewrite a clock tick later
     assert os.stat(path).st_ino == stat.st_ino
+    before = set(multiprocessing.active_children())
     with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: sha256"):
         list(loader)
+    # the pass's workers have stopped when its error arrives, not when the garbage collector next runs
+    assert set(multiprocessing.active_children()) <= before
 
 
 @pytest.mark.parametrize("case, edit, message", [
