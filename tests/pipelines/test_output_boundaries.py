@@ -9,31 +9,51 @@ Beam runs) on real files, links and FIFOs in the test's temporary directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
-import sys
+import threading
 from pathlib import Path
 
 import pytest
 from lmshards_testing import ROOT, SAMPLE_GLOB, TOKENIZER, file_digests, materialize_command
 
 BASE = ["--seq-len", "128", "--num-buckets", "4", "--runner=FnApiRunner"]
-#: A guard against a hang (a FIFO read), not a timing threshold: a run here takes seconds.
-HANG_GUARD_SECONDS = 120
 
 
 def _run(out: Path, *extra: str, inputs: str = SAMPLE_GLOB, tokenizer: str = TOKENIZER,
-         process: bool = False) -> subprocess.CompletedProcess:
-    """The command in this process, or (``process``: where a regression would block on a FIFO) in
-    a process of its own with a guard against a hang. (A device is read within the flag's bound
-    even by a regression: it is refused in this process.)"""
+         fifo: Path | None = None) -> subprocess.CompletedProcess:
+    """The command in this process; with ``fifo``, under :func:`_never_blocked_by` it. (A device
+    is read within the flag's bound even by a regression.)"""
     argv = ["--input", inputs, "--output", str(out), "--tokenizer", tokenizer, *BASE, *extra]
-    if not process:
+    with _never_blocked_by(fifo) if fifo is not None else contextlib.nullcontext():
         return materialize_command(*argv)
-    return subprocess.run([sys.executable, "-m", "pipelines.materialize", *argv], capture_output=True, text=True,
-                          cwd=ROOT, timeout=HANG_GUARD_SECONDS)
+
+
+@contextlib.contextmanager
+def _never_blocked_by(fifo: Path):
+    """A regression that opened ``fifo`` to read it would wait for a writer for ever: while the
+    command runs, a thread opens the FIFO's write end whenever a reader waits on it and closes it
+    at once (the reader gets the end of the file), so such a run ends, and fails the test's
+    assertions, instead of hanging."""
+    done = threading.Event()
+
+    def unblock() -> None:
+        while not done.is_set():
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # ENXIO: nobody has it open to read
+                done.wait(0.02)
+
+    thread = threading.Thread(target=unblock, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _one_line(proc: subprocess.CompletedProcess) -> str:
@@ -76,7 +96,7 @@ def test_a_linked_file_or_a_fifo_in_the_output_is_refused_even_with_overwrite(tm
     assert file_digests(victim) == before
     (out / "manifest.json").unlink()
     os.mkfifo(out / "pipe")
-    proc = _run(out, "--overwrite", process=True)
+    proc = _run(out, "--overwrite", fifo=out / "pipe")
     assert proc.returncode == 2 and "pipe is a special file" in _one_line(proc)
 
 
@@ -151,7 +171,7 @@ def test_a_flags_file_must_be_a_regular_file(tmp_path, flag, path, says):
     path = {"FIFO": _fifo(tmp_path), "DIR": str(tmp_path)}.get(path, path)
     extra = [flag, path] if flag == "--config" else []
     proc = _run(tmp_path / "out", *extra, tokenizer=path if flag == "--tokenizer" else TOKENIZER,
-                process=path.endswith("fifo.json"))
+                fifo=Path(path) if path.endswith("fifo.json") else None)
     assert proc.returncode == 2, proc.stderr
     assert _one_line(proc) == f"lmshards materialize: error: {flag} {path}: {says}"
     assert not (tmp_path / "out").exists()
