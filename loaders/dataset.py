@@ -193,6 +193,9 @@ class ShardedDataset(ResumableStream):
     def epoch_size(self) -> int:
         return sum(self.shards.rows)
 
+    def shrunk_file_error(self) -> Exception | None:
+        return self.shards.shrunk_file_error()
+
     def fingerprint(self) -> str:
         data = {
             "split": self.split,

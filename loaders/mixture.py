@@ -136,6 +136,9 @@ class MixtureDataset(ResumableStream):
     def special_ids(self) -> dict[str, int]:
         return self.sources[0].special_ids
 
+    def shrunk_file_error(self) -> Exception | None:
+        return next((e for e in (s.shrunk_file_error() for s in self.sources) if e is not None), None)
+
     def example_columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(c for s in self.sources for c in s.example_columns()))
 

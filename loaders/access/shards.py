@@ -30,6 +30,7 @@ from loaders.access.prefetch import Prefetcher
 from loaders.access.segment_table import SegmentTable
 from loaders.access.tar_shard import read_tar_rows
 from loaders.collation.batch import ExampleBatch
+from loaders.errors import ShardIntegrityError
 from schemas.manifest import Manifest, ShardInfo
 
 __all__ = ["FORMATS", "ShardSet"]
@@ -100,6 +101,25 @@ class ShardSet:
     @property
     def rows(self) -> list[int]:
         return [s.rows for s in self.shards]
+
+    def shrunk_file_error(self) -> ShardIntegrityError | None:
+        """The error naming the first of this split's files (in this format) that is now shorter
+        on disk than the manifest says, None if none is: asked after a DataLoader worker died
+        (a memory-mapped file that shrank under it ends it with SIGBUS, which it cannot report)."""
+        for shard in self.shards:
+            file = shard.files.get(self.fmt)
+            if file is None:
+                continue
+            try:
+                path = self.location.cache_path(file.path) if self.location.remote else \
+                    self.location.local_path(file.path)
+                size = os.stat(path).st_size
+            except (OSError, ShardIntegrityError):
+                continue  # a remote file not in the cache, or gone: nothing mapped shrank here
+            if size < file.bytes:
+                return ShardIntegrityError(f"shard {file.path}: truncated while it was being read ({size:,} of "
+                                           f"{file.bytes:,} bytes left); a DataLoader worker reading it died")
+        return None
 
     def _file(self, index: int):
         return self.shards[index].files[self.fmt]

@@ -203,6 +203,11 @@ class ResumableDataLoader(DataLoader):
                     # it exits. Cleared frames and no reference here: the workers stop at once.
                     traceback.clear_frames(exc.__traceback__)
                     del items
+                    # A worker that died (torch's RuntimeError names the signal): a memory-mapped shard
+                    # that shrank under it kills it with SIGBUS before it can say so; the files tell.
+                    shrunk = stream.shrunk_file_error() if type(exc) is RuntimeError else None
+                    if shrunk is not None:
+                        raise shrunk from exc
                     raise
                 pending.reverse()
             batch = pending.pop()

@@ -139,6 +139,11 @@ class ResumableStream(IterableDataset):
         """Digest of everything that shapes the order; a state only loads into equal data."""
         raise NotImplementedError
 
+    def shrunk_file_error(self) -> Exception | None:
+        """An error naming a file of this stream that shrank on disk (see
+        :meth:`loaders.access.shards.ShardSet.shrunk_file_error`); None here: no files."""
+        return None
+
     def read(self, epoch: int, stream_indices: np.ndarray, schedule: RankSchedule, worker: int,
              num_workers: int) -> list[dict[str, Any]]:
         """Examples at global stream indices of ``epoch``, in that order."""

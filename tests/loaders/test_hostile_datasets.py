@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tarfile
 
 import numpy as np
@@ -251,12 +252,43 @@ def test_a_shard_truncated_under_dataloader_workers_is_a_python_error(tmp_path):
     path = os.path.join(root, SHARD)
     os.truncate(path, os.path.getsize(path) // 4)
     # A worker that had the shard open finds it shrunk; one that opens it now finds the wrong size (or, when
-    # the truncation falls between its size check and its hashing, the wrong sha256): either way a Python
-    # error naming the shard, never a worker killed by SIGBUS.
+    # the truncation falls between its size check and its hashing, the wrong sha256); one that read a
+    # page of the map just after its size check passed dies of SIGBUS, and the loader names the shard
+    # from the files (the test below): either way a Python error naming the shard.
     with pytest.raises(ShardIntegrityError, match=f"shard {SHARD}: (truncated while it was being read|"
                                                   r"\d+ bytes on disk, the manifest says|sha256 \w+ does not match)"):
         for _ in batches:
             pass
+
+
+@pytest.mark.parametrize("shrunk", [True, False])
+def test_a_dataloader_worker_that_dies_is_explained_by_a_shard_that_shrank(tmp_path, shrunk):
+    """A worker that dies (a shard that shrank under its memory map: SIGBUS, which the worker cannot
+    report) ends the pass in a ShardIntegrityError naming the shard when a file of the split is now
+    shorter than the manifest says, with torch's error as its cause; any other death is torch's error.
+    Made deterministic here: the collator, in the worker, truncates the shard and kills its process."""
+    from loaders.streaming.dataloader import make_dataloader
+
+    root = write_dataset(tmp_path / "ds", [40, 10], seq_len=16)
+    path = os.path.join(root, SHARD)
+    size = os.path.getsize(path)
+
+    def die(examples):
+        if shrunk:
+            os.truncate(path, size // 4)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    loader = make_dataloader(ShardedDataset(root, batch_size=8, shuffle=False), num_workers=2, collate_fn=die)
+    if shrunk:
+        with pytest.raises(ShardIntegrityError, match=f"^shard {SHARD}: truncated while it was being read "
+                                                      f"\\({size // 4:,} of {size:,} bytes left\\); a DataLoader "
+                                                      "worker reading it died$") as info:
+            list(loader)
+        assert isinstance(info.value.__cause__, RuntimeError) and "DataLoader worker" in str(info.value.__cause__)
+    else:
+        with pytest.raises(RuntimeError, match="DataLoader worker") as info:
+            list(loader)
+        assert not isinstance(info.value, ShardIntegrityError)
 
 
 def test_a_shard_that_changed_after_its_size_check_is_named_as_changed(tmp_path):
