@@ -50,6 +50,8 @@ __all__ = ["EngineStartError", "LocalEngine", "local_engine"]
 _STARTUP_SECONDS = 180
 #: How a worker's Python traceback starts in the text of a job the engine failed.
 _PYTHON_TRACEBACK = "Traceback (most recent call last):"
+#: A frame of lmshards' own packages in that traceback (a checkout's or an installed wheel's path).
+_OUR_FRAME = re.compile(r'File "[^"\n]*[/\\](?:pipelines|transforms|loaders|schemas)[/\\][^"\n]*\.py", line')
 _CANCEL_SECONDS = 30
 #: How long Flink and Spark keep an idle SDK worker for the next stage (the run ends them all).
 _ENVIRONMENT_CACHE_MILLIS = 3_600_000
@@ -306,12 +308,14 @@ class LocalEngine:
         - A failure of the job's own checks (too many rejected records, an input that changed) or
           another error of lmshards' hierarchy is its one line, which names no logs: the logs are
           removed, as after a run that succeeded (the line says what to fix).
-        - Any other exception raised in an SDK worker's Python code is a bug, reported as in-process
-          (a traceback, exit 3): the engine sends the worker's traceback as text, the last error
-          line of which names the error (:func:`~pipelines.failures.job_error`); the error raised
-          here names it and the engine's logs, which are kept, and has the engine's text as its cause.
-        - A job the engine failed without a Python traceback (the engine's own error) is one line
-          naming the engine's logs, which are kept."""
+        - Any other exception raised in an SDK worker through lmshards' code (its DoFns, an
+          objective plugin they call) is a bug, reported as in-process (a traceback, exit 3): the
+          engine sends the worker's traceback as text, the last error line of which names the
+          error (:func:`~pipelines.failures.job_error`); the error raised here names it and the
+          engine's logs, which are kept, and has the engine's text as its cause.
+        - A job the engine failed otherwise (its own error, or one of Beam's worker harness with
+          no frame of lmshards' packages in its traceback) is one line naming the engine's logs,
+          which are kept."""
         if isinstance(exc, EngineStartError):
             return exc, False
         if self.worker_death is not None and isinstance(exc, Exception):
@@ -322,7 +326,9 @@ class LocalEngine:
                 shutil.rmtree(self._logs, ignore_errors=True)
             return error, chained
         text = str(exc).strip()
-        if _PYTHON_TRACEBACK in text:  # an exception in an SDK worker's Python code: a bug, with its traceback
+        if error is not exc and _PYTHON_TRACEBACK in text and _OUR_FRAME.search(text):
+            # an exception raised through lmshards' code in an SDK worker: a bug, with its traceback
+            # (a failure of Beam's own harness, a gRPC error, has no frame of ours: the engine's line)
             return RuntimeError(f"{error} (on {self.engine.runner}; the engine's logs: {self._logs})"), True
         first = text.splitlines()[0] if text else type(exc).__name__
         return JobFailedError(f"the pipeline failed on {self.engine.runner}: {first[:500]}; "

@@ -13,9 +13,9 @@ shrinks under a reader would crash the process (SIGBUS) at the first access past
 end: an open Arrow shard keeps a descriptor of its file and checks its size before each
 batch is gathered from it (:meth:`ArrowShard.check_intact`), so a shard truncated while it
 is read is a Python error naming it. A truncation that falls between that check and the pages
-read after it still kills the process with SIGBUS (a map cannot be guarded otherwise); in a
-DataLoader worker, the loader then names the shard from the files
-(:meth:`loaders.access.shards.ShardSet.shrunk_file_error`).
+read after it still kills the process with SIGBUS (a map cannot be guarded otherwise); for a
+DataLoader worker, when torch reports its death while the loader waits for a batch, the loader
+names the shard from the files (:meth:`loaders.access.shards.ShardSet.shrunk_file_error`).
 """
 
 from __future__ import annotations

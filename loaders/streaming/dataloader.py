@@ -197,17 +197,18 @@ class ResumableDataLoader(DataLoader):
                     raise RuntimeError(
                         f"the loader ended after {index} of {schedule.num_batches} batches") from None
                 except BaseException as exc:
-                    # A worker's error, re-raised by torch's iterator: its traceback's frames hold that
-                    # iterator in a reference cycle, which only the cyclic collector would free, its
-                    # queues finalized first, so that each worker then waits out its 5 s poll before
-                    # it exits. Cleared frames and no reference here: the workers stop at once.
-                    traceback.clear_frames(exc.__traceback__)
-                    del items
-                    # A worker that died (torch's RuntimeError names the signal): a memory-mapped shard
-                    # that shrank under it kills it with SIGBUS before it can say so; the files tell.
-                    shrunk = stream.shrunk_file_error() if type(exc) is RuntimeError else None
-                    if shrunk is not None:
-                        raise shrunk from exc
+                    if self._inner.num_workers > 0:
+                        # A worker's error, re-raised by torch's iterator: its traceback's frames hold
+                        # that iterator in a reference cycle, which only the cyclic collector would
+                        # free, its queues finalized first, so that each worker then waits out its 5 s
+                        # poll before it exits. Cleared frames (torch's and the workers' hand-over; in
+                        # one process the frames are the user's, kept for a debugger) and no
+                        # reference here: the workers stop at once.
+                        traceback.clear_frames(exc.__traceback__)
+                        del items
+                        shrunk = _shrunk_file_behind(exc, stream)
+                        if shrunk is not None:
+                            raise shrunk from exc
                     raise
                 pending.reverse()
             batch = pending.pop()
@@ -216,6 +217,20 @@ class ResumableDataLoader(DataLoader):
             else:  # the epoch is consumed once its last batch is handed out
                 stream._finish_epoch()
             yield batch
+
+
+def _shrunk_file_behind(exc: BaseException, stream: ResumableStream) -> Exception | None:
+    """For torch's error that a DataLoader worker died (``DataLoader worker (pid ...) is killed by
+    signal`` / ``exited unexpectedly``; a worker's own exception is re-raised as ``Caught ... in
+    DataLoader worker``), the error naming a file of the stream that is now shorter on disk than
+    its manifest says: a memory-mapped shard that shrank under a worker kills it with SIGBUS
+    before it can say so. None for any other error, or when every file is whole."""
+    if type(exc) is not RuntimeError or not str(exc).startswith("DataLoader worker"):
+        return None
+    try:
+        return stream.shrunk_file_error()
+    except Exception:  # noqa: BLE001 - the worker's death is reported as torch gave it
+        return None
 
 
 def _to_tensors(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:

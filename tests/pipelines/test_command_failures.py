@@ -163,6 +163,40 @@ def test_a_bug_in_an_engine_s_worker_is_a_traceback(objectives, tmp_path, monkey
     assert not (out / "manifest.json").exists()
 
 
+def test_an_engine_s_failure_is_a_bug_only_when_it_went_through_lmshards_code(tmp_path):
+    """The text an engine sends for a failed job: a worker's traceback through a frame of lmshards'
+    packages ending in an error not of the hierarchy is a bug (chained, the logs kept and named);
+    one of Beam's harness alone (a gRPC error) is the engine's one line; an error of the hierarchy
+    is its own line, the logs removed."""
+    from pipelines.engine_run import LocalEngine
+    from pipelines.engines import ENGINES
+
+    engine = LocalEngine(ENGINES["FlinkRunner"], ["--runner=FlinkRunner"], "")  # nothing is started
+    head = ("Pipeline BeamApp-x failed in state FAILED: java.lang.RuntimeException: Error received from SDK harness "
+            "for instruction 9: Traceback (most recent call last):\n")
+
+    def frame(path: str) -> str:
+        return f'  File "/venv/lib/python3.11/site-packages/{path}", line 62, in process\n    yield\n'
+
+    engine._logs = str(tmp_path / "logs")
+    os.makedirs(engine._logs)
+    bug = head + frame("transforms/building/build.py") + 'KeyError: "word_starts [while running \'B\']"\n'
+    error, chained = engine.job_error(RuntimeError(bug))
+    assert chained and type(error) is RuntimeError
+    assert str(error) == (f'KeyError: "word_starts [while running \'B\']" (on FlinkRunner; the engine\'s logs: '
+                          f"{engine._logs})")
+    harness = head + frame("apache_beam/runners/worker/data_plane.py") + "grpc.RpcError: <RPC CANCELLED>\n"
+    error, chained = engine.job_error(RuntimeError(harness))
+    assert not chained and type(error) is JobFailedError and os.path.isdir(engine._logs)
+    assert str(error) == ("the pipeline failed on FlinkRunner: Pipeline BeamApp-x failed in state FAILED: java.lang."
+                          "RuntimeException: Error received from SDK harness for instruction 9: Traceback (most recent "
+                          f"call last):; the engine's logs: {engine._logs}")
+    own = head + frame("transforms/writing/write.py") + "transforms.writing.write.ShardRowsError: shard 3: 7 rows\n"
+    error, chained = engine.job_error(RuntimeError(own))
+    assert (type(error), str(error), chained) == (ShardRowsError, "shard 3: 7 rows", False)
+    assert not os.path.exists(engine._logs)
+
+
 def test_job_error_reads_the_error_that_ended_the_run():
     """In this process Beam re-raises a copy of the DoFn's error naming the step, with the
     original as its context; a bug raised while an error of lmshards' was handled is the bug."""
