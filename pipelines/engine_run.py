@@ -11,6 +11,10 @@ Beam is pointed at them with its public options only: ``--job_endpoint``,
 ``--job_endpoint`` brings their own engine: nothing is fetched or started then, and a user's
 ``--environment_type`` is kept (no worker pool is started).
 
+The job server's four ports are chosen together (distinct), and a Flink or Spark job server
+that exits at startup, as one does when another process took one of its ports meanwhile, is
+started once more on fresh ports (:meth:`LocalEngine._wait_for_job_server`).
+
 An SDK worker that dies (killed, out of memory) ends the run in one line naming it: a watchdog
 thread sees the pool's child exit (a stop's SIGTERM aside) and cancels the job through Beam's
 job API. Without it Flink waited for ever for a worker killed before it connected, and Prism a
@@ -61,10 +65,14 @@ class EngineStartError(JobFailedError):
     """An engine's job server or worker pool did not start (exit 1; its log is named)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free now: bound together, so that the kernel cannot hand out one
+    twice (a job server given the same port for two of its services exits at startup)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("localhost", 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def _listening(port: int) -> bool:
@@ -106,10 +114,12 @@ class LocalEngine:
             return any(a.split("=", 1)[0] == flag for a in beam_args)
 
         portable = options.view_as(PortableOptions)
-        self._job_port, self._pool_port = _free_port(), None
+        # the job server's job, artifact and expansion services and the worker pool: four distinct ports
+        self._job_port, self._artifact_port, self._expansion_port, pool_port = _free_ports(4)
+        self._pool_port = None
         added = [f"--job_endpoint=localhost:{self._job_port}"]
         if not portable.environment_type:
-            self._pool_port = _free_port()
+            self._pool_port = pool_port
             added += ["--environment_type=EXTERNAL", f"--environment_config=localhost:{self._pool_port}"]
         self._binary = os.path.join(home, "prism")
         if engine.name == "prism":
@@ -153,7 +163,8 @@ class LocalEngine:
         master_flag = "--flink-master" if self.engine.name == "flink" else "--spark-master-url"
         return [shutil.which("java") or "java", *self.engine.jvm_args, "-cp", os.path.join(self.home, "lib", "*"),
                 self.engine.driver, f"{master_flag}={self._master}", f"--job-port={self._job_port}",
-                f"--artifact-port={_free_port()}", f"--expansion-port={_free_port()}", f"--artifacts-dir={artifacts}"]
+                f"--artifact-port={self._artifact_port}", f"--expansion-port={self._expansion_port}",
+                f"--artifacts-dir={artifacts}"]
 
     def _pool_command(self) -> list[str]:
         return [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
@@ -169,11 +180,32 @@ class LocalEngine:
         return env
 
     def _start(self, role: str, command: list[str], env: dict[str, str] | None = None) -> None:
+        self._processes.append(self._launch(role, command, env))
+
+    def _launch(self, role: str, command: list[str], env: dict[str, str] | None = None) -> _Process:
         log = os.path.join(self._logs, f"{role.replace(' ', '-')}.log")
         with open(log, "wb") as handle:
             popen = subprocess.Popen([sys.executable, "-c", _ORPHAN_GUARD, *command], stdin=subprocess.DEVNULL,
                                      stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self._processes.append(_Process(role, popen, log))
+        return _Process(role, popen, log)
+
+    def _wait_for_job_server(self) -> None:
+        """Wait until the job server listens. One that exits at startup is started once more, its
+        first log kept beside (``job-server.log.1``), on fresh ports for its artifact and expansion
+        services: another process may have taken one since they were chosen, and Flink's and
+        Spark's job servers then exit with status 0 without a word (their logger is a no-op)."""
+        try:
+            self._wait_until_listening(self._processes[0], self._job_port)
+            return
+        except EngineStartError:
+            first = self._processes[0]
+            if self.engine.name == "prism" or first.popen.poll() is None:
+                raise  # Prism's own error is in its log; a server still running did not listen in time
+        os.replace(first.log, first.log + ".1")
+        taken = {self._job_port, self._pool_port}
+        self._artifact_port, self._expansion_port = [p for p in _free_ports(4) if p not in taken][:2]
+        self._processes[0] = self._launch("job server", self._job_server_command(os.path.join(self._logs, "artifacts")))
+        self._wait_until_listening(self._processes[0], self._job_port)
 
     def _wait_until_listening(self, process: _Process, port: int) -> None:
         deadline = time.monotonic() + _STARTUP_SECONDS
@@ -273,7 +305,7 @@ class LocalEngine:
             if self._pool_port is not None:
                 self._start("worker pool", self._pool_command(), self._worker_env())
                 self._wait_until_listening(self._processes[1], self._pool_port)
-            self._wait_until_listening(self._processes[0], self._job_port)
+            self._wait_for_job_server()
             watchdog = threading.Thread(target=self._watch_workers, name="lmshards-engine-watchdog", daemon=True)
             watchdog.start()
             try:

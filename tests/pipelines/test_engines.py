@@ -293,6 +293,29 @@ def test_too_many_rejections_fail_in_one_line_on_the_engine(tmp_path, runner):
     assert not _engine_logs(tmp_path)
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("runner", ["FlinkRunner", "SparkRunner"])
+def test_a_job_server_that_finds_a_port_taken_is_started_once_more(runner):
+    """The ports of a job server's services are chosen before it starts; another process may take
+    one meanwhile. Flink's and Spark's job servers then exit at startup (Spark without a word):
+    the engine starts it once more on fresh ports, the first log kept beside."""
+    import socket
+
+    from pipelines.engine_run import local_engine
+    from pipelines.parallelism import worker_flags
+
+    beam_args = [f"--runner={runner}"]
+    engine = local_engine([*beam_args, *worker_flags(WORKERS[runner], beam_args)])
+    with socket.socket() as taken:
+        taken.bind(("localhost", engine._artifact_port))  # what a process that came first would hold
+        taken.listen()
+        with engine.running():
+            with socket.create_connection(("localhost", engine._job_port), timeout=5):
+                pass
+            assert sorted(os.listdir(engine._logs)) == ["job-server.log", "job-server.log.1", "worker-pool.log"]
+            assert engine._artifact_port != taken.getsockname()[1]
+
+
 # --- before any work: what an engine needs, and --workers ------------------------------------
 
 
