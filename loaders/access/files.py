@@ -300,6 +300,11 @@ class DatasetLocation:
         """Where a file of a local dataset is (the path checked, see :func:`check_relative`)."""
         return os.path.join(self.root, *check_relative(relative, f"{self.path}/{MANIFEST_NAME}").split("/"))
 
+    def on_disk(self, relative: str) -> str:
+        """Where a dataset file is read from on this machine: its path (local), or its place in
+        the cache (remote; there only once fetched)."""
+        return self.cache_path(relative) if self.remote else self.local_path(relative)
+
     def _fetcher(self, relative: str, sha256: str | None, size: int | None = None):
         """Writes the remote file to a sink, hashing it; raises if the sha256 is not the manifest's, or
         as soon as more than the manifest's ``size`` bytes come in (a download is bounded by the manifest)."""

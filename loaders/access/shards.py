@@ -111,9 +111,7 @@ class ShardSet:
             if file is None:
                 continue
             try:
-                path = self.location.cache_path(file.path) if self.location.remote else \
-                    self.location.local_path(file.path)
-                size = os.stat(path).st_size
+                size = os.stat(self.location.on_disk(file.path)).st_size
             except (OSError, ShardIntegrityError):
                 continue  # a remote file not in the cache, or gone: nothing mapped shrank here
             if size < file.bytes:
