@@ -11,6 +11,7 @@ import pytest
 from lmshards_testing import TOKENIZER
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from transforms.tokenizing import encoder_choice
 from transforms.tokenizing.encoder import EncodedBatch, EncoderUnavailable, load_encoder
 from transforms.tokenizing.encoder_choice import choose_encoder
 from transforms.tokenizing.encoder_probe import first_difference, probe_texts
@@ -94,6 +95,22 @@ def test_the_probe_catches_a_tokenizer_fastokens_encodes_differently():
     assert "differently from tokenizers" in choice.reason and "\\u180e" in choice.probe["first_difference"]
     with pytest.raises(ValueError, match=r"^--encoder fastokens: fastokens encodes the probe text .* differently"):
         choose_encoder("fastokens", data)
+
+
+def test_a_verdict_is_probed_once_per_tokenizer_and_sample_and_handed_out_as_a_copy():
+    data = mismatching_tokenizer_json()
+    encoder_choice._VERDICTS.clear()
+    first = choose_encoder("auto", data, documents=["one document"])
+    assert list(encoder_choice._VERDICTS) and first.probe["result"] == "mismatch"
+    first.probe["result"] = "edited by the caller"
+    again = choose_encoder("auto", data, documents=["one document"])
+    assert again == choose_encoder("auto", data, documents=["one document"]) and again.probe["result"] == "mismatch"
+    with pytest.raises(ValueError, match="^--encoder fastokens: fastokens encodes the probe text"):
+        choose_encoder("fastokens", data, documents=["one document"])  # the kept verdict, asked for strictly
+    assert len(encoder_choice._VERDICTS) == 1
+    for n in range(2 * encoder_choice._VERDICTS_KEPT):  # another sample is another probe; only the last are kept
+        assert choose_encoder("auto", PROJECT_JSON, documents=[f"document {n}"]).probe["texts"] == again.probe["texts"]
+    assert len(encoder_choice._VERDICTS) == encoder_choice._VERDICTS_KEPT
 
 
 def _trained(kind: str, texts: list[str]) -> str:

@@ -10,6 +10,9 @@ manifest's ``run.encoder`` entry).
 
 from __future__ import annotations
 
+import copy
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +83,10 @@ def choose_encoder(requested: str, tokenizer_json: str, *, needs_full: bool = Fa
                    documents: list[str] = ()) -> EncoderChoice:
     """Decide the job's encoder backend (``--encoder``), probing fastokens against tokenizers.
 
+    The probe's verdict is a function of the tokenizer, the documents and the installed
+    backends only, so a process that plans the same tokenizer and sample again (a sweep over
+    objectives, a notebook that runs a job twice) reuses it (:data:`_VERDICTS`).
+
     Args:
         requested: ``auto``, ``fastokens`` or ``tokenizers``.
         tokenizer_json: the tokenizer the job encodes with (added tokens included).
@@ -95,19 +102,53 @@ def choose_encoder(requested: str, tokenizer_json: str, *, needs_full: bool = Fa
         raise ConfigError(f"--encoder {requested}: expected one of {', '.join(ENCODER_CHOICES)}")
     if requested == "tokenizers":
         return EncoderChoice(requested, "tokenizers")
-
-    def refuse(reason: str, probe: dict[str, Any] | None = None) -> EncoderChoice:
-        if requested == "fastokens":
-            raise ConfigError(f"--encoder fastokens: {reason} (use --encoder auto or tokenizers)")
-        return EncoderChoice(requested, "tokenizers", reason, probe or {"result": "not_run"})
-
     if needs_full:
-        return refuse("this tokenizer's word or sentence starts need the offsets and word ids of tokenizers, "
-                      "which fastokens does not give")
+        reason = ("this tokenizer's word or sentence starts need the offsets and word ids of tokenizers, "
+                  "which fastokens does not give")
+        probe = {"result": "not_run"}
+    else:
+        reason, probe = _verdict(tokenizer_json, list(documents))
+    if reason is None:
+        return EncoderChoice(requested, "fastokens", None, probe)
+    if requested == "fastokens":
+        raise ConfigError(f"--encoder fastokens: {reason} (use --encoder auto or tokenizers)")
+    return EncoderChoice(requested, "tokenizers", reason, probe)
+
+
+#: The last verdicts of :func:`_probe`, by a digest of the tokenizer and the documents.
+_VERDICTS: OrderedDict[bytes, tuple[str | None, dict[str, Any]]] = OrderedDict()
+_VERDICTS_KEPT = 8
+
+
+def _verdict(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """:func:`_probe`'s verdict, from :data:`_VERDICTS` when this tokenizer and sample were probed.
+
+    A verdict that fastokens cannot be imported is not kept (it is no property of the tokenizer)."""
+    digest = hashlib.sha256(tokenizer_json.encode("utf-8"))
+    for text in documents:
+        digest.update(len(text).to_bytes(8, "little"))
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    key = digest.digest()
+    if key in _VERDICTS:
+        _VERDICTS.move_to_end(key)
+        reason, probe = _VERDICTS[key]
+        return reason, copy.deepcopy(probe)
+    reason, probe, keep = _probe(tokenizer_json, documents)
+    if keep:
+        _VERDICTS[key] = (reason, copy.deepcopy(probe))
+        while len(_VERDICTS) > _VERDICTS_KEPT:
+            _VERDICTS.popitem(last=False)
+    return reason, probe
+
+
+def _probe(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dict[str, Any], bool]:
+    """``(why fastokens cannot be used or None, the probe's record, whether the verdict is the
+    tokenizer's)``: fastokens loads the tokenizer and encodes the probe texts to the ids that
+    tokenizers gives."""
     try:
         fast = FastokensEncoder(tokenizer_json)
     except EncoderUnavailable as exc:
-        return refuse(str(exc))
+        return str(exc), {"result": "not_run"}, "not importable" not in str(exc)
     reference_tokenizer = Tokenizer.from_str(tokenizer_json)
     added = [token.content for token in reference_tokenizer.get_added_tokens_decoder().values()]
     reference = TokenizersEncoder(reference_tokenizer)
@@ -124,11 +165,11 @@ def choose_encoder(requested: str, tokenizer_json: str, *, needs_full: bool = Fa
                 raise
             fast_ids, texts = fast.encode(kept), kept
         except Exception:
-            return refuse(f"fastokens failed on the parity probe ({error_line(exc)})", {**probe, "result": "error"})
+            return f"fastokens failed on the parity probe ({error_line(exc)})", {**probe, "result": "error"}, True
     index = first_difference(reference.encode(texts), fast_ids)
     if index is not None:
         where = "corpus document" if index >= len(texts) - len(documents) else "probe text"
         probe.update(result="mismatch", first_difference=_excerpt(texts[index]))
-        return refuse(f"fastokens encodes the {where} {_excerpt(texts[index])} differently from tokenizers", probe)
+        return f"fastokens encodes the {where} {_excerpt(texts[index])} differently from tokenizers", probe, True
     probe["result"] = "passed"
-    return EncoderChoice(requested, "fastokens", None, probe)
+    return None, probe, True
