@@ -19,9 +19,6 @@ from conftest import ROOT, SAMPLE_GLOB, TOKENIZER, batch_keys
 from loaders import ShardedDataset, ShardIntegrityError, make_dataloader
 from loaders.access.cache import ShardCache
 
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
-
 BUCKET = "lmshards-loader"
 # The arguments of the clm_dataset fixture (tests/loaders/conftest.py).
 ARGS = ["--input", SAMPLE_GLOB, "--tokenizer", TOKENIZER, "--objective", "clm", "--seq-len", "128",

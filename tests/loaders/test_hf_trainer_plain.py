@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from conftest import TOKENIZER, write_dataset
 from hf_models import tiny_model
 
 from loaders import ShardedDataset
-from loaders.integrations.hf import LMShardsTrainer
 from schemas.errors import ConfigError
+
+# transformers (and Trainer) are imported by the tests that use them, not when the suite is
+# collected: every test process collects every file, and importing Trainer takes seconds.
 
 
 def arguments(tmp_path, **kwargs):
+    import transformers
+
     options = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, use_cpu=True, report_to=[],
                    save_strategy="no", logging_steps=1000, dataloader_num_workers=0, learning_rate=1e-3, seed=0,
                    disable_tqdm=True)
@@ -25,6 +28,8 @@ def arguments(tmp_path, **kwargs):
 
 @pytest.mark.parametrize("remove_unused_columns", [True, False])
 def test_plain_trainer_is_refused_at_start(small_dataset, tmp_path, remove_unused_columns):
+    import transformers
+
     path, _ = small_dataset
     dataset = ShardedDataset(path, batch_size=4, seed=7)
     args = arguments(tmp_path, max_steps=2, remove_unused_columns=remove_unused_columns)
@@ -40,16 +45,21 @@ def test_plain_trainer_is_refused_at_start(small_dataset, tmp_path, remove_unuse
     assert len(dataset) == 151 and len(list(dataset)) == 151
 
 
-class RecordingTrainer(LMShardsTrainer):
-    """Keeps every batch the model was called with (``compute_loss`` is Trainer's hook for it)."""
+def recording_trainer(**kwargs):
+    """An LMShardsTrainer that keeps every batch the model was called with (``compute_loss`` is
+    Trainer's hook for it) in ``batches``."""
+    from loaders.integrations.hf import LMShardsTrainer
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.batches: list[dict] = []
+    class RecordingTrainer(LMShardsTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.batches: list[dict] = []
 
-    def compute_loss(self, model, inputs, *args, **kwargs):
-        self.batches.append({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
-        return super().compute_loss(model, inputs, *args, **kwargs)
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            self.batches.append({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return RecordingTrainer(**kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +74,8 @@ def test_lmshards_trainer_batches_keep_documents_apart_and_count_samples(few_row
     path, rows = few_rows
     dataset = ShardedDataset(path, batch_size=4, seed=7)
     model = tiny_model("llama", "sdpa", dropout=False).train()
-    trainer = RecordingTrainer(model=model, args=arguments(tmp_path, num_train_epochs=1, remove_unused_columns=True),
-                               train_dataset=dataset)
+    trainer = recording_trainer(model=model, args=arguments(tmp_path, num_train_epochs=1, remove_unused_columns=True),
+                                train_dataset=dataset)
     metrics = trainer.train().metrics
     reference = [e for e in ShardedDataset(path, batch_size=4, seed=7)]
     assert len(trainer.batches) == -(-sum(rows) // 4) == 3
@@ -95,6 +105,8 @@ def test_lmshards_trainer_prefix_lm_batches_carry_the_models_mask(small_dataset,
     """Prefix-LM batches (noise applied on the fly) get the model's mask: a float32 tensor for a float32
     sdpa model, a BlockMask at the stored width for a bf16 flex one (nothing is compiled here)."""
     from torch.nn.attention.flex_attention import BlockMask
+
+    from loaders.integrations.hf import LMShardsTrainer
 
     path, _ = small_dataset
     for implementation, dtype in (("sdpa", torch.float32), ("flex_attention", torch.bfloat16)):

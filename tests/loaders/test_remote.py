@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 
+import fsspec
 import pytest
 from conftest import write_dataset
 
 from loaders import ShardedDataset, ShardIntegrityError
-
-fsspec = pytest.importorskip("fsspec")
 
 
 def upload(local, url):

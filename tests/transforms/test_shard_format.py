@@ -243,7 +243,7 @@ def test_tar_bytes_deterministic():
 
 
 def test_tar_reads_with_webdataset(tmp_path):
-    webdataset = pytest.importorskip("webdataset")
+    import webdataset
     path = tmp_path / "shard.tar"
     path.write_bytes(_tar_bytes(_decoder_examples(), DECODER))
     samples = list(webdataset.WebDataset(str(path), shardshuffle=False).decode())
