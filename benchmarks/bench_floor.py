@@ -476,7 +476,7 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     # WriteRejected, statistics, WriteManifest
     rejected = (read_rejected, tokenized.rejected) | "AllRejected" >> beam.Flatten()
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(output)
-    summed_read_stats = read_stats | "SumReadStats" >> beam.CombineGlobally(sum_counters)
+    summed_read_stats = read_stats | "SumReadStats" >> beam.CombineGlobally(sum_counters).without_defaults()
     source_stats = tokenized.sources | "SumSourceStats" >> beam.CombinePerKey(sum_counters)
     _ = (
         pipeline
@@ -486,10 +486,10 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
             shards=beam.pvalue.AsList(shards),
             objective_stats=beam.pvalue.AsDict(objective_stats),
             pack_stats=beam.pvalue.AsDict(pack_stats),
-            read_stats=beam.pvalue.AsSingleton(summed_read_stats),
+            read_stats=beam.pvalue.AsSingleton(summed_read_stats, default_value={}),
             reasons=beam.pvalue.AsDict(reasons),
             rejected_files=beam.pvalue.AsList(rejected_files),
-            groups=beam.pvalue.AsSingleton(groups),
+            groups=beam.pvalue.AsSingleton(groups, default_value={}),
             sources=beam.pvalue.AsList(source_stats),
         )
     )

@@ -138,7 +138,9 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(
         o.output, per_file=o.rejected_per_file, lock=lock
     )
-    read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(sum_counters)
+    # One element, or none when nothing was read (WriteManifest reads it as {} then): a global
+    # combine with a default costs the graph a Create and a side-input stage.
+    read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(sum_counters).without_defaults()
     source_stats = tokenized[Tokenize.SOURCES] | "SumSourceStats" >> beam.CombinePerKey(sum_counters)
     _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,
          source_stats) | "WriteManifest" >> WriteManifest(o.output, static_manifest(plan, argv), lock)

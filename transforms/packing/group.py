@@ -173,8 +173,10 @@ class _PlanCombineFn(beam.CombineFn):
 
 
 class PlanGroups(beam.PTransform):
-    """Tokenized documents (``(split, encoded DocumentBatch)``) -> a one-element PCollection: the
-    plan of every split's pack groups.
+    """Tokenized documents (``(split, encoded DocumentBatch)``) -> a PCollection of one element: the
+    plan of every split's pack groups (``{split: groups}``); of none when there are no documents,
+    which its readers take as ``{}`` (a global combine with a default would cost the graph a
+    Create and a side-input stage).
 
     Args:
         group_tokens: ``--pack-group-tokens``; None: the documents' buckets are the groups
@@ -186,7 +188,8 @@ class PlanGroups(beam.PTransform):
         self._group_tokens = group_tokens
 
     def expand(self, documents):
-        return documents | "CutIntoGroups" >> beam.CombineGlobally(_PlanCombineFn(self._group_tokens))
+        plan = beam.CombineGlobally(_PlanCombineFn(self._group_tokens)).without_defaults()
+        return documents | "CutIntoGroups" >> plan
 
 
 #: Bytes of token ids (and features) in one block at most, about (a batch is cut only between
@@ -279,4 +282,4 @@ class AssignGroups(beam.PTransform):
 
     def expand(self, documents):
         return documents | "GroupOfBucket" >> beam.ParDo(_AssignBlocks(*self._limits),
-                                                          plan=beam.pvalue.AsSingleton(self._plan))
+                                                          plan=beam.pvalue.AsSingleton(self._plan, default_value={}))

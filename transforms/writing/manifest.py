@@ -198,7 +198,8 @@ class WriteManifest(beam.PTransform):
     Inputs: ``(shards, objective_stats, pack_stats, read_stats, reasons, rejected_files,
     groups)`` (``objective_stats``: per split, the summed counters of BuildExamples;
     ``groups``: the pack-group plan of :class:`transforms.packing.group.PlanGroups`, recorded per
-    split as ``pack_groups``: groups, their tokens, the largest group's); the counts
+    split as ``pack_groups``: groups, their tokens, the largest group's; ``read_stats`` and ``groups``
+    hold one element, or none when the corpus gave nothing to read or plan: ``{}`` then); the counts
     follow :func:`transforms.writing.accounting.document_counts`. When ``static["config"]`` has a
     ``max_rejected_fraction`` that the run exceeds, it raises
     :class:`~transforms.writing.accounting.RejectedFractionError` and writes nothing. ``lock``: the
@@ -221,10 +222,10 @@ class WriteManifest(beam.PTransform):
                 shards=beam.pvalue.AsList(shards),
                 objective_stats=beam.pvalue.AsDict(objective_stats),
                 pack_stats=beam.pvalue.AsDict(pack_stats),
-                read_stats=beam.pvalue.AsSingleton(read_stats),
+                read_stats=beam.pvalue.AsSingleton(read_stats, default_value={}),
                 reasons=beam.pvalue.AsDict(reasons),
                 rejected_files=beam.pvalue.AsList(rejected_files),
-                groups=beam.pvalue.AsSingleton(groups),
+                groups=beam.pvalue.AsSingleton(groups, default_value={}),
                 **({"sources": beam.pvalue.AsList(sources[0])} if sources else {}),
             )
         )

@@ -240,10 +240,11 @@ class WriteRejected(beam.PTransform):
         self._per_file = per_file or REJECTED_PER_SHARD
 
     def expand(self, rejected):
-        total = rejected | "CountRejected" >> beam.combiners.Count.Globally()
+        # The count as a view (0 for none): Count.Globally would add a Create and a stage for its default.
+        total = rejected | "CountRejected" >> beam.CombineGlobally(beam.combiners.CountCombineFn()).as_singleton_view()
         files = (
             rejected
-            | "KeyRejected" >> beam.Map(_key_rejected, total=beam.pvalue.AsSingleton(total), per_file=self._per_file)
+            | "KeyRejected" >> beam.Map(_key_rejected, total=total, per_file=self._per_file)
             | "GroupRejected" >> beam.GroupByKey()
             | "WriteRejectedFile" >> beam.ParDo(_WriteRejectedFile(self._output, self._lock))
         )
