@@ -35,8 +35,8 @@ ratio to the ceiling:
   - WriteShards: the same markers and ``GroupByShard``; each shard's bytes written once per
     format (side by side, as materialize writes them) to a temporary file and renamed (no
     Arrow or tar framing, no sort, no sha256);
-  - WriteRejected (materialize's own), the statistics' combiners, and a manifest writer
-    with WriteManifest's seven side inputs that checks documents and rows add up.
+  - WriteRejected and SumStatistics (materialize's own), and a manifest writer with
+    WriteManifest's five side inputs that checks documents and rows add up.
 
   The runner tuning is materialize's (:class:`pipelines.runner_tuning.RunnerTuning`): in
   process, documents and example batches cross the shuffles by reference where
@@ -92,7 +92,6 @@ from pipelines.runner_tuning import choose_tuning, tuning_for
 from pipelines.tuned_run import TunedRun
 from transforms.building.parallel import BLOCK_ROWS
 from transforms.elements import Chunk, DocumentBatch
-from transforms.objectives.counters import sum_counters
 from transforms.objectives.layout import shard_count
 from transforms.objectives.packing import Piece
 from transforms.packing.group import SUB_BUCKETS, AssignGroups, PlanGroups
@@ -100,6 +99,7 @@ from transforms.packing.group import split_tokens as document_tokens
 from transforms.reading.read import empty_file_rejection, rejection
 from transforms.reading.splits import FixLinePositions
 from transforms.tokenizing.tokenize import BATCH_SIZE
+from transforms.writing.manifest import SumStatistics, split_statistics
 from transforms.writing.write import WriteRejected
 
 __all__ = ["build_floor", "compare_graphs", "graph_counts", "read_documents", "read_records", "token_counts"]
@@ -386,7 +386,8 @@ class _WriteManifest(beam.DoFn):
     def __init__(self, output: str):
         self._output = output
 
-    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups, sources):
+    def process(self, _, shards, statistics, reasons, rejected_files, groups):
+        objective_stats, pack_stats, read_stats, _ = split_statistics(statistics)
         documents = sum(stats.get("documents", 0) for stats in pack_stats.values())
         duplicates = sum(stats.get("duplicates", 0) for stats in pack_stats.values())
         if documents + duplicates != read_stats.get("documents", 0):
@@ -456,7 +457,6 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
         | "Pack/RepackRemainders" >> beam.FlatMap(_repack, length=length).with_outputs("stats", main="chunks")
     )
     packing_stats = (packed.stats, repacked.stats) | "Pack/AllPackStats" >> beam.Flatten()
-    pack_stats = packing_stats | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
     split_tokens = (
         tokenized.documents
         | "DocumentTokens" >> beam.Map(document_tokens)
@@ -465,7 +465,6 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     # BuildExamples over both chunk outputs (as materialize's runner tuning applies it), WriteShards
     batches, build_stats = tuned.build_examples((packed.chunks, repacked.chunks), split_tokens,
                                                 lambda separate_ok: _FloorBuild(sizing, tuple(columns)))
-    objective_stats = build_stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
     markers = split_tokens | "WriteShards/ShardMarkers" >> beam.FlatMap(_shard_markers, sizing=sizing)
     shards = (
         (*batches, markers)
@@ -476,21 +475,18 @@ def build_floor(pipeline: beam.Pipeline, files: list[str], counts: dict[str, lis
     # WriteRejected, statistics, WriteManifest
     rejected = (read_rejected, tokenized.rejected) | "AllRejected" >> beam.Flatten()
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(output)
-    summed_read_stats = read_stats | "SumReadStats" >> beam.CombineGlobally(sum_counters).without_defaults()
-    source_stats = tokenized.sources | "SumSourceStats" >> beam.CombinePerKey(sum_counters)
+    statistics = {"read": read_stats, "source": tokenized.sources, "pack": packing_stats,
+                  "objective": build_stats} | "SumStatistics" >> SumStatistics()
     _ = (
         pipeline
         | "WriteManifest/ManifestTrigger" >> beam.Create([None])
         | "WriteManifest/WriteManifestFile" >> beam.ParDo(
             _WriteManifest(output),
             shards=beam.pvalue.AsList(shards),
-            objective_stats=beam.pvalue.AsDict(objective_stats),
-            pack_stats=beam.pvalue.AsDict(pack_stats),
-            read_stats=beam.pvalue.AsSingleton(summed_read_stats, default_value={}),
+            statistics=beam.pvalue.AsDict(statistics),
             reasons=beam.pvalue.AsDict(reasons),
             rejected_files=beam.pvalue.AsList(rejected_files),
             groups=beam.pvalue.AsSingleton(groups, default_value={}),
-            sources=beam.pvalue.AsList(source_stats),
         )
     )
 

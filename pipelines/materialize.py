@@ -40,7 +40,6 @@ from pipelines.terminal import hidden_stderr, report_failure
 from schemas.errors import ConfigError
 from schemas.manifest import MANIFEST_NAME, Manifest
 from schemas.names import shown_name
-from transforms.objectives.counters import sum_counters
 from transforms.objectives.registry import objective_flags
 from transforms.progress import PROGRESS, ProgressRelay
 from transforms.writing.accounting import RejectedFractionError
@@ -81,7 +80,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     from transforms.packing.pack import Pack
     from transforms.reading.read import ReadCorpus
     from transforms.tokenizing.tokenize import Tokenize
-    from transforms.writing.manifest import WriteManifest
+    from transforms.writing.manifest import SumStatistics, WriteManifest
     from transforms.writing.write import WriteRejected, WriteShards, join_path
 
     tuned = tuned or TunedRun()
@@ -115,7 +114,6 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
         eos=plan.resolved.special.eos if o.document_separator == "eos" else None,
         group_name="b" if o.num_buckets else "g",
     )
-    pack_stats = packing_stats | "SumPackingStats" >> beam.CombinePerKey(sum_counters)
     # Document tokens (EOS included) per split size the splits' shards before any example exists.
     split_tokens = (
         tokenized.documents
@@ -130,7 +128,6 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
                              block_rows=o.block_rows)
 
     batches, build_stats = tuned.build_examples(chunks, split_tokens, make_build)
-    objective_stats = build_stats | "SumObjectiveStats" >> beam.CombinePerKey(sum_counters)
     shards = (*batches, split_tokens) | "WriteShards" >> WriteShards(
         o.output, plan.schema, formats=o.formats, sizing=sizing, lock=lock
     )
@@ -138,12 +135,10 @@ def build_pipeline(pipeline: beam.Pipeline, plan: Plan, argv: list[str] | None =
     rejected_files, reasons = rejected | "WriteRejected" >> WriteRejected(
         o.output, per_file=o.rejected_per_file, lock=lock
     )
-    # One element, or none when nothing was read (WriteManifest reads it as {} then): a global
-    # combine with a default costs the graph a Create and a side-input stage.
-    read_stats = read[ReadCorpus.STATS] | "SumReadStats" >> beam.CombineGlobally(sum_counters).without_defaults()
-    source_stats = tokenized[Tokenize.SOURCES] | "SumSourceStats" >> beam.CombinePerKey(sum_counters)
-    _ = (shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,
-         source_stats) | "WriteManifest" >> WriteManifest(o.output, static_manifest(plan, argv), lock)
+    statistics = {"read": read[ReadCorpus.STATS], "source": tokenized[Tokenize.SOURCES], "pack": packing_stats,
+                  "objective": build_stats} | "SumStatistics" >> SumStatistics()
+    _ = (shards, statistics, reasons, rejected_files, groups) | "WriteManifest" >> WriteManifest(
+        o.output, static_manifest(plan, argv), lock)
 
 
 def run(argv: list[str] | None = None) -> Manifest | None:

@@ -249,10 +249,8 @@ SMALL_AGGREGATES = {
     "PlanGroups/SumBucketTokens": "a token count per (split, sub-bucket)",
     "PlanGroups/CutIntoGroups": "the token counts of 2**20 sub-buckets per split",
     "TokensPerSplit": "a token count per split",
-    "SumObjectiveStats": "counters per split",
-    "SumPackingStats": "counters per split",
-    "SumReadStats": "counters",
-    "SumSourceStats": "counters per (split, source) of --source-field: as many keys as sources, not documents",
+    "SumStatistics": "counters: the reader's, Pack's and the objective's per split, and per (split, source) of "
+                     "--source-field: as many keys as sources, not documents",
     "WriteRejected/CountReasons": "a count per reason",
     "WriteRejected/CountRejected": "a count",
 }

@@ -60,3 +60,40 @@ def test_each_broken_law_fails_the_split_with_the_numbers(info, objective, packi
         check_conservation("validation", info, objective, packing, 1)
     assert str(error.value) == (f"validation: counts do not add up: {message}, a runner or writer lost or repeated "
                                 "work; no manifest written")
+
+
+def test_one_combine_sums_every_kind_of_counter_by_key_and_gives_the_kinds_back():
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from transforms.writing.manifest import SumStatistics, split_statistics
+
+    with TestPipeline(runner="FnApiRunner") as pipeline:
+        kinds = {
+            "read": pipeline | "Read" >> beam.Create([{"documents": 2}, {"documents": 3, "rejected": 1}]),
+            "source": pipeline | "Source" >> beam.Create([(("train", "web"), {"documents": 1}),
+                                                          (("train", "web"), {"documents": 2}),
+                                                          (("train", "books"), {"documents": 4})]),
+            "pack": pipeline | "Pack" >> beam.Create([("train", {"documents": 4, "duplicates": 1}),
+                                                      ("validation", {"documents": 1}),
+                                                      ("train", {"documents": 3})]),
+            "objective": pipeline | "Objective" >> beam.Create([("train", {"examples": 5})]),
+        }
+        summed = kinds | SumStatistics()
+        assert_that(summed, equal_to([
+            (("read", ""), {"documents": 5, "rejected": 1}),
+            (("source", ("train", "web")), {"documents": 3}),
+            (("source", ("train", "books")), {"documents": 4}),
+            (("pack", "train"), {"documents": 7, "duplicates": 1}),
+            (("pack", "validation"), {"documents": 1}),
+            (("objective", "train"), {"examples": 5}),
+        ]))
+    objective, pack, read, sources = split_statistics({
+        ("read", ""): {"documents": 5}, ("pack", "train"): {"documents": 7},
+        ("source", ("train", "web")): {"documents": 3}, ("objective", "train"): {"examples": 5}})
+    assert (objective, pack, read, sources) == ({"train": {"examples": 5}}, {"train": {"documents": 7}},
+                                                {"documents": 5}, [(("train", "web"), {"documents": 3})])
+    assert split_statistics({}) == ({}, {}, {}, [])  # nothing read: every kind empty
+    with pytest.raises(ValueError, match="unknown kinds"):
+        SumStatistics().expand({"reader": None})

@@ -19,7 +19,7 @@ from typing import Any
 import apache_beam as beam
 
 from schemas.manifest import FORMAT_DIRS, MANIFEST_NAME, Manifest
-from transforms.objectives.counters import add_counters
+from transforms.objectives.counters import add_counters, sum_counters
 from transforms.objectives.registry import summarizer
 from transforms.packing.group import plan_summary
 from transforms.reading.inputs import InputFile, check_all_unchanged
@@ -107,9 +107,9 @@ class _WriteManifest(beam.DoFn):
         # registration of an objective that another package registered in the launcher.
         self._summarize = summarizer(static["objective"]["name"])
 
-    def process(self, _, shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups,
-                sources=()):
+    def process(self, _, shards, statistics, reasons, rejected_files, groups):
         static = self._static
+        objective_stats, pack_stats, read_stats, sources = split_statistics(statistics)
         splits: dict[str, Any] = {}
         stats: dict[str, Any] = {}
         for split in static["splits"]:
@@ -187,6 +187,41 @@ class _WriteManifest(beam.DoFn):
         yield manifest.to_json()
 
 
+#: The kinds of counters :class:`SumStatistics` sums: the reader's (one set), the sources' (per
+#: ``(split, source)``), Pack's and the objective's (per split).
+STATISTICS_KINDS = ("read", "source", "pack", "objective")
+
+
+class SumStatistics(beam.PTransform):
+    """The run's counters, every kind summed by one combine: ``{kind: PCollection}`` (the kinds of
+    :data:`STATISTICS_KINDS`; ``read`` holds counter dicts, the others ``(key, counters)``) ->
+    ``((kind, key), summed counters)`` (``key`` ``""`` for ``read``).
+
+    One combine, not one per kind: each is a shuffle and a stage or two of its own, a fixed cost
+    of every run on every runner (:func:`split_statistics` takes the kinds apart again)."""
+
+    def expand(self, kinds):
+        unknown = set(kinds) - set(STATISTICS_KINDS)
+        if unknown:
+            raise ValueError(f"SumStatistics: unknown kinds {sorted(unknown)}")
+        keyed = [
+            kinds[kind] | f"Key{kind.capitalize()}Stats" >> (
+                beam.Map(lambda counters: (("read", ""), counters)) if kind == "read"
+                else beam.Map(lambda element, kind: ((kind, element[0]), element[1]), kind))
+            for kind in STATISTICS_KINDS if kind in kinds
+        ]
+        return keyed | "AllStatistics" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(sum_counters)
+
+
+def split_statistics(statistics: dict) -> tuple[dict, dict, dict, list]:
+    """:class:`SumStatistics`' output (as a dict) -> ``(objective counters per split, Pack's per
+    split, the reader's, [((split, source), counters)])``; a kind with nothing is empty."""
+    by_kind: dict[str, dict] = {kind: {} for kind in STATISTICS_KINDS}
+    for (kind, key), counters in statistics.items():
+        by_kind[kind][key] = counters
+    return by_kind["objective"], by_kind["pack"], by_kind["read"].get("", {}), list(by_kind["source"].items())
+
+
 class WriteManifest(beam.PTransform):
     """Write ``manifest.json`` once everything else is written.
 
@@ -195,11 +230,11 @@ class WriteManifest(beam.PTransform):
         static: manifest parts known before the run (objective, config, tokenizer,
             schema, run, splits, formats).
 
-    Inputs: ``(shards, objective_stats, pack_stats, read_stats, reasons, rejected_files,
-    groups)`` (``objective_stats``: per split, the summed counters of BuildExamples;
-    ``groups``: the pack-group plan of :class:`transforms.packing.group.PlanGroups`, recorded per
-    split as ``pack_groups``: groups, their tokens, the largest group's; ``read_stats`` and ``groups``
-    hold one element, or none when the corpus gave nothing to read or plan: ``{}`` then); the counts
+    Inputs: ``(shards, statistics, reasons, rejected_files, groups)`` (``statistics``: the
+    output of :class:`SumStatistics`: among them, per split, the summed counters of
+    BuildExamples; ``groups``: the pack-group plan of :class:`transforms.packing.group.PlanGroups`,
+    recorded per split as ``pack_groups``: groups, their tokens, the largest group's; one element,
+    or none when the corpus gave nothing to plan: ``{}`` then); the counts
     follow :func:`transforms.writing.accounting.document_counts`. When ``static["config"]`` has a
     ``max_rejected_fraction`` that the run exceeds, it raises
     :class:`~transforms.writing.accounting.RejectedFractionError` and writes nothing. ``lock``: the
@@ -211,7 +246,7 @@ class WriteManifest(beam.PTransform):
         self._output, self._static, self._lock = output, static, lock
 
     def expand(self, inputs):
-        shards, objective_stats, pack_stats, read_stats, reasons, rejected_files, groups, *sources = inputs
+        shards, statistics, reasons, rejected_files, groups = inputs
         pipeline = shards.pipeline
         return (
             pipeline
@@ -220,12 +255,9 @@ class WriteManifest(beam.PTransform):
             >> beam.ParDo(
                 _WriteManifest(self._output, self._static, self._lock),
                 shards=beam.pvalue.AsList(shards),
-                objective_stats=beam.pvalue.AsDict(objective_stats),
-                pack_stats=beam.pvalue.AsDict(pack_stats),
-                read_stats=beam.pvalue.AsSingleton(read_stats, default_value={}),
+                statistics=beam.pvalue.AsDict(statistics),
                 reasons=beam.pvalue.AsDict(reasons),
                 rejected_files=beam.pvalue.AsList(rejected_files),
                 groups=beam.pvalue.AsSingleton(groups, default_value={}),
-                **({"sources": beam.pvalue.AsList(sources[0])} if sources else {}),
             )
         )
