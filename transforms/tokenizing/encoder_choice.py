@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,26 +119,31 @@ def choose_encoder(requested: str, tokenizer_json: str, *, needs_full: bool = Fa
 #: The last verdicts of :func:`_probe`, by a digest of the tokenizer and the documents.
 _VERDICTS: OrderedDict[bytes, tuple[str | None, dict[str, Any]]] = OrderedDict()
 _VERDICTS_KEPT = 8
+_VERDICTS_LOCK = threading.Lock()  # jobs may be planned in threads of one process
 
 
 def _verdict(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dict[str, Any]]:
     """:func:`_probe`'s verdict, from :data:`_VERDICTS` when this tokenizer and sample were probed.
 
-    A verdict that fastokens cannot be imported is not kept (it is no property of the tokenizer)."""
-    digest = hashlib.sha256(tokenizer_json.encode("utf-8"))
-    for text in documents:
-        digest.update(len(text).to_bytes(8, "little"))
-        digest.update(text.encode("utf-8", "surrogatepass"))
+    Kept are the verdicts that are the tokenizer's: not that fastokens cannot be imported, nor
+    that it failed on the probe (which may be the machine's: out of memory)."""
+    digest = hashlib.sha256()
+    for text in (tokenizer_json, *documents):  # each length-prefixed: no two lists give one stream
+        data = text.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
     key = digest.digest()
-    if key in _VERDICTS:
-        _VERDICTS.move_to_end(key)
-        reason, probe = _VERDICTS[key]
-        return reason, copy.deepcopy(probe)
+    with _VERDICTS_LOCK:
+        if key in _VERDICTS:
+            _VERDICTS.move_to_end(key)
+            reason, probe = _VERDICTS[key]
+            return reason, copy.deepcopy(probe)
     reason, probe, keep = _probe(tokenizer_json, documents)
-    if keep:
-        _VERDICTS[key] = (reason, copy.deepcopy(probe))
-        while len(_VERDICTS) > _VERDICTS_KEPT:
-            _VERDICTS.popitem(last=False)
+    if keep and probe.get("result") != "error":
+        with _VERDICTS_LOCK:
+            _VERDICTS[key] = (reason, copy.deepcopy(probe))
+            while len(_VERDICTS) > _VERDICTS_KEPT:
+                _VERDICTS.popitem(last=False)
     return reason, probe
 
 
