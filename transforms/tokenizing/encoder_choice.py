@@ -123,10 +123,8 @@ _VERDICTS_LOCK = threading.Lock()  # jobs may be planned in threads of one proce
 
 
 def _verdict(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dict[str, Any]]:
-    """:func:`_probe`'s verdict, from :data:`_VERDICTS` when this tokenizer and sample were probed.
-
-    Kept are the verdicts that are the tokenizer's: not that fastokens cannot be imported, nor
-    that it failed on the probe (which may be the machine's: out of memory)."""
+    """:func:`_probe`'s verdict, from :data:`_VERDICTS` when this tokenizer and sample were probed
+    (only the verdicts that are the tokenizer's are kept)."""
     digest = hashlib.sha256()
     for text in (tokenizer_json, *documents):  # each length-prefixed: no two lists give one stream
         data = text.encode("utf-8", "surrogatepass")
@@ -139,7 +137,7 @@ def _verdict(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dic
             reason, probe = _VERDICTS[key]
             return reason, copy.deepcopy(probe)
     reason, probe, keep = _probe(tokenizer_json, documents)
-    if keep and probe.get("result") != "error":
+    if keep:
         with _VERDICTS_LOCK:
             _VERDICTS[key] = (reason, copy.deepcopy(probe))
             while len(_VERDICTS) > _VERDICTS_KEPT:
@@ -150,7 +148,8 @@ def _verdict(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dic
 def _probe(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dict[str, Any], bool]:
     """``(why fastokens cannot be used or None, the probe's record, whether the verdict is the
     tokenizer's)``: fastokens loads the tokenizer and encodes the probe texts to the ids that
-    tokenizers gives."""
+    tokenizers gives. Not the tokenizer's: that fastokens cannot be imported, or that it failed
+    on the probe (which may be the machine's doing: out of memory)."""
     try:
         fast = FastokensEncoder(tokenizer_json)
     except EncoderUnavailable as exc:
@@ -171,7 +170,7 @@ def _probe(tokenizer_json: str, documents: list[str]) -> tuple[str | None, dict[
                 raise
             fast_ids, texts = fast.encode(kept), kept
         except Exception:
-            return f"fastokens failed on the parity probe ({error_line(exc)})", {**probe, "result": "error"}, True
+            return f"fastokens failed on the parity probe ({error_line(exc)})", {**probe, "result": "error"}, False
     index = first_difference(reference.encode(texts), fast_ids)
     if index is not None:
         where = "corpus document" if index >= len(texts) - len(documents) else "probe text"

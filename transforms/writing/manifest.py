@@ -204,13 +204,14 @@ class SumStatistics(beam.PTransform):
         unknown = set(kinds) - set(STATISTICS_KINDS)
         if unknown:
             raise ValueError(f"SumStatistics: unknown kinds {sorted(unknown)}")
-        keyed = [
-            kinds[kind] | f"Key{kind.capitalize()}Stats" >> (
-                beam.Map(lambda counters: (("read", ""), counters)) if kind == "read"
-                else beam.Map(lambda element, kind: ((kind, element[0]), element[1]), kind))
-            for kind in STATISTICS_KINDS if kind in kinds
-        ]
+        keyed = [kinds[kind] | f"Key{kind.capitalize()}Stats" >> beam.Map(_keyed_statistics, kind)
+                 for kind in STATISTICS_KINDS if kind in kinds]
         return keyed | "AllStatistics" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(sum_counters)
+
+
+def _keyed_statistics(element, kind: str):
+    """``((kind, key), counters)``: the reader's counters have no key of their own (``""``)."""
+    return ((kind, ""), element) if kind == "read" else ((kind, element[0]), element[1])
 
 
 def split_statistics(statistics: dict) -> tuple[dict, dict, dict, list]:
